@@ -1,0 +1,165 @@
+"""Kahan-compensated parameter updates and target-network (Polyak) averaging (Björck et al., 2021, Sec. 4.3).
+
+float16 keeps 11 significant bits: ``1.0 + 1e-4 == 1.0``, so an optimizer making many small steps to a float16
+parameter makes none at all. Kahan summation carries what each rounding lost in a compensation buffer ``c`` and
+adds it back on the next step:
+
+    y = u + c                  (the update plus what previous steps failed to apply)
+    t = fl(p + y)              (the new parameter, rounded to the parameter's dtype)
+    d = t - p                  (what was actually applied; exact by Sterbenz' lemma when p/2 <= t <= 2p)
+    c = y - d                  (what was not)
+
+In exact arithmetic ``d = y`` and ``c = 0``, so this is plain summation. The compensation only works if the
+rounding of ``t`` really happens. XLA may skip intermediate roundings of low-precision values when
+``xla_allow_excess_precision`` is on (its default; GPU fusions use it), which would make ``t - p == y`` and turn
+the compensation off. XLA:CPU keeps float16 roundings today, but ``t`` is pinned to its dtype with
+``lax.reduce_precision`` (which that flag may not remove), and the tests compare ``jit`` against eager.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+def _round_to(x: jax.Array, dtype) -> jax.Array:
+    """Rounds ``x`` to ``dtype`` and keeps that rounding through XLA's fusion (see the module docstring)."""
+    dtype = np.dtype(dtype)
+    finfo = jnp.finfo(dtype)
+    rounded = jax.lax.reduce_precision(x, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
+    return rounded.astype(dtype)
+
+
+def _map_pair(fn: Callable, tree: Any, *rest: Any) -> tuple[Any, Any]:
+    """Maps ``fn`` returning a pair over matching trees; returns the pair of trees."""
+    pairs = jax.tree.map(fn, tree, *rest)
+    return jax.tree.transpose(jax.tree.structure(tree), jax.tree.structure((0, 0)), pairs)
+
+
+def _kahan_step(p: jax.Array, u: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One compensated addition ``p + u``: returns the increment ``d`` to add to ``p`` and the new compensation.
+
+    ``y`` and ``c`` are computed in the compensation dtype, ``t`` and ``d`` in the parameter dtype.
+    """
+    y = u.astype(c.dtype) + c
+    t = _round_to(p.astype(jnp.promote_types(p.dtype, c.dtype)) + y, p.dtype)
+    d = _round_to(t - p, p.dtype)
+    return d, y - d.astype(c.dtype)
+
+
+class KahanSummationState(NamedTuple):
+    """State of :func:`kahan_summation`.
+
+    Attributes:
+      compensation: per-parameter buffer ``c`` of what earlier updates failed to apply.
+    """
+
+    compensation: optax.Updates
+
+
+def kahan_summation(compensation_dtype: Any = None) -> optax.GradientTransformation:
+    """Kahan-gradients: makes the updates of an optax chain sum exactly into low-precision parameters.
+
+    Put it **last** in the chain and apply its output with ``optax.apply_updates`` (parameters and updates in the
+    parameters' dtype, as this transform returns them). It needs ``params`` in ``update``. It returns the
+    increment ``d = fl(p + u + c) - p``, which is exactly representable for every update small against its
+    parameter (the case Kahan summation is for), so ``p + d`` equals ``fl(p + u + c)`` bit for bit and the
+    compensation ``c = u + c - d`` is exact. When a parameter jumps by more than a factor 2 or changes sign, ``d``
+    is rounded once and the compensation is approximate, as for any floating-point sum.
+
+    Args:
+      compensation_dtype: dtype of the compensation buffer; ``None`` uses each parameter's dtype (the paper's
+        setting: float16 parameters with a float16 buffer). A float32 buffer compensates more finely.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`KahanSummationState`.
+    """
+
+    def init_fn(params):
+        dtype_of = (lambda p: p.dtype) if compensation_dtype is None else (lambda p: compensation_dtype)
+        return KahanSummationState(jax.tree.map(lambda p: jnp.zeros(p.shape, dtype_of(p)), params))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("kahan_summation needs the parameters: call update(updates, state, params).")
+        increments, compensation = _map_pair(_kahan_step, params, updates, state.compensation)
+        return increments, KahanSummationState(compensation)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class KahanPolyakState(NamedTuple):
+    """State of :func:`kahan_polyak`.
+
+    Attributes:
+      compensation: ``scale * c``, the Kahan compensation of each target parameter, stored scaled so that
+        residuals far below the target's ulp (and far below float16's smallest subnormal) are kept.
+    """
+
+    compensation: optax.Updates
+
+
+class KahanPolyak(NamedTuple):
+    """Pure ``init``/``update`` pair returned by :func:`kahan_polyak`.
+
+    Attributes:
+      init: ``init(target_params) -> KahanPolyakState``.
+      update: ``update(online_params, target_params, state) -> (new_target_params, state)``.
+    """
+
+    init: Callable[[optax.Params], KahanPolyakState]
+    update: Callable[[optax.Params, optax.Params, KahanPolyakState], tuple[optax.Params, KahanPolyakState]]
+
+
+def kahan_polyak(tau: float, scale: float = 1e4) -> KahanPolyak:
+    """Kahan-momentum: the target update ``t <- t + tau (p - t)`` summed with a scaled Kahan compensation.
+
+    With ``C = scale * c`` (the scaled compensation buffer) each step is
+
+        Y = scale * tau * (p - t) + C            (scaled increment: tau (p - t) cannot underflow)
+        t' = fl(t + Y / scale),  d = t' - t      (what the target's dtype can absorb)
+        C  = Y - scale * d                       (the rest, kept scaled)
+
+    which is ``t <- t + tau (p - t)`` in exact arithmetic. The paper stores the whole target scaled, so at
+    scale 1e4 a float16 weight above 6.55 overflows; here only the increment and the residual are scaled, and
+    the target itself stays in its own dtype. Range guard: an element whose scaled increment ``Y`` or
+    ``scale * d`` is not finite (``|p - t| > max / (scale tau)``, 1310 for float16 at the defaults) takes the plain
+    Polyak step instead and its compensation is reset, so the update never produces inf or nan from finite
+    inputs. Use ``scale = 1e2`` for pixel encoders (paper, Table 9).
+
+    Args:
+      tau: Polyak step size in (0, 1].
+      scale: power of ten or two by which increments and residuals are scaled (> 0).
+
+    Returns:
+      A :class:`KahanPolyak` ``(init, update)`` pair of pure, jittable functions.
+    """
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"kahan_polyak needs 0 < tau <= 1, got {tau}.")
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"kahan_polyak needs a finite scale > 0, got {scale}.")
+
+    def init(target_params):
+        return KahanPolyakState(jax.tree.map(jnp.zeros_like, target_params))
+
+    def step(p, t, comp):
+        dtype = t.dtype
+        p = p.astype(dtype)
+        scaled = jnp.asarray(scale * tau, dtype) * (p - t) + comp
+        new_t = _round_to(t + scaled / jnp.asarray(scale, dtype), dtype)
+        applied = jnp.asarray(scale, dtype) * _round_to(new_t - t, dtype)
+        new_comp = scaled - applied
+        ok = jnp.isfinite(scaled) & jnp.isfinite(applied) & jnp.isfinite(new_comp)
+        plain = t + jnp.asarray(tau, dtype) * (p - t)
+        return jnp.where(ok, new_t, plain), jnp.where(ok, new_comp, jnp.zeros_like(new_comp))
+
+    def update(online_params, target_params, state):
+        new_target, compensation = _map_pair(step, online_params, target_params, state.compensation)
+        return new_target, KahanPolyakState(compensation)
+
+    return KahanPolyak(init, update)

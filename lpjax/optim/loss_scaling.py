@@ -1,0 +1,219 @@
+"""Compound (dynamic) loss scaling for Adam-family optimizers (Björck et al., 2021, Sec. 4.2).
+
+The user multiplies the loss by the current scale ``s`` (read it with :func:`loss_scale`), so gradients arrive
+as ``s g`` and are **never unscaled**: the inner optimizer's moments live in scaled units (``s m``, ``s w`` or
+``s^2 v``) and its ``eps`` is multiplied by ``s`` too, so the update is unchanged in exact arithmetic:
+
+    (s m) / (s w + s eps) = m / (w + eps).
+
+Dynamics, after PyTorch amp's ``GradScaler``:
+
+* A step whose gradients (or whose inner updates) are not all finite is skipped: the update is zero, the inner
+  state is the one before the step, and ``s <- max(s * backoff_factor, min_scale)``.
+* A step is finite when the gradients, the inner updates and the new inner state are all finite.
+* Each finite step increments ``good_steps``. On the ``growth_interval``-th consecutive finite step, that step's
+  update is applied (it was computed at the old scale) and then ``s <- s * growth_factor``, ``good_steps <- 0``.
+  So a state that started at ``s0`` reports ``s0 * growth_factor`` after exactly ``growth_interval`` finite
+  updates. A growth that would overflow the rescaled moments is refused (scale kept, ``good_steps`` reset).
+* Whenever ``s`` changes by ``f = s_new / s_old``, the inner state is rescaled so it stays in the new units:
+  ``m *= f`` and ``w *= f`` (hAdam), ``v *= f^2`` (Adam), ``eps *= f``. With the default power-of-two factors
+  these multiplications are exact, so a skipped step leaves ``m / s`` and ``w / s`` bit-identical.
+
+Which inner transforms can be rescaled: states :class:`lpjax.optim.ScaleByHAdamState` (hAdam carries its own
+``eps_scale``) and ``optax.ScaleByAdamState`` (``optax.adam``, ``adamw``, ...). optax's Adam keeps ``eps`` in a
+closure, so it must be built with ``optax.inject_hyperparams`` to expose ``eps`` in its state, e.g.
+``compound_loss_scaling(optax.inject_hyperparams(optax.adam)(learning_rate=1e-4, eps=1e-8))``; anything else
+raises a ``ValueError`` at ``init``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from lpjax.optim.hadam import EpsUnderflowWarning, ScaleByHAdamState
+
+PYTORCH_AMP_DEFAULTS = dict(init_scale=2.0 ** 16, growth_interval=2000, growth_factor=2.0, backoff_factor=0.5)
+"""``torch.cuda.amp.GradScaler`` defaults, for ``compound_loss_scaling(inner, **PYTORCH_AMP_DEFAULTS)``."""
+
+
+class CompoundLossScalingState(NamedTuple):
+    """State of :func:`compound_loss_scaling`.
+
+    Attributes:
+      scale: float32 scalar, the current loss scale ``s``.
+      good_steps: int32, consecutive finite steps since the scale last changed.
+      skipped_steps: int32, total number of skipped (non-finite) steps.
+      inner_state: the wrapped optimizer's state, kept in units scaled by ``scale``.
+    """
+
+    scale: chex.Array
+    good_steps: chex.Array
+    skipped_steps: chex.Array
+    inner_state: Any
+
+
+_MOMENT_STATES = (ScaleByHAdamState, optax.ScaleByAdamState, optax.InjectHyperparamsState)
+
+
+def _is_moment_state(node) -> bool:
+    return isinstance(node, _MOMENT_STATES)
+
+
+def _has_adam_state(tree) -> bool:
+    leaves = jax.tree.leaves(tree, is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, ScaleByHAdamState)))
+    return any(isinstance(n, optax.ScaleByAdamState) for n in leaves)
+
+
+def _validate(inner_state) -> None:
+    """Raises ``ValueError`` unless every Adam moment in ``inner_state`` has a reachable ``eps``."""
+    found = []
+
+    def visit(node, eps_injected: bool):
+        if isinstance(node, ScaleByHAdamState):
+            found.append(node)
+        elif isinstance(node, optax.ScaleByAdamState):
+            if not eps_injected:
+                raise ValueError(
+                    "compound_loss_scaling must scale the inner Adam's eps with the loss scale, but optax.adam "
+                    "keeps eps in a closure. Build it with optax.inject_hyperparams, e.g. "
+                    "optax.inject_hyperparams(optax.adam)(learning_rate=1e-4, eps=1e-8), or use lpjax.optim.hadam.")
+            found.append(node)
+        elif isinstance(node, optax.InjectHyperparamsState):
+            visit(node.inner_state, eps_injected or "eps" in node.hyperparams)
+        elif isinstance(node, (tuple, list)):
+            for child in node:
+                visit(child, eps_injected)
+        elif isinstance(node, dict):
+            for child in node.values():
+                visit(child, eps_injected)
+
+    visit(inner_state, False)
+    if not found:
+        raise ValueError(
+            "compound_loss_scaling wraps an Adam-family optimizer (lpjax.optim.hadam, or optax.adam/adamw built "
+            "with optax.inject_hyperparams); found no ScaleByHAdamState or ScaleByAdamState in the inner state "
+            f"{type(inner_state).__name__}.")
+
+
+def _scale_leaves(tree, factor):
+    return jax.tree.map(lambda x: x * factor.astype(x.dtype), tree)
+
+
+def rescale_moments(inner_state, factor: chex.Array):
+    """Returns ``inner_state`` with Adam-family moments and ``eps`` moved to a loss scale ``factor`` times larger.
+
+    ``m *= f``, ``w *= f`` and ``eps_scale *= f`` for hAdam; ``m *= f``, ``v *= f^2`` for ``optax.ScaleByAdamState``
+    and ``hyperparams['eps'] *= f`` of an enclosing ``optax.inject_hyperparams`` state. Other leaves are kept.
+    """
+    factor = jnp.asarray(factor, jnp.float32)
+
+    def rescale(node):
+        if isinstance(node, ScaleByHAdamState):
+            return node._replace(mu=_scale_leaves(node.mu, factor), nu_sqrt=_scale_leaves(node.nu_sqrt, factor),
+                                 eps_scale=node.eps_scale * factor)
+        if isinstance(node, optax.ScaleByAdamState):
+            return node._replace(mu=_scale_leaves(node.mu, factor), nu=_scale_leaves(node.nu, factor * factor))
+        if isinstance(node, optax.InjectHyperparamsState):
+            hyperparams = dict(node.hyperparams)
+            if "eps" in hyperparams and _has_adam_state(node.inner_state):
+                eps = hyperparams["eps"]
+                hyperparams["eps"] = (eps * factor).astype(jnp.asarray(eps).dtype)
+            return node._replace(hyperparams=hyperparams, inner_state=rescale_moments(node.inner_state, factor))
+        return node
+
+    return jax.tree.map(rescale, inner_state, is_leaf=_is_moment_state)
+
+
+def _all_finite(tree) -> chex.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float = 1e4,
+                          growth_interval: int = 10_000, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                          min_scale: float = 1.0) -> optax.GradientTransformationExtraArgs:
+    """Wraps an Adam-family optimizer with compound loss scaling (see the module docstring for the maths).
+
+    Gradients passed to ``update`` must come from ``loss * loss_scale(opt_state)``. They go to ``inner`` as they
+    are (scaled), and ``inner``'s output is an ordinary, unscaled update.
+
+    Args:
+      inner: the optimizer to wrap: :func:`lpjax.optim.hadam`, or an ``optax.inject_hyperparams``-built
+        ``optax.adam``/``adamw`` (any chain containing one).
+      init_scale: initial loss scale (paper: 1e4; PyTorch amp: 2^16, see :data:`PYTORCH_AMP_DEFAULTS`).
+      growth_interval: number of consecutive finite steps after which the scale grows (paper: 1e4; amp: 2000).
+      growth_factor: multiplier applied on growth (> 1).
+      backoff_factor: multiplier applied on a non-finite step (in (0, 1)).
+      min_scale: the scale never goes below this.
+
+    Returns:
+      An optax transformation with state :class:`CompoundLossScalingState`.
+    """
+    if not init_scale > 0 or not min_scale > 0 or init_scale < min_scale:
+        raise ValueError(f"Need 0 < min_scale <= init_scale, got min_scale={min_scale}, init_scale={init_scale}.")
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor}.")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}.")
+    if int(growth_interval) != growth_interval or growth_interval < 1:
+        raise ValueError(f"growth_interval must be a positive integer, got {growth_interval}.")
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params):
+        with warnings.catch_warnings():  # eps is about to be multiplied by init_scale.
+            warnings.simplefilter("ignore", EpsUnderflowWarning)
+            inner_state = inner.init(params)
+        _validate(inner_state)
+        return CompoundLossScalingState(
+            scale=jnp.asarray(init_scale, jnp.float32), good_steps=jnp.zeros([], jnp.int32),
+            skipped_steps=jnp.zeros([], jnp.int32),
+            inner_state=rescale_moments(inner_state, jnp.asarray(init_scale, jnp.float32)))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+        finite = _all_finite((updates, new_updates, new_inner))
+        inner_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner, state.inner_state)
+        new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
+        wants_growth = jnp.logical_and(finite, state.good_steps + 1 >= growth_interval)
+
+        def keep(inner_state):
+            return state.scale, inner_state
+
+        def grow(inner_state):  # Refused (scale kept) if the rescaled moments would overflow their dtype.
+            grown = rescale_moments(inner_state, jnp.float32(growth_factor))
+            fits = _all_finite(grown)
+            return (jnp.where(fits, state.scale * growth_factor, state.scale),
+                    jax.tree.map(lambda g, s: jnp.where(fits, g, s), grown, inner_state))
+
+        def back_off(inner_state):
+            scale = jnp.maximum(state.scale * backoff_factor, jnp.float32(min_scale))
+            return scale, rescale_moments(inner_state, scale / state.scale)
+
+        branch = jnp.where(finite, wants_growth.astype(jnp.int32), 2)
+        scale, inner_state = jax.lax.switch(branch, (keep, grow, back_off), inner_state)
+        good_steps = jnp.where(finite & ~wants_growth, state.good_steps + 1, 0).astype(jnp.int32)
+        return new_updates, CompoundLossScalingState(
+            scale=scale.astype(jnp.float32), good_steps=good_steps,
+            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32), inner_state=inner_state)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def loss_scale(opt_state) -> chex.Array:
+    """Returns the current loss scale (float32) held by the :class:`CompoundLossScalingState` in ``opt_state``.
+
+    ``opt_state`` may be the wrapper's own state or any optax state containing exactly one of them (a chain,
+    ``MultiSteps``, ``inject_hyperparams``, a ``TrainState.opt_state``). Multiply the loss by it before
+    differentiating.
+    """
+    found = [node for node in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, CompoundLossScalingState))
+             if isinstance(node, CompoundLossScalingState)]
+    if len(found) != 1:
+        raise ValueError(f"loss_scale expects exactly one CompoundLossScalingState in opt_state, found {len(found)}.")
+    return found[0].scale

@@ -1,0 +1,159 @@
+"""Precision policies: which dtype parameters are stored in, computed in, and returned in.
+
+A :class:`Policy` is a tiny immutable, hashable value (it can be a static argument of ``jax.jit``) holding three
+dtypes, after jmp's policy:
+
+* ``param_dtype``: storage of the parameters (and, by default, of the optimizer state);
+* ``compute_dtype``: dtype of activations and of the matmuls' inputs;
+* ``output_dtype``: dtype of what a network returns to its caller (losses, logits, actions).
+
+The named policies follow Björck et al. (2021): ``"fp16"`` is *pure* half precision (parameters, activations,
+gradients and optimizer state all in float16), the setting in which the paper's methods are needed, while
+``"mixed_fp16"`` is the usual mixed-precision recipe (float32 master weights, float16 compute).
+
+>>> policy = get_policy("params=float32,compute=float16,output=float32")
+>>> policy.compute_dtype
+dtype('float16')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_DTYPE_ALIASES: dict[str, Any] = {
+    "float64": jnp.float64, "f64": jnp.float64, "fp64": jnp.float64, "double": jnp.float64,
+    "float32": jnp.float32, "f32": jnp.float32, "fp32": jnp.float32, "single": jnp.float32, "full": jnp.float32,
+    "float16": jnp.float16, "f16": jnp.float16, "fp16": jnp.float16, "half": jnp.float16,
+    "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
+    "float8_e4m3fn": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "e4m3": jnp.float8_e4m3fn,
+    "float8_e5m2": jnp.float8_e5m2, "fp8_e5m2": jnp.float8_e5m2, "e5m2": jnp.float8_e5m2,
+}
+
+_FIELD_ALIASES = {
+    "params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
+    "compute": "compute_dtype", "c": "compute_dtype",
+    "output": "output_dtype", "out": "output_dtype", "o": "output_dtype",
+}
+
+
+def _canonical_dtype(dtype: Any) -> np.dtype:
+    """Returns the numpy dtype for a dtype object or one of the names in ``_DTYPE_ALIASES``."""
+    if isinstance(dtype, str):
+        key = dtype.strip().lower()
+        if key not in _DTYPE_ALIASES:
+            raise ValueError(
+                f"Unknown dtype name {dtype!r}; valid names: {', '.join(sorted(_DTYPE_ALIASES))}.")
+        dtype = _DTYPE_ALIASES[key]
+    result = np.dtype(dtype)
+    if not jnp.issubdtype(result, jnp.floating):
+        raise ValueError(f"A precision policy holds floating-point dtypes, got {result}.")
+    return result
+
+
+def _cast_floating(tree: Any, dtype: np.dtype) -> Any:
+    """Casts every floating-point array leaf of ``tree`` to ``dtype``; integer and boolean leaves are kept."""
+
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return jnp.asarray(x).astype(dtype)
+        return x
+
+    return jax.tree.map(cast, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Parameter, compute and output dtypes of a model. Immutable and hashable.
+
+    Attributes:
+      param_dtype: dtype the parameters are stored (and updated) in.
+      compute_dtype: dtype activations and matmul inputs are cast to.
+      output_dtype: dtype the model's outputs are cast to before they leave the model.
+    """
+
+    param_dtype: np.dtype = np.dtype(np.float32)
+    compute_dtype: np.dtype = np.dtype(np.float32)
+    output_dtype: np.dtype = np.dtype(np.float32)
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _canonical_dtype(getattr(self, field.name)))
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """Casts the floating-point leaves of ``tree`` to ``param_dtype``."""
+        return _cast_floating(tree, self.param_dtype)
+
+    def cast_to_compute(self, tree: Any) -> Any:
+        """Casts the floating-point leaves of ``tree`` to ``compute_dtype``."""
+        return _cast_floating(tree, self.compute_dtype)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """Casts the floating-point leaves of ``tree`` to ``output_dtype``."""
+        return _cast_floating(tree, self.output_dtype)
+
+    def with_output_dtype(self, dtype: Any) -> "Policy":
+        """Returns a copy of this policy with another output dtype."""
+        return dataclasses.replace(self, output_dtype=dtype)
+
+    @property
+    def is_low_precision(self) -> bool:
+        """True when parameters or compute use fewer than 32 bits."""
+        return min(self.param_dtype.itemsize, self.compute_dtype.itemsize) < 4
+
+    def __str__(self) -> str:
+        return (f"params={self.param_dtype.name},compute={self.compute_dtype.name},"
+                f"output={self.output_dtype.name}")
+
+
+POLICIES: dict[str, Policy] = {
+    "fp32": Policy("float32", "float32", "float32"),
+    "fp16": Policy("float16", "float16", "float16"),
+    "bf16": Policy("bfloat16", "bfloat16", "bfloat16"),
+    "mixed_fp16": Policy("float32", "float16", "float32"),
+    "mixed_bf16": Policy("float32", "bfloat16", "float32"),
+}
+"""Named policies. ``fp16``/``bf16`` are pure low precision (the paper's setting); ``mixed_*`` keep fp32 params."""
+
+
+def get_policy(spec: str | Policy) -> Policy:
+    """Returns the :class:`Policy` described by ``spec``.
+
+    Args:
+      spec: a :class:`Policy` (returned as is), a name from :data:`POLICIES` (``"fp32"``, ``"fp16"``, ``"bf16"``,
+        ``"mixed_fp16"``, ``"mixed_bf16"``), or an explicit ``"params=float32,compute=float16,output=float32"``
+        string (keys ``params``/``p``, ``compute``/``c``, ``output``/``o``; omitted keys default to float32;
+        dtype names such as ``f16``, ``half``, ``bf16`` are accepted).
+
+    Raises:
+      ValueError: for an unknown name, an unknown key or dtype, or a repeated key; the message lists valid values.
+    """
+    if isinstance(spec, Policy):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"get_policy expects a str or Policy, got {type(spec).__name__}.")
+    text = spec.strip()
+    if "=" not in text:
+        name = text.lower()
+        if name not in POLICIES:
+            raise ValueError(
+                f"Unknown precision policy {spec!r}. Valid names: {', '.join(POLICIES)}; or an explicit "
+                "'params=float32,compute=float16,output=float32' string.")
+        return POLICIES[name]
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in _FIELD_ALIASES:
+            raise ValueError(
+                f"Bad policy item {item.strip()!r} in {spec!r}; expected key=dtype with key in "
+                f"{', '.join(sorted(_FIELD_ALIASES))}.")
+        field = _FIELD_ALIASES[key]
+        if field in fields:
+            raise ValueError(f"Policy {spec!r} sets {field} twice.")
+        fields[field] = value
+    return Policy(**fields)
