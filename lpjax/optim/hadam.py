@@ -46,7 +46,9 @@ class ScaleByHAdamState(NamedTuple):
     eps_scale: chex.Array
 
 
-def _warn_if_eps_underflows(eps: float, params: optax.Params) -> None:
+def _warn_if_eps_underflows(eps, params: optax.Params) -> None:
+    if not isinstance(eps, (int, float)):  # a traced hyperparameter (optax.inject_hyperparams): nothing to check
+        return
     dtypes = {np.dtype(leaf.dtype) for leaf in jax.tree.leaves(params) if jnp.issubdtype(leaf.dtype, jnp.floating)}
     lost = sorted(d.name for d in dtypes if eps > 0 and np.asarray(eps, d) == 0)
     if lost:
@@ -60,7 +62,7 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
     """Rescales updates by hAdam's ``m_hat / (w_hat + eps)`` (no learning rate, no sign flip).
 
     Moments are kept in the dtype of the parameters; the bias corrections ``1 - b1^t`` and ``sqrt(1 - b2^t)``
-    are computed in float32 and cast to the moments' dtype.
+    are computed in float32 (float64 for float64 moments) and cast to the moments' dtype.
 
     Args:
       b1: decay of the first moment.
@@ -70,9 +72,6 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByHAdamState`.
     """
-    sqrt_b2 = float(np.sqrt(b2))
-    sqrt_1mb2 = float(np.sqrt(1.0 - b2))
-
     def init_fn(params):
         _warn_if_eps_underflows(eps, params)
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -82,18 +81,27 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
     def update_fn(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count)
-        mu = jax.tree.map(lambda g, m: (b1 * m + (1.0 - b1) * g).astype(m.dtype), updates, state.mu)
-        nu_sqrt = jax.tree.map(lambda g, w: jnp.hypot(sqrt_b2 * w, sqrt_1mb2 * g).astype(w.dtype),
-                               updates, state.nu_sqrt)
-        t = count.astype(jnp.float32)
-        mu_correction = 1.0 - jnp.power(jnp.float32(b1), t)
-        nu_correction = jnp.sqrt(1.0 - jnp.power(jnp.float32(b2), t))
-        scaled_eps = jnp.float32(eps) * state.eps_scale
+        # Coefficients are cast to each moment's dtype (they may be traced float32 hyperparameters) so float16
+        # moments are not promoted.
+        def first_moment(g, m):
+            decay = jnp.asarray(b1, m.dtype)
+            return decay * m + (1 - decay) * g.astype(m.dtype)
 
+        def root_second_moment(g, w):
+            root_b2 = jnp.sqrt(jnp.asarray(b2, jnp.promote_types(w.dtype, jnp.float32)))
+            return jnp.hypot(root_b2.astype(w.dtype) * w,
+                             jnp.sqrt(1 - root_b2 * root_b2).astype(w.dtype) * g.astype(w.dtype))
+
+        mu = jax.tree.map(first_moment, updates, state.mu)
+        nu_sqrt = jax.tree.map(root_second_moment, updates, state.nu_sqrt)
         def direction(m, w):
-            m_hat = m / mu_correction.astype(m.dtype)
-            w_hat = w / nu_correction.astype(w.dtype)
-            return m_hat / (w_hat + scaled_eps.astype(w.dtype))
+            # Bias corrections in float32 (float64 for float64 moments), cast to the moments' dtype.
+            dtype = jnp.promote_types(m.dtype, jnp.float32)
+            t = count.astype(dtype)
+            mu_correction = (1 - jnp.power(jnp.asarray(b1, dtype), t)).astype(m.dtype)
+            nu_correction = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t)).astype(w.dtype)
+            scaled_eps = (eps * state.eps_scale.astype(dtype)).astype(w.dtype)
+            return (m / mu_correction) / (w / nu_correction + scaled_eps)
 
         updates = jax.tree.map(direction, mu, nu_sqrt)
         return updates, ScaleByHAdamState(count=count, mu=mu, nu_sqrt=nu_sqrt, eps_scale=state.eps_scale)

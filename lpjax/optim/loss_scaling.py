@@ -21,9 +21,10 @@ Dynamics, after PyTorch amp's ``GradScaler``:
 
 Which inner transforms can be rescaled: states :class:`lpjax.optim.ScaleByHAdamState` (hAdam carries its own
 ``eps_scale``) and ``optax.ScaleByAdamState`` (``optax.adam``, ``adamw``, ...). optax's Adam keeps ``eps`` in a
-closure, so it must be built with ``optax.inject_hyperparams`` to expose ``eps`` in its state, e.g.
-``compound_loss_scaling(optax.inject_hyperparams(optax.adam)(learning_rate=1e-4, eps=1e-8))``; anything else
-raises a ``ValueError`` at ``init``.
+closure, so it must be built with ``optax.inject_hyperparams`` to expose ``eps`` in its state, with float32
+hyperparameters (optax otherwise stores them in the params' dtype, where ``1e-8`` is 0), e.g.
+``compound_loss_scaling(optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(learning_rate=1e-4))``.
+Anything else raises a ``ValueError`` at ``init``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class CompoundLossScalingState(NamedTuple):
     inner_state: Any
 
 
-_MOMENT_STATES = (ScaleByHAdamState, optax.ScaleByAdamState, optax.InjectHyperparamsState)
+_INJECT_STATES = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+_MOMENT_STATES = (ScaleByHAdamState, optax.ScaleByAdamState) + _INJECT_STATES
 
 
 def _is_moment_state(node) -> bool:
@@ -82,10 +84,20 @@ def _validate(inner_state) -> None:
                 raise ValueError(
                     "compound_loss_scaling must scale the inner Adam's eps with the loss scale, but optax.adam "
                     "keeps eps in a closure. Build it with optax.inject_hyperparams, e.g. "
-                    "optax.inject_hyperparams(optax.adam)(learning_rate=1e-4, eps=1e-8), or use lpjax.optim.hadam.")
+                    "optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(learning_rate=1e-4), or use "
+                    "lpjax.optim.hadam.")
             found.append(node)
-        elif isinstance(node, optax.InjectHyperparamsState):
-            visit(node.inner_state, eps_injected or "eps" in node.hyperparams)
+        elif isinstance(node, _INJECT_STATES):
+            eps = node.hyperparams.get("eps")
+            if eps is not None and _has_adam_state(node.inner_state):
+                eps = jnp.asarray(eps)
+                concrete = not isinstance(eps, jax.core.Tracer)  # init may be traced under jit: skip the check.
+                if concrete and eps == 0 and jnp.finfo(eps.dtype).bits < 32:
+                    raise ValueError(
+                        f"The injected Adam eps is 0 in {eps.dtype}: optax.inject_hyperparams stores "
+                        "hyperparameters in the params' dtype, where eps=1e-8 underflows. Build it with "
+                        "optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(...).")
+            visit(node.inner_state, eps_injected or eps is not None)
         elif isinstance(node, (tuple, list)):
             for child in node:
                 visit(child, eps_injected)
@@ -118,8 +130,10 @@ def rescale_moments(inner_state, factor: chex.Array):
             return node._replace(mu=_scale_leaves(node.mu, factor), nu_sqrt=_scale_leaves(node.nu_sqrt, factor),
                                  eps_scale=node.eps_scale * factor)
         if isinstance(node, optax.ScaleByAdamState):
-            return node._replace(mu=_scale_leaves(node.mu, factor), nu=_scale_leaves(node.nu, factor * factor))
-        if isinstance(node, optax.InjectHyperparamsState):
+            # v *= f^2 as two multiplications: f^2 = 1e8 (the initial scale squared) is inf in float16.
+            return node._replace(mu=_scale_leaves(node.mu, factor),
+                                 nu=_scale_leaves(_scale_leaves(node.nu, factor), factor))
+        if isinstance(node, _INJECT_STATES):
             hyperparams = dict(node.hyperparams)
             if "eps" in hyperparams and _has_adam_state(node.inner_state):
                 eps = hyperparams["eps"]
@@ -178,7 +192,10 @@ def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float
     def update_fn(updates, state, params=None, **extra_args):
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
         finite = _all_finite((updates, new_updates, new_inner))
-        inner_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner, state.inner_state)
+        # Cast back: optax's Adam promotes float16 moments to the dtype of injected float32 hyperparameters,
+        # and the wrapper's state keeps its dtypes so it can be a scan carry or a donated buffer.
+        inner_state = jax.tree.map(lambda new, old: jnp.where(finite, new.astype(old.dtype), old), new_inner,
+                                   state.inner_state)
         new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
         wants_growth = jnp.logical_and(finite, state.good_steps + 1 >= growth_interval)
 

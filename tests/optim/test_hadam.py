@@ -1,0 +1,114 @@
+"""hAdam: identical to Adam in float64; survives float16 where Adam's g^2 and eps do not."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lpjax import optim
+from tests.optim.helpers import max_relative_error, random_tree, run_steps
+
+
+def test_hadam_equals_adam_in_float64_over_200_random_steps():
+    with jax.enable_x64(True):
+        params = random_tree(0, jnp.float64)
+        grads = [random_tree(1 + i, jnp.float64, scale=10.0 ** np.random.default_rng(i).uniform(-4, 2))
+                 for i in range(200)]
+        ref, _, ref_updates = run_steps(optax.adam(1e-3, eps=1e-3), params, grads)
+        got, _, got_updates = run_steps(optim.hadam(1e-3, eps=1e-3), params, grads)
+        assert max_relative_error(got, ref) < 1e-10
+        assert max(max_relative_error(u, r) for u, r in zip(got_updates, ref_updates)) < 1e-10
+
+
+def test_hadam_learning_rate_schedule_matches_adam_in_float64():
+    schedule = optax.cosine_decay_schedule(1e-2, decay_steps=50)
+    with jax.enable_x64(True):
+        params = random_tree(0, jnp.float64)
+        grads = [random_tree(i, jnp.float64) for i in range(60)]
+        ref, _, _ = run_steps(optax.adam(schedule), params, grads)
+        got, _, _ = run_steps(optim.hadam(schedule), params, grads)
+        assert max_relative_error(got, ref) < 1e-10
+
+
+def test_hadam_keeps_sqrt_of_adams_second_moment():
+    with jax.enable_x64(True):
+        params = random_tree(0, jnp.float64)
+        grads = [random_tree(i, jnp.float64) for i in range(20)]
+        _, adam_state, _ = run_steps(optax.scale_by_adam(), params, grads)
+        _, hadam_state, _ = run_steps(optim.scale_by_hadam(), params, grads)
+        assert max_relative_error(hadam_state.nu_sqrt, jax.tree.map(jnp.sqrt, adam_state.nu)) < 1e-12
+        assert int(hadam_state.count) == 20
+
+
+def _one_fp16_update(tx, grad_value: float, lr_sign_check: bool = True):
+    """One jitted update of a float16 parameter with a float16 runtime gradient."""
+    params = jnp.ones((4,), jnp.float16)
+    grad = jnp.full((4,), grad_value, jnp.float16)
+    state = tx.init(params)
+    updates, _ = jax.jit(tx.update)(grad, state, params)
+    return updates
+
+
+@pytest.mark.parametrize("grad_value", [3e-5, 1e-4])
+def test_fp16_adam_second_moment_underflow_breaks_adam_not_hadam(grad_value):
+    # (1 - b2) g^2 = 1e-3 * 1e-8 underflows float16 (smallest subnormal 6e-8): Adam divides m by 0 + eps(=0).
+    lr = 1e-3
+    adam = _one_fp16_update(optax.adam(lr), grad_value)
+    hadam = _one_fp16_update(optim.hadam(lr, eps=1e-4), grad_value)
+    assert not bool(jnp.all(jnp.isfinite(adam)))
+    # Exact first Adam step: -lr * g / (|g| + eps), i.e. about -lr for |g| >> eps.
+    expected = -lr * grad_value / (grad_value + 1e-4)
+    np.testing.assert_allclose(np.asarray(hadam, np.float64), expected, rtol=2e-2)
+
+
+def test_fp16_adam_second_moment_overflow_loses_update_hadam_keeps_it():
+    # g = 300: g^2 = 9e4 > 65504, so v = inf and Adam's update m / (inf + eps) is 0: the step is lost.
+    lr = 1e-3
+    adam = _one_fp16_update(optax.adam(lr, eps=1e-4), 300.0)
+    hadam = _one_fp16_update(optim.hadam(lr, eps=1e-4), 300.0)
+    assert bool(jnp.all(adam == 0))
+    np.testing.assert_allclose(np.asarray(hadam, np.float64), -lr, rtol=2e-3)
+
+
+def test_fp16_eps_underflow_gives_nan_for_adam_and_finite_for_hadam_with_compound_scaling():
+    # eps = 1e-8 is 0 in float16, so a zero gradient entry gives 0 / 0 = nan for plain Adam. Compound loss scaling
+    # carries eps * scale = 1e-4, which float16 represents.
+    params = jnp.ones((3,), jnp.float16)
+    grads = jnp.asarray([0.0, 1e-3, -2e-2], jnp.float16)
+    adam = optax.adam(1e-3)
+    adam_updates, _ = jax.jit(adam.update)(grads, adam.init(params), params)
+    assert bool(jnp.isnan(adam_updates[0]))
+
+    tx = optim.compound_loss_scaling(optim.hadam(1e-3))
+    state = tx.init(params)
+    scaled = grads * optim.loss_scale(state).astype(jnp.float16)
+    updates, state = jax.jit(tx.update)(scaled, state, params)
+    assert bool(jnp.all(jnp.isfinite(updates)))
+    assert float(updates[0]) == 0.0
+    np.testing.assert_allclose(np.asarray(updates[1:], np.float64), [-1e-3, 1e-3], rtol=2e-2)
+    assert int(state.skipped_steps) == 0
+
+
+def test_hadam_warns_when_eps_underflows_its_dtype_but_not_under_loss_scaling():
+    params = jnp.ones((2,), jnp.float16)
+    with pytest.warns(optim.EpsUnderflowWarning, match="rounds to 0 in float16"):
+        optim.hadam(1e-3).init(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optim.compound_loss_scaling(optim.hadam(1e-3)).init(params)
+        optim.hadam(1e-3).init(jnp.ones((2,), jnp.float32))
+
+
+def test_hadam_state_dtypes_follow_params_and_jit_matches_eager():
+    params = random_tree(0, jnp.float16)
+    grads = random_tree(1, jnp.float16, scale=1e-2)
+    tx = optim.hadam(1e-3, eps=1e-4)
+    state = tx.init(params)
+    eager_updates, eager_state = tx.update(grads, state, params)
+    jit_updates, jit_state = jax.jit(tx.update)(grads, state, params)
+    assert jax.tree.map(lambda x: x.dtype, jit_state) == jax.tree.map(lambda x: x.dtype, state)
+    for a, b in zip(jax.tree.leaves((eager_updates, eager_state)), jax.tree.leaves((jit_updates, jit_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
