@@ -23,16 +23,36 @@ def softplus(x: jax.Array, limit: float = SOFTPLUS_LIMIT) -> jax.Array:
 
     For ``x > K`` the two differ by ``log(1 + exp(-x)) < exp(-K)`` (4.5e-5 at K=10, below float16's half-ulp
     at 10), so the switch is invisible in float16; in exact arithmetic it is the identity up to that bound.
-    ``exp`` is evaluated only on ``min(x, K)``, so neither the value nor the gradient of the branch not taken
-    can overflow (a plain ``where`` would give ``0 * inf = nan`` in the backward pass).
+    ``exp`` is evaluated only on ``x`` clipped to ``K``, so neither the value nor the gradient of the branch not
+    taken can overflow (a plain ``where`` would give ``0 * inf = nan`` in the backward pass). The clip is a
+    ``where``, not ``minimum``, whose gradient at ``x == K`` would be split in half between its arguments.
 
     Args:
       x: input array, any floating dtype.
       limit: K, the threshold above which softplus is the identity.
     """
     x = jnp.asarray(x)
-    safe = jnp.minimum(x, jnp.asarray(limit, x.dtype))
-    return jnp.where(x > limit, x, jnp.log1p(jnp.exp(safe)))
+    above = x > limit
+    safe = jnp.where(above, jnp.asarray(limit, x.dtype), x)
+    return jnp.where(above, x, jnp.log1p(jnp.exp(safe)))
+
+
+@jax.custom_jvp
+def _standardize(x: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
+    """``z = (x - loc) / scale`` with the derivative ``dz = (dx - dloc - z dscale) / scale``.
+
+    JAX's own derivative of the quotient goes through ``scale^-2``, which overflows float16 for
+    ``scale < 2^-8`` (``log sigma < -5.5``, inside the pixel agent's bounds) although ``z / scale`` fits.
+    """
+    return (x - loc) / scale
+
+
+@_standardize.defjvp
+def _standardize_jvp(primals, tangents):
+    x, loc, scale = primals
+    dx, dloc, dscale = tangents
+    z = _standardize(x, loc, scale)
+    return z, (dx - dloc - z * dscale) / scale
 
 
 def normal_log_prob(x: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
@@ -40,32 +60,36 @@ def normal_log_prob(x: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array
 
     ``log N(x; mu, sigma) = -0.5 ((x - mu) / sigma)^2 - log(sigma) - 0.5 log(2 pi)``.
 
-    The textbook ``(x - mu)^2 / sigma^2`` squares ``sigma`` first: at ``sigma = exp(-5) = 6.7e-3`` float16 keeps
-    ``sigma^2 = 4.5e-5`` only as a subnormal with 3 significant bits, and ``(x - mu)^2`` overflows for
-    ``|x - mu| > 256``. Dividing first keeps the ratio in range.
+    The textbook ``(x - mu)^2 / sigma^2`` squares ``sigma`` first: ``sigma = exp(-10)`` gives ``sigma^2 = 2e-9``,
+    which is 0 in float16 (``exp(-5)`` keeps only 9 of 11 significant bits as a subnormal), and ``(x - mu)^2``
+    overflows for ``|x - mu| > 256``. Dividing first keeps the ratio in range; ``(-0.5 z) z`` rather than
+    ``-0.5 z^2`` keeps the result finite for ``256 <= |z| < 362`` where it is representable; the derivative
+    with respect to ``sigma`` avoids ``sigma^-2`` (see ``_standardize``).
     """
-    x, loc, scale = jnp.asarray(x), jnp.asarray(loc), jnp.asarray(scale)
-    z = (x - loc) / scale
-    return -0.5 * jnp.square(z) - jnp.log(scale) - jnp.asarray(_HALF_LOG_2PI, z.dtype)
+    dtype = jnp.result_type(x, loc, scale)
+    x, loc, scale = (jnp.asarray(v, dtype) for v in (x, loc, scale))
+    z = _standardize(x, loc, scale)
+    return (-0.5 * z) * z - jnp.log(scale) - jnp.asarray(_HALF_LOG_2PI, z.dtype)
 
 
-def tanh_log_det_jacobian(u: jax.Array, limit: float = SOFTPLUS_LIMIT) -> jax.Array:
-    """``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))``, finite in float16 for every finite ``u``.
+def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:
+    """``log(1 - tanh(u)^2) = 2 (log 2 - |u| - log1p(exp(-2|u|)))``, finite in float16 for every finite ``u``.
 
     The direct form ``log(1 - tanh(u)^2)`` is ``log(0) = -inf`` in float16 once ``|u| > 4.5`` (tanh rounds to 1).
+    Using ``|u|`` keeps the argument of ``exp`` non-positive, so nothing overflows and no softplus limit is
+    needed: the identity is exact for every ``u``, and the derivative is ``-2 tanh(u)`` (0 at ``u = 0``).
     """
-    u = jnp.asarray(u)
-    return 2.0 * (jnp.asarray(math.log(2.0), u.dtype) - u - softplus(-2.0 * u, limit))
+    a = jnp.abs(jnp.asarray(u))
+    return 2.0 * (jnp.asarray(math.log(2.0), a.dtype) - a - jnp.log1p(jnp.exp(-2.0 * a)))
 
 
-def tanh_normal_log_prob(u: jax.Array, loc: jax.Array, scale: jax.Array,
-                         limit: float = SOFTPLUS_LIMIT) -> jax.Array:
+def tanh_normal_log_prob(u: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
     """Elementwise log-density of ``a = tanh(u)`` with ``u ~ N(loc, scale)``, given the pre-tanh sample ``u``.
 
-    ``log p(a) = log N(u; loc, scale) - log(1 - tanh(u)^2)`` (change of variables), with the normal-fix and the
-    softplus form of :func:`tanh_log_det_jacobian`. Sum over the action axis for a multivariate policy.
+    ``log p(a) = log N(u; loc, scale) - log(1 - tanh(u)^2)`` (change of variables), with the normal-fix and
+    :func:`tanh_log_det_jacobian`. Sum over the action axis for a multivariate policy.
     """
-    return normal_log_prob(u, loc, scale) - tanh_log_det_jacobian(u, limit)
+    return normal_log_prob(u, loc, scale) - tanh_log_det_jacobian(u)
 
 
 def weight_standardize(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:

@@ -1,0 +1,246 @@
+"""Precision policies (lpjax.precision): parsing, validation, hashing, and dtype casting of pytrees."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lpjax import precision
+from lpjax.precision import Policy, get_policy
+
+F32, F16, BF16, F64 = (np.dtype(d) for d in (jnp.float32, jnp.float16, jnp.bfloat16, jnp.float64))
+
+NAMED = {
+    "fp32": (F32, F32, F32),
+    "fp16": (F16, F16, F16),
+    "bf16": (BF16, BF16, BF16),
+    "mixed_fp16": (F32, F16, F32),
+    "mixed_bf16": (F32, BF16, F32),
+}
+
+
+def dtypes(policy: Policy):
+    return policy.param_dtype, policy.compute_dtype, policy.output_dtype
+
+
+# --- names ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,expected", NAMED.items())
+def test_named_policies_have_the_documented_dtypes(name, expected):
+    policy = get_policy(name)
+    assert dtypes(policy) == expected
+    assert all(isinstance(d, np.dtype) for d in dtypes(policy))
+    assert get_policy(f"  {name.upper()} ") == policy        # case and surrounding blanks are ignored
+
+
+def test_policies_registry_is_exactly_the_five_named_policies():
+    assert set(precision.POLICIES) == set(NAMED)
+
+
+@pytest.mark.parametrize("name,low", [("fp32", False), ("fp16", True), ("bf16", True), ("mixed_fp16", True),
+                                      ("mixed_bf16", True)])
+def test_is_low_precision(name, low):
+    assert get_policy(name).is_low_precision is low
+
+
+def test_get_policy_returns_a_policy_argument_unchanged():
+    policy = Policy("float16", "bfloat16", "float32")
+    assert get_policy(policy) is policy
+
+
+@pytest.mark.parametrize("name", ["fp8", "float16", "mixed", "", "fp16_mixed", "half"])
+def test_unknown_policy_name_raises_value_error_listing_valid_names(name):
+    with pytest.raises(ValueError) as info:
+        get_policy(name)
+    message = str(info.value)
+    for valid in NAMED:
+        assert valid in message
+    assert "params=" in message            # and mentions the explicit form
+
+
+@pytest.mark.parametrize("spec", [None, 16, jnp.float16])
+def test_get_policy_rejects_non_string_specs(spec):
+    with pytest.raises(TypeError):
+        get_policy(spec)
+
+
+# --- explicit strings ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,expected", [
+    ("params=float32,compute=float16,output=float32", (F32, F16, F32)),
+    ("compute=float16,output=float32,params=float32", (F32, F16, F32)),       # any order
+    ("p=f32,c=f16,o=f32", (F32, F16, F32)),                                   # key and dtype abbreviations
+    ("param=fp16,compute=half,out=bf16", (F16, F16, BF16)),
+    ("Params = Float16 , Compute = BF16 ", (F16, BF16, F32)),                 # case, blanks; output defaults
+    ("compute=bfloat16", (F32, BF16, F32)),                                   # omitted keys default to float32
+    ("p=single,c=full,o=double", (F32, F32, F64)),
+    ("c=e4m3,o=e5m2", (F32, np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))),
+])
+def test_explicit_policy_strings(spec, expected):
+    assert dtypes(get_policy(spec)) == expected
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ("params=float32,weights=float16", "weights"),          # unknown key
+    ("params=float32,compute", "compute"),                  # item without '='
+    ("params=float32,,compute=float16", "key=dtype"),       # empty item
+    ("=float16", "key=dtype"),                              # empty key
+])
+def test_bad_policy_keys_raise_value_error_listing_valid_keys(spec, fragment):
+    with pytest.raises(ValueError) as info:
+        get_policy(spec)
+    message = str(info.value)
+    assert fragment in message
+    for key in ("params", "compute", "output"):
+        assert key in message
+
+
+@pytest.mark.parametrize("spec", ["params=float17", "compute=", "output=fp16x", "c=float16,o=int"])
+def test_bad_policy_dtype_names_raise_value_error_listing_valid_dtypes(spec):
+    with pytest.raises(ValueError) as info:
+        get_policy(spec)
+    message = str(info.value)
+    for valid in ("float32", "float16", "bfloat16", "bf16", "half"):
+        assert valid in message
+
+
+@pytest.mark.parametrize("spec", ["params=float32,params=float16", "p=f16,params=f16", "c=f16,compute=bf16",
+                                  "o=f32,out=f32"])
+def test_repeated_policy_keys_raise_value_error(spec):
+    with pytest.raises(ValueError, match="twice"):
+        get_policy(spec)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, np.int8, jnp.uint8, np.bool_, np.complex64, "int8", "int32", "bool"])
+def test_non_floating_dtypes_are_rejected(dtype):
+    with pytest.raises(ValueError):
+        Policy(param_dtype=dtype)
+    if isinstance(dtype, str):
+        with pytest.raises(ValueError):
+            get_policy(f"compute={dtype}")
+
+
+def test_policy_accepts_dtype_objects_and_names_alike():
+    policies = [Policy(np.float16, jnp.bfloat16, "f32"), Policy("half", "bf16", np.dtype("float32")),
+                get_policy("p=float16,c=bfloat16,o=float32")]
+    assert all(p == policies[0] for p in policies)
+    assert len({hash(p) for p in policies}) == 1
+    assert Policy() == get_policy("fp32")
+
+
+# --- str round trip ------------------------------------------------------------------------------------------
+
+_DTYPE_NAMES = ["float64", "float32", "float16", "bfloat16", "f16", "half", "bf16", "fp32", "float8_e4m3fn", "e5m2"]
+
+
+@given(p=st.sampled_from(_DTYPE_NAMES), c=st.sampled_from(_DTYPE_NAMES), o=st.sampled_from(_DTYPE_NAMES))
+def test_str_round_trips_through_get_policy(p, c, o):
+    policy = get_policy(f"params={p},compute={c},output={o}")
+    text = str(policy)
+    assert get_policy(text) == policy
+    assert str(get_policy(text)) == text
+    assert text.startswith(f"params={policy.param_dtype.name},")
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_str_of_named_policies_round_trips(name):
+    assert get_policy(str(get_policy(name))) == get_policy(name)
+
+
+# --- immutability, hashing, jit ------------------------------------------------------------------------------
+
+def test_policy_is_immutable_and_with_output_dtype_copies():
+    policy = get_policy("fp16")
+    with pytest.raises(AttributeError):
+        policy.compute_dtype = F32
+    other = policy.with_output_dtype("float32")
+    assert dtypes(other) == (F16, F16, F32)
+    assert dtypes(policy) == (F16, F16, F16)
+    with pytest.raises(ValueError):
+        policy.with_output_dtype("int8")
+
+
+def test_policy_is_hashable_and_equal_policies_hash_equal():
+    table = {get_policy(name): name for name in NAMED}
+    assert len(table) == 5
+    assert table[Policy("float32", "float16", "float32")] == "mixed_fp16"
+    assert table[get_policy("p=f32,c=bf16")] == "mixed_bf16"
+    assert get_policy("fp16") != get_policy("mixed_fp16")
+
+
+def test_policy_is_a_jit_static_argument_and_equal_policies_share_the_cache():
+    traces = []
+
+    def impl(x, policy):
+        traces.append(policy)                             # runs once per trace
+        return policy.cast_to_output(policy.cast_to_compute(x) * 2)
+
+    f = jax.jit(impl, static_argnums=1)
+    x = jnp.ones((3,), jnp.float32)
+    out = f(x, get_policy("mixed_fp16"))
+    assert out.dtype == F32
+    f(x, Policy("f32", "f16", "f32"))                      # equal policy: cache hit, no retrace
+    assert len(traces) == 1
+    out = f(x, get_policy("fp16"))
+    assert out.dtype == F16
+    assert len(traces) == 2
+
+
+# --- casting -------------------------------------------------------------------------------------------------
+
+def _tree():
+    return {
+        "w": jnp.ones((2, 3), jnp.float32),
+        "b": np.zeros((3,), np.float64),                   # numpy floating leaves are cast too
+        "h": jnp.ones((2,), jnp.bfloat16),
+        "step": jnp.array(7, jnp.int32),
+        "mask": jnp.array([True, False]),
+        "ids": np.arange(4, dtype=np.int64),
+        "nested": [(jnp.full((1,), 0.5, jnp.float16), jnp.array([1, 2], jnp.uint8)), None],
+        "name": "actor",
+    }
+
+
+@pytest.mark.parametrize("method,attr", [("cast_to_param", "param_dtype"), ("cast_to_compute", "compute_dtype"),
+                                         ("cast_to_output", "output_dtype")])
+@pytest.mark.parametrize("name", ["fp16", "bf16", "mixed_fp16"])
+def test_cast_helpers_cast_only_floating_leaves_of_nested_pytrees(name, method, attr):
+    policy = get_policy(name)
+    target = getattr(policy, attr)
+    tree = _tree()
+    out = getattr(policy, method)(tree)
+    assert jax.tree.structure(out) == jax.tree.structure(tree)
+    for key in ("w", "b", "h"):
+        assert out[key].dtype == target
+        np.testing.assert_array_equal(np.asarray(out[key], np.float64), np.asarray(tree[key], np.float64))
+    assert out["nested"][0][0].dtype == target
+    # Non-floating leaves are returned untouched (same object, same dtype).
+    assert out["step"] is tree["step"] and out["step"].dtype == jnp.int32
+    assert out["mask"] is tree["mask"] and out["mask"].dtype == jnp.bool_
+    assert out["ids"] is tree["ids"]
+    assert out["nested"][0][1] is tree["nested"][0][1]
+    assert out["nested"][1] is None and out["name"] == "actor"
+
+
+def test_cast_leaves_already_in_the_target_dtype_unchanged():
+    tree = {"a": jnp.ones((2,), jnp.float16)}
+    assert get_policy("fp16").cast_to_compute(tree)["a"] is tree["a"]
+
+
+def test_cast_inside_jit_and_grad():
+    policy = get_policy("mixed_fp16")
+
+    def loss(params, x):
+        p = policy.cast_to_compute(params)
+        y = p["w"] * policy.cast_to_compute(x) + p["b"]
+        return jnp.sum(policy.cast_to_output(y))
+
+    params = {"w": jnp.full((3,), 2.0, jnp.float32), "b": jnp.zeros((3,), jnp.float32)}
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, jnp.arange(3.0))
+    assert value.dtype == F32 and float(value) == 6.0
+    assert grads["w"].dtype == F32                                  # gradients come back in the param dtype
+    np.testing.assert_array_equal(np.asarray(grads["w"]), [0.0, 1.0, 2.0])
