@@ -9,7 +9,16 @@ square root instead,
     u  = -lr * m_hat / (w_hat + eps),  m_hat = m / (1 - b1^t),  w_hat = w / sqrt(1 - b2^t)
 
 and by induction ``w_t = sqrt(v_t)``, so the update is Adam's exactly in exact arithmetic, while every
-intermediate stays within a few binades of ``|g|``.
+stored quantity stays within a few binades of ``|g|``.
+
+Two implementation choices, both the identity in exact arithmetic:
+
+* ``w`` is evaluated in float32 and rounded once to its storage dtype. For float16 storage the squares of the
+  (scaled) operands cannot leave float32's range (``65504^2 = 4.3e9``, ``(6e-8)^2 = 3.6e-15``), so the plain
+  ``sqrt(a^2 + b^2)`` is used, as PyTorch's half-precision kernels compute in float; for wider dtypes (bfloat16,
+  float32, float64) the overflow-free ``hypot`` is used in the promoted dtype.
+* Where ``w_hat + eps`` is 0 (``eps`` rounded to 0 in the moments' dtype and ``w`` underflowed), the update is
+  0, its exact-arithmetic value when ``w = 0`` (all past gradients zero), instead of ``0 / 0 = nan``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import optax
 
 
 class EpsUnderflowWarning(UserWarning):
-    """Adam's ``eps`` rounds to zero in the moments' dtype, so an all-zero gradient gives ``0 / 0 = nan``."""
+    """Adam's ``eps`` rounds to zero in the moments' dtype: tiny second moments are not damped."""
 
 
 class ScaleByHAdamState(NamedTuple):
@@ -53,9 +62,18 @@ def _warn_if_eps_underflows(eps, params: optax.Params) -> None:
     lost = sorted(d.name for d in dtypes if eps > 0 and np.asarray(eps, d) == 0)
     if lost:
         warnings.warn(
-            f"hAdam eps={eps:g} rounds to 0 in {', '.join(lost)}: an all-zero gradient entry gives 0/0 = nan. "
-            "Wrap the optimizer in lpjax.optim.compound_loss_scaling (which scales eps with the loss scale) or "
+            f"hAdam eps={eps:g} rounds to 0 in {', '.join(lost)}: updates of parameters with tiny gradients are "
+            "undamped (about lr * sign(g)) and entries whose w underflows get no update. Wrap the optimizer in lpjax.optim.compound_loss_scaling (which scales eps with the loss scale) or "
             "raise eps.", EpsUnderflowWarning, stacklevel=3)
+
+
+def _squares_fit(storage, compute) -> bool:
+    """Whether squares of every finite ``storage`` value stay normal and finite in ``compute``."""
+    storage, compute = jnp.finfo(storage), jnp.finfo(compute)
+    if storage.bits >= compute.bits:
+        return False
+    return (float(storage.max) ** 2 < float(compute.max)
+            and float(storage.smallest_subnormal) ** 2 > float(compute.smallest_normal))
 
 
 def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
@@ -74,8 +92,9 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
     """
     def init_fn(params):
         _warn_if_eps_underflows(eps, params)
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return ScaleByHAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu_sqrt=zeros,
+        # Two separate trees: a state whose moments share buffers cannot be donated to a jitted step.
+        return ScaleByHAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(jnp.zeros_like, params),
+                                 nu_sqrt=jax.tree.map(jnp.zeros_like, params),
                                  eps_scale=jnp.ones([], jnp.float32))
 
     def update_fn(updates, state, params=None):
@@ -88,9 +107,12 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
             return decay * m + (1 - decay) * g.astype(m.dtype)
 
         def root_second_moment(g, w):
-            root_b2 = jnp.sqrt(jnp.asarray(b2, jnp.promote_types(w.dtype, jnp.float32)))
-            return jnp.hypot(root_b2.astype(w.dtype) * w,
-                             jnp.sqrt(1 - root_b2 * root_b2).astype(w.dtype) * g.astype(w.dtype))
+            dtype = jnp.promote_types(w.dtype, jnp.float32)
+            b2_ = jnp.asarray(b2, dtype)
+            a = jnp.sqrt(b2_) * w.astype(dtype)
+            b = jnp.sqrt(1 - b2_) * g.astype(dtype)
+            root = jnp.sqrt(a * a + b * b) if _squares_fit(w.dtype, dtype) else jnp.hypot(a, b)
+            return root.astype(w.dtype)
 
         mu = jax.tree.map(first_moment, updates, state.mu)
         nu_sqrt = jax.tree.map(root_second_moment, updates, state.nu_sqrt)
@@ -101,7 +123,9 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opt
             mu_correction = (1 - jnp.power(jnp.asarray(b1, dtype), t)).astype(m.dtype)
             nu_correction = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t)).astype(w.dtype)
             scaled_eps = (eps * state.eps_scale.astype(dtype)).astype(w.dtype)
-            return (m / mu_correction) / (w / nu_correction + scaled_eps)
+            denominator = w / nu_correction + scaled_eps
+            safe = jnp.where(denominator == 0, jnp.ones_like(denominator), denominator)
+            return jnp.where(denominator == 0, jnp.zeros_like(m), (m / mu_correction) / safe)
 
         updates = jax.tree.map(direction, mu, nu_sqrt)
         return updates, ScaleByHAdamState(count=count, mu=mu, nu_sqrt=nu_sqrt, eps_scale=state.eps_scale)

@@ -10,7 +10,7 @@ Dynamics, after PyTorch amp's ``GradScaler``:
 
 * A step whose gradients (or whose inner updates) are not all finite is skipped: the update is zero, the inner
   state is the one before the step, and ``s <- max(s * backoff_factor, min_scale)``.
-* A step is finite when the gradients, the inner updates and the new inner state are all finite.
+* A step is finite when the gradients are (and, for optax's Adam, whose ``g^2`` can overflow, its new state).
 * Each finite step increments ``good_steps``. On the ``growth_interval``-th consecutive finite step, that step's
   update is applied (it was computed at the old scale) and then ``s <- s * growth_factor``, ``good_steps <- 0``.
   So a state that started at ``s0`` reports ``s0 * growth_factor`` after exactly ``growth_interval`` finite
@@ -50,12 +50,16 @@ class CompoundLossScalingState(NamedTuple):
       scale: float32 scalar, the current loss scale ``s``.
       good_steps: int32, consecutive finite steps since the scale last changed.
       skipped_steps: int32, total number of skipped (non-finite) steps.
+      grad_bound: float32, the largest ``|gradient|`` of the finite steps so far, in units of the current scale.
+        hAdam's moments never exceed it (``|m'| <= max(|m|, |g|)``, ``w' <= max(w, |g|)``), so the scale grows
+        only when ``grad_bound * growth_factor`` fits the moments' dtype, without reading the moments.
       inner_state: the wrapped optimizer's state, kept in units scaled by ``scale``.
     """
 
     scale: chex.Array
     good_steps: chex.Array
     skipped_steps: chex.Array
+    grad_bound: chex.Array
     inner_state: Any
 
 
@@ -145,8 +149,30 @@ def rescale_moments(inner_state, factor: chex.Array):
 
 
 def _all_finite(tree) -> chex.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+    """True iff every floating-point element of ``tree`` is finite.
+
+    ``all(isfinite(x))`` on purpose: cheaper-looking reductions are wrong or fragile on XLA:CPU (``max(|x|)``
+    drops nans in its vectorised loop; ``sum(x * 0)`` is rewritten when ``x`` is itself a product by a constant).
+    """
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
+def _finite_max_abs(tree) -> tuple[chex.Array, chex.Array]:
+    """``(all elements finite, max |x|)`` of the floating-point leaves of ``tree`` in one pass per leaf.
+
+    Non-finite elements are mapped to ``inf`` before the max: a vectorised max on XLA:CPU drops nans, not infs.
+    """
+    maxima = [jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.inf), initial=0).astype(jnp.float32)
+              for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    largest = jnp.max(jnp.stack(maxima)) if maxima else jnp.float32(0)
+    return jnp.isfinite(largest), largest
+
+
+def _largest_finite(tree) -> float:
+    """The smallest ``finfo(dtype).max`` over the floating-point leaves of ``tree``, less one ulp of rounding."""
+    dtypes = {x.dtype for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}
+    return min(float(jnp.finfo(d).max) * (1 - 2.0 ** -jnp.finfo(d).nmant) for d in dtypes)
 
 
 def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float = 1e4,
@@ -186,38 +212,47 @@ def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float
         _validate(inner_state)
         return CompoundLossScalingState(
             scale=jnp.asarray(init_scale, jnp.float32), good_steps=jnp.zeros([], jnp.int32),
-            skipped_steps=jnp.zeros([], jnp.int32),
+            skipped_steps=jnp.zeros([], jnp.int32), grad_bound=jnp.zeros([], jnp.float32),
             inner_state=rescale_moments(inner_state, jnp.asarray(init_scale, jnp.float32)))
 
+    growth = jnp.float32(growth_factor)
+
+    def grown_state_fits(new_inner):
+        """optax's Adam (``v' <= max(v, g^2)``): are the new moments finite after ``*= growth_factor``?"""
+        return _all_finite(rescale_moments(new_inner, growth))
+
     def update_fn(updates, state, params=None, **extra_args):
+        # The step's fate is decided by one pass over the gradients, before the inner update, so the selects and
+        # the rescale below are elementwise with a scalar predicate and hAdam's moments are never re-read. hAdam's
+        # state and update are finite whenever its gradients are; optax's Adam squares the gradients, so for it
+        # the new state is checked too (a second pass over the moments).
+        finite, grad_max = _finite_max_abs(updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
-        finite = _all_finite((updates, new_updates, new_inner))
+        adam = _has_adam_state(state.inner_state)
+        if adam:
+            finite = jnp.logical_and(finite, _all_finite(new_inner))
         # Cast back: optax's Adam promotes float16 moments to the dtype of injected float32 hyperparameters,
         # and the wrapper's state keeps its dtypes so it can be a scan carry or a donated buffer.
         inner_state = jax.tree.map(lambda new, old: jnp.where(finite, new.astype(old.dtype), old), new_inner,
                                    state.inner_state)
         new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
+
+        # Growth is refused if the rescaled moments would overflow their dtype.
         wants_growth = jnp.logical_and(finite, state.good_steps + 1 >= growth_interval)
-
-        def keep(inner_state):
-            return state.scale, inner_state
-
-        def grow(inner_state):  # Refused (scale kept) if the rescaled moments would overflow their dtype.
-            grown = rescale_moments(inner_state, jnp.float32(growth_factor))
-            fits = _all_finite(grown)
-            return (jnp.where(fits, state.scale * growth_factor, state.scale),
-                    jax.tree.map(lambda g, s: jnp.where(fits, g, s), grown, inner_state))
-
-        def back_off(inner_state):
-            scale = jnp.maximum(state.scale * backoff_factor, jnp.float32(min_scale))
-            return scale, rescale_moments(inner_state, scale / state.scale)
-
-        branch = jnp.where(finite, wants_growth.astype(jnp.int32), 2)
-        scale, inner_state = jax.lax.switch(branch, (keep, grow, back_off), inner_state)
+        grad_bound = jnp.where(finite, jnp.maximum(state.grad_bound, grad_max), state.grad_bound)
+        if adam:
+            fits = jax.lax.cond(wants_growth, grown_state_fits, lambda _: jnp.asarray(True), inner_state)
+        else:
+            fits = grad_bound * growth <= _largest_finite(state.inner_state)
+        grow = jnp.logical_and(wants_growth, fits)
+        scale = jnp.where(finite, jnp.where(grow, state.scale * growth_factor, state.scale),
+                          jnp.maximum(state.scale * backoff_factor, jnp.float32(min_scale))).astype(jnp.float32)
+        factor = scale / state.scale
+        inner_state = rescale_moments(inner_state, factor)  # factor 1 on most steps: exact
         good_steps = jnp.where(finite & ~wants_growth, state.good_steps + 1, 0).astype(jnp.int32)
         return new_updates, CompoundLossScalingState(
-            scale=scale.astype(jnp.float32), good_steps=good_steps,
-            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32), inner_state=inner_state)
+            scale=scale, good_steps=good_steps, skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
+            grad_bound=grad_bound * factor, inner_state=inner_state)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

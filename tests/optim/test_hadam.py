@@ -112,3 +112,43 @@ def test_hadam_state_dtypes_follow_params_and_jit_matches_eager():
     assert jax.tree.map(lambda x: x.dtype, jit_state) == jax.tree.map(lambda x: x.dtype, state)
     for a, b in zip(jax.tree.leaves((eager_updates, eager_state)), jax.tree.leaves((jit_updates, jit_state))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_hadam_state_can_be_donated_to_a_jitted_step():
+    params = random_tree(0, jnp.float16)
+    tx = optim.hadam(1e-3, eps=1e-4)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    donating = jax.jit(step, donate_argnums=(0, 1))
+    params, state = donating(params, tx.init(params), random_tree(1, jnp.float16))
+    assert bool(jnp.all(jnp.isfinite(state[0].nu_sqrt["w0"])))
+
+
+def test_zero_denominator_gives_a_zero_update_not_nan():
+    # eps = 1e-8 is 0 in float16: with zero gradients w_hat + eps == 0. Exact arithmetic gives 0 / eps = 0.
+    params = jnp.ones((3,), jnp.float16)
+    with pytest.warns(optim.EpsUnderflowWarning):
+        tx = optim.hadam(1e-3)
+        state = tx.init(params)
+    updates, _ = jax.jit(tx.update)(jnp.asarray([0.0, 0.0, 1e-3], jnp.float16), state, params)
+    np.testing.assert_array_equal(np.asarray(updates[:2]), 0.0)
+    assert float(updates[2]) < 0
+
+
+def test_float16_root_second_moment_is_rounded_once_from_the_exact_value():
+    # w' = sqrt(b2 w^2 + (1 - b2) g^2) evaluated in float32 and rounded once: within one float16 ulp of the
+    # float64 value, and correctly rounded for nearly every input (float32 error only matters at ties).
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal(20_000) * 10.0 ** rng.uniform(-6, 4, 20_000)).astype(np.float16)
+    w = np.abs(rng.standard_normal(20_000) * 10.0 ** rng.uniform(-6, 4, 20_000)).astype(np.float16)
+    tx = optim.scale_by_hadam(eps=1e-4)
+    state = tx.init(jnp.zeros(g.shape, jnp.float16))._replace(nu_sqrt=jnp.asarray(w))
+    _, state = jax.jit(tx.update)(jnp.asarray(g), state)
+    got = np.asarray(state.nu_sqrt, np.float64)
+    exact = np.sqrt(0.999 * w.astype(np.float64) ** 2 + 0.001 * g.astype(np.float64) ** 2)
+    assert np.all(np.abs(got - exact) <= np.spacing(exact.astype(np.float16)).astype(np.float64))
+    assert np.mean(got == exact.astype(np.float16).astype(np.float64)) > 0.99

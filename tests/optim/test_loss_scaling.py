@@ -208,3 +208,17 @@ def test_loss_scale_finds_the_state_in_a_chain_and_rejects_ambiguity():
     two = optax.chain(optim.compound_loss_scaling(optim.hadam(1e-3)), optim.compound_loss_scaling(optim.hadam(1e-3)))
     with pytest.raises(ValueError, match="found 2"):
         optim.loss_scale(two.init(params))
+
+
+def test_grad_bound_tracks_the_largest_finite_gradient_in_current_units():
+    params = jnp.ones((3,), jnp.float16)
+    tx = optim.compound_loss_scaling(optim.hadam(1e-3), init_scale=64.0, growth_interval=2)
+    update = jax.jit(tx.update)
+    state = tx.init(params)
+    _, state = update(jnp.asarray([1.0, -300.0, 2.0], jnp.float16), state, params)
+    assert float(state.grad_bound) == 300.0
+    _, state = update(jnp.asarray([jnp.nan, 1e4, 0.0], jnp.float16), state, params)  # skipped: not counted, halved
+    assert float(state.grad_bound) == 150.0 and float(state.scale) == 32.0
+    _, state = update(jnp.asarray([5.0, 6.0, 7.0], jnp.float16), state, params)
+    _, state = update(jnp.asarray([5.0, 6.0, 7.0], jnp.float16), state, params)  # grows: bound doubles with it
+    assert float(state.scale) == 64.0 and float(state.grad_bound) == 300.0

@@ -1,0 +1,436 @@
+"""Cost of one optimizer step: lpjax's pure-fp16 optimizer against ``optax.adam``, in float32 and float16.
+
+The issue's target: the full lpjax chain
+
+    optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(1e-4)), lpjax.optim.kahan_summation())
+
+costs at most ``TARGET_RATIO`` (1.3) times an ``optax.adam(1e-4)`` step in the same dtype. The parameters are a
+~3.2M-parameter MLP pytree (input layer, three 1024x1024 hidden layers, output layer). Each variant's step is
+``tx.update`` followed by ``optax.apply_updates`` under one ``jax.jit`` with the parameters and the optimizer state
+donated, so every variant updates its buffers in place in the same way. The gradients are runtime random arrays
+(XLA cannot constant-fold them), the same arrays for every variant of a dtype: ``+-1e-3 * 1e4 * 10**U(-1, 1)``,
+i.e. gradients of magnitude ~1e-3 multiplied by the loss scale 1e4, as the loss-scaled chain receives them. They are
+finite in float16, so the chain takes its "finite step" path every time (checked and recorded). The unscaled
+variants get the same arrays because at magnitude 1e-3 ``optax.adam`` in float16 is not finite: its second moment
+``(1 - b2) g^2 = 1e-9`` rounds to 0 and ``m / 0 = inf`` (the failure the lpjax chain exists to fix). Every
+variant is checked to end with finite parameters.
+
+Timing: every variant is compiled and warmed up first; then ``--repeats`` rounds, each timing ``--steps``
+consecutive steps of every (variant, dtype) pair, with ``block_until_ready`` at the end. The order of the pairs
+is rotated from round to round so that machine noise and cache effects hit all of them equally. Reported: the
+median and the minimum over rounds of the mean time per step. Also recorded, as diagnostics: the bytes of each
+optimizer state and of the parameters, the scratch ("temp") memory XLA allocates per step, and the minor page
+faults per step (a temp buffer above glibc malloc's mmap threshold, at most 32 MiB by default, is mmap-ed and
+page-faulted afresh on every step).
+
+On XLA:CPU float16 is emulated (converted to float32 around the arithmetic), so float16 is *not* faster here;
+the comparison that matters is each variant against ``optax.adam`` in the same dtype.
+
+Run ``python -m benchmarks.optimizer_overhead`` (writes ``benchmarks/results/optimizer_overhead.{json,png}``);
+``--quick`` is a tiny smoke run, ``--ablations`` also times the chain's parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import lpjax
+
+TARGET_RATIO = 1.3
+LEARNING_RATE = 1e-4
+GRAD_MAGNITUDE = 1e-3
+LOSS_SCALE = 1e4  # compound_loss_scaling's default init_scale (paper, Table 5).
+GRAD_SCALED = GRAD_MAGNITUDE * LOSS_SCALE  # magnitude of the gradients every variant receives (module docstring)
+BASELINE = "optax.adam"
+FULL_CHAIN = "lpjax.chain"
+DTYPES = ("float32", "float16")
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
+RESULT_NAME = "optimizer_overhead"
+
+
+class Variant(NamedTuple):
+    """An optimizer to time: ``make()`` builds the transformation."""
+
+    name: str
+    description: str
+    make: Callable[[], optax.GradientTransformation]
+
+
+def _full_chain() -> optax.GradientTransformation:
+    return optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(LEARNING_RATE), init_scale=LOSS_SCALE),
+                       lpjax.optim.kahan_summation())
+
+
+VARIANTS = (
+    Variant(BASELINE, "optax.adam(1e-4)", lambda: optax.adam(LEARNING_RATE)),
+    Variant("lpjax.hadam", "lpjax.optim.hadam(1e-4)", lambda: lpjax.optim.hadam(LEARNING_RATE)),
+    Variant(FULL_CHAIN, "chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())", _full_chain),
+)
+
+# The full chain's parts, to see where its overhead comes from (--ablations).
+ABLATIONS = (
+    Variant("ablation.cls(hadam)", "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)",
+            lambda: lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(LEARNING_RATE), init_scale=LOSS_SCALE)),
+    Variant("ablation.hadam+kahan", "chain(hadam(1e-4), kahan_summation()) (no loss scaling)",
+            lambda: optax.chain(lpjax.optim.hadam(LEARNING_RATE), lpjax.optim.kahan_summation())),
+    Variant("ablation.apply_if_finite(hadam)", "optax.apply_if_finite(hadam(1e-4)): optax's own skip-on-non-finite",
+            lambda: optax.apply_if_finite(lpjax.optim.hadam(LEARNING_RATE), max_consecutive_errors=10**9)),
+)
+
+
+class Sizes(NamedTuple):
+    in_dim: int
+    width: int
+    hidden_layers: int  # number of width x width layers
+    out_dim: int
+
+
+FULL_SIZES = Sizes(in_dim=64, width=1024, hidden_layers=3, out_dim=16)
+QUICK_SIZES = Sizes(in_dim=8, width=32, hidden_layers=1, out_dim=4)
+
+
+def mlp_params(key: jax.Array, sizes: Sizes, dtype: Any) -> dict:
+    """Dense kernels and biases of an MLP ``in -> width -> (hidden_layers x width x width) -> out``."""
+    dims = [sizes.in_dim] + [sizes.width] * (sizes.hidden_layers + 1) + [sizes.out_dim]
+    params = {}
+    for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+        key, k_w, k_b = jax.random.split(key, 3)
+        params[f"dense_{i}"] = {
+            "kernel": (jax.random.normal(k_w, (fan_in, fan_out), jnp.float32) / np.sqrt(fan_in)).astype(dtype),
+            "bias": (0.01 * jax.random.normal(k_b, (fan_out,), jnp.float32)).astype(dtype),
+        }
+    return params
+
+
+def random_grads(key: jax.Array, params: dict, magnitude: float = GRAD_SCALED) -> dict:
+    """Runtime random gradients ``+-magnitude * 10**U(-1, 1)`` (log-uniform over two decades, random sign).
+
+    Bounded away from 0 on purpose: for ``|g| < ~5e-3`` float16 ``optax.adam``'s second moment ``(1 - b2) g^2``
+    rounds to 0 (and its ``eps = 1e-8`` is 0 in float16), so ``m / 0 = inf`` and the timed steps would run on
+    non-finite parameters.
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(key, 2 * len(leaves))
+    grads = []
+    for k_sign, k_mag, p in zip(keys[::2], keys[1::2], leaves):
+        sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, p.shape), 1.0, -1.0)
+        exponent = jax.random.uniform(k_mag, p.shape, jnp.float32, -1.0, 1.0)
+        grads.append((magnitude * sign * 10.0 ** exponent).astype(p.dtype))
+    return jax.tree.unflatten(treedef, grads)
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Sum of ``nbytes`` over the array leaves of ``tree``."""
+    return int(sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
+                   for leaf in jax.tree.leaves(tree)))
+
+
+def make_step(tx: optax.GradientTransformation) -> Callable:
+    """Jitted ``(params, opt_state, grads) -> (params, opt_state)``; params and state are donated."""
+
+    def step(params, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def _init_state(tx: optax.GradientTransformation, params: dict):
+    with warnings.catch_warnings():
+        # hadam's eps=1e-8 is 0 in float16; harmless here (the random gradients have no exact zeros).
+        warnings.simplefilter("ignore", lpjax.optim.EpsUnderflowWarning)
+        return tx.init(params)
+
+
+class _Case:
+    """One (variant, dtype) pair: its jitted step and its live (donated, replaced each step) buffers."""
+
+    def __init__(self, variant: Variant, dtype: str, params: dict, grads: dict):
+        self.variant, self.dtype = variant, dtype
+        tx = variant.make()
+        # Own copies: donation invalidates the buffers passed in.
+        self.params = jax.tree.map(jnp.copy, params)
+        self.state = _init_state(tx, self.params)
+        self.grads = grads
+        self.step = make_step(tx)
+        self.state_bytes = tree_nbytes(self.state)
+        self.param_bytes = tree_nbytes(self.params)
+        # Compiles (jit's cache is shared with the later calls) and reads XLA's scratch-buffer size per step.
+        memory = self.step.lower(self.params, self.state, self.grads).compile().memory_analysis()
+        self.temp_bytes = None if memory is None else int(memory.temp_size_in_bytes)
+        self.times_ms: list[float] = []
+        self.faults_per_step: list[float] = []
+
+    def run(self, steps: int) -> float:
+        """Runs ``steps`` steps; returns the mean wall time per step in milliseconds."""
+        params, state, grads, step = self.params, self.state, self.grads, self.step
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        for _ in range(steps):
+            params, state = step(params, state, grads)
+        jax.block_until_ready((params, state))
+        elapsed = time.perf_counter() - start
+        self.faults_per_step.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps)
+        self.params, self.state = params, state
+        return 1e3 * elapsed / steps
+
+    def sanity(self) -> dict:
+        """Checks that the timed path is the intended one: finite parameters, no skipped loss-scaled step."""
+        out = {"params_finite": bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(self.params)))}
+        found = [n for n in jax.tree.leaves(self.state, is_leaf=lambda n: isinstance(
+            n, lpjax.optim.CompoundLossScalingState)) if isinstance(n, lpjax.optim.CompoundLossScalingState)]
+        if found:
+            out["skipped_steps"] = int(found[0].skipped_steps)
+            out["final_loss_scale"] = float(found[0].scale)
+        return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def machine_info() -> dict:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "libc": " ".join(platform.libc_ver()) or None,
+        "python": platform.python_version(),
+        "jax_backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants: Sequence[Variant],
+                  dtypes: Sequence[str] = DTYPES, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+    """Times every (variant, dtype) pair, interleaved; returns the results as a json-able dict."""
+    key = jax.random.PRNGKey(seed)
+    k_params, k_grads = jax.random.split(key)
+    params_by_dtype = {dtype: mlp_params(k_params, sizes, dtype) for dtype in dtypes}
+    first = next(iter(params_by_dtype.values()))
+    param_count = int(sum(x.size for x in jax.tree.leaves(first)))
+    param_bytes = {dtype: tree_nbytes(params) for dtype, params in params_by_dtype.items()}
+    log(f"parameters: {param_count:,} in {len(jax.tree.leaves(first))} arrays ("
+        + ", ".join(f"{d}: {b / 2**20:.2f} MiB" for d, b in param_bytes.items()) + ")")
+    log(f"compiling {len(variants) * len(dtypes)} steps ...")
+    cases: list[_Case] = []
+    for dtype, params in params_by_dtype.items():
+        grads = random_grads(k_grads, params)
+        if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
+            raise RuntimeError(f"random gradients overflow {dtype}")
+        for variant in variants:
+            cases.append(_Case(variant, dtype, params, grads))
+
+    log(f"warming up ({warmup} steps each) ...")
+    for case in cases:
+        case.run(warmup)
+        case.faults_per_step.clear()
+    load_before = os.getloadavg()
+
+    log(f"timing: {repeats} rounds x {steps} steps per (variant, dtype), order rotated every round")
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(repeats):
+            shift = r % len(cases)
+            for case in cases[shift:] + cases[:shift]:
+                case.times_ms.append(case.run(steps))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+    rows = []
+    for case in cases:
+        rows.append({
+            "variant": case.variant.name,
+            "description": case.variant.description,
+            "dtype": case.dtype,
+            "median_ms": statistics.median(case.times_ms),
+            "min_ms": min(case.times_ms),
+            "max_ms": max(case.times_ms),
+            "repeats_ms": case.times_ms,
+            "opt_state_bytes": case.state_bytes,
+            "param_bytes": case.param_bytes,
+            "opt_state_over_param_bytes": case.state_bytes / case.param_bytes,
+            "xla_temp_bytes": case.temp_bytes,
+            "minor_page_faults_per_step": statistics.median(case.faults_per_step),
+            **case.sanity(),
+        })
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    for dtype in dtypes:
+        base = next(r for r in rows if r["variant"] == BASELINE and r["dtype"] == dtype)
+        ratios[dtype] = {}
+        for row in rows:
+            if row["dtype"] == dtype:
+                row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]
+                row["ratio_to_adam_min"] = row["min_ms"] / base["min_ms"]
+                ratios[dtype][row["variant"]] = {"median": row["ratio_to_adam_median"], "min": row["ratio_to_adam_min"]}
+    target_met = {}
+    for dtype in dtypes:
+        full = ratios[dtype].get(FULL_CHAIN)
+        target_met[dtype] = None if full is None else bool(full["median"] <= TARGET_RATIO)
+
+    return {
+        "benchmark": RESULT_NAME,
+        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
+        "optax_version": optax.__version__,
+        "lpjax_version": lpjax.__version__,
+        "machine": {**machine_info(), "loadavg_1_5_15_before": list(load_before),
+                    "loadavg_1_5_15_after": list(os.getloadavg())},
+        "config": {
+            "sizes": sizes._asdict(),
+            "steps": steps,
+            "repeats": repeats,
+            "warmup_steps": warmup,
+            "seed": seed,
+            "learning_rate": LEARNING_RATE,
+            "grad_magnitude": GRAD_SCALED,
+            "grad_note": "every variant gets the same gradients, +-1e-3 * loss_scale * 10**U(-1, 1) (loss-scaled "
+                         "magnitude; at 1e-3 unscaled, float16 optax.adam is not finite: (1-b2) g^2 rounds to 0)",
+            "loss_scale": LOSS_SCALE,
+            "timing": "median/min over rounds of (wall time of `steps` jitted steps incl. dispatch, "
+                      "block_until_ready at the end) / steps; params and opt state donated",
+        },
+        "param_count": param_count,
+        "param_bytes": param_bytes,
+        "baseline": BASELINE,
+        "full_chain": FULL_CHAIN,
+        "target_ratio": TARGET_RATIO,
+        "target_met": target_met,
+        "ratios_to_adam": ratios,
+        "results": rows,
+    }
+
+
+def format_table(result: dict) -> str:
+    header = (f"{'variant':<34} {'dtype':<8} {'median ms':>10} {'min ms':>9} {'x adam':>7} "
+              f"{'state MiB':>10} {'state/params':>12} {'XLA temp MiB':>12} {'faults/step':>11}")
+    lines = [header, "-" * len(header)]
+    for row in result["results"]:
+        lines.append(f"{row['variant']:<34} {row['dtype']:<8} {row['median_ms']:>10.3f} {row['min_ms']:>9.3f} "
+                     f"{row['ratio_to_adam_median']:>7.2f} {row['opt_state_bytes'] / 2**20:>10.2f} "
+                     f"{row['opt_state_over_param_bytes']:>12.3f} "
+                     f"{(row['xla_temp_bytes'] or 0) / 2**20:>12.2f} {row['minor_page_faults_per_step']:>11.0f}")
+    lines.append("")
+    for dtype, met in result["target_met"].items():
+        ratio = result["ratios_to_adam"][dtype].get(FULL_CHAIN, {}).get("median")
+        verdict = "n/a" if met is None else ("MET" if met else "MISSED")
+        lines.append(f"target {FULL_CHAIN} <= {result['target_ratio']}x {BASELINE} in {dtype}: "
+                     f"{ratio:.2f}x -> {verdict}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = list(result["param_bytes"])
+    variants = list(dict.fromkeys(row["variant"] for row in result["results"]))
+    by_key = {(row["variant"], row["dtype"]): row for row in result["results"]}
+    width = 0.8 / len(variants)
+    x = np.arange(len(dtypes))
+    fig, ax = plt.subplots(figsize=(min(11.0, 3.0 + 0.75 * len(variants) * len(dtypes)), 5.0))
+    for i, variant in enumerate(variants):
+        rows = [by_key[(variant, d)] for d in dtypes]
+        med = np.array([r["median_ms"] for r in rows])
+        lo = med - np.array([r["min_ms"] for r in rows])
+        hi = np.array([r["max_ms"] for r in rows]) - med
+        pos = x - 0.4 + width * (i + 0.5)
+        bars = ax.bar(pos, med, width, yerr=[lo, hi], capsize=3, label=variant)
+        for bar, row in zip(bars, rows):  # ratio to optax.adam above the error bar
+            ax.annotate(f"{row['ratio_to_adam_median']:.2f}x", (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
+                        xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+    for j, dtype in enumerate(dtypes):
+        base = by_key[(BASELINE, dtype)]["median_ms"]
+        ax.hlines(TARGET_RATIO * base, x[j] - 0.42, x[j] + 0.42, colors="k", linestyles="dashed", linewidth=1,
+                  label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None)
+    ax.set_xticks(x, dtypes)
+    ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
+    ax.set_title(f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
+                 f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
+                 f"labels: median ratio to {BASELINE} in the same dtype", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.optimizer_overhead",
+        description="Time one jitted optimizer step (update + apply_updates) of optax.adam, lpjax hadam and the "
+                    f"full lpjax fp16 chain on a ~3.2M-parameter MLP, float32 and float16; target: the chain within "
+                    f"{TARGET_RATIO}x optax.adam. Writes {RESULT_NAME}.json and {RESULT_NAME}.png.")
+    parser.add_argument("--steps", type=int, default=None, help="steps per timed round (default 20; quick: 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per variant (default 21; quick: 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps after compiling (default 3; quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="tiny MLP and few steps: a smoke test, not a measurement")
+    parser.add_argument("--ablations", action="store_true",
+                        help="also time parts of the chain (loss scaling alone, hadam+kahan, optax.apply_if_finite)")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    defaults = (2, 2, 1) if args.quick else (20, 21, 3)
+    args.steps = defaults[0] if args.steps is None else args.steps
+    args.repeats = defaults[1] if args.repeats is None else args.repeats
+    args.warmup = defaults[2] if args.warmup is None else args.warmup
+    if args.steps < 1 or args.repeats < 1 or args.warmup < 1:
+        parser.error("--steps, --repeats and --warmup must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    variants = VARIANTS + (ABLATIONS if args.ablations else ())
+    result = run_benchmark(sizes, args.steps, args.repeats, args.warmup, variants, seed=args.seed)
+    result["config"]["quick"] = bool(args.quick)
+    result["config"]["ablations"] = bool(args.ablations)
+    result["command"] = "python -m benchmarks.optimizer_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
+    print()
+    print(format_table(result))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out_dir / f"{RESULT_NAME}.json"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {json_path}")
+    if not args.no_plot:
+        png_path = args.out_dir / f"{RESULT_NAME}.png"
+        plot(result, png_path)
+        print(f"wrote {png_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
