@@ -13,14 +13,16 @@ Everything here is an ``optax.GradientTransformation`` (or a pure init/update pa
     params = optax.apply_updates(params, updates)
 """
 
+from lpjax.optim.alias import low_precision_adam
 from lpjax.optim.hadam import EpsUnderflowWarning, ScaleByHAdamState, hadam, scale_by_hadam
 from lpjax.optim.kahan import (KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak,
                                kahan_summation)
 from lpjax.optim.loss_scaling import (PYTORCH_AMP_DEFAULTS, CompoundLossScalingState, compound_loss_scaling,
-                                      loss_scale, rescale_moments)
+                                      loss_scale, loss_scale_or_one, rescale_moments)
 
 __all__ = [
     "CompoundLossScalingState", "EpsUnderflowWarning", "KahanPolyak", "KahanPolyakState", "KahanSummationState",
     "PYTORCH_AMP_DEFAULTS", "ScaleByHAdamState", "compound_loss_scaling", "hadam", "kahan_polyak",
-    "kahan_summation", "loss_scale", "rescale_moments", "scale_by_hadam",
+    "kahan_summation", "loss_scale", "loss_scale_or_one", "low_precision_adam", "rescale_moments",
+    "scale_by_hadam",
 ]

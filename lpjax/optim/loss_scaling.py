@@ -269,3 +269,11 @@ def loss_scale(opt_state) -> chex.Array:
     if len(found) != 1:
         raise ValueError(f"loss_scale expects exactly one CompoundLossScalingState in opt_state, found {len(found)}.")
     return found[0].scale
+
+
+def loss_scale_or_one(opt_state) -> chex.Array:
+    """:func:`loss_scale` if ``opt_state`` holds a loss scaler, else float32 1: code that may or may not be
+    loss-scaled (an ablation switch) multiplies its loss by this."""
+    found = [node for node in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, CompoundLossScalingState))
+             if isinstance(node, CompoundLossScalingState)]
+    return loss_scale(opt_state) if found else jnp.ones([], jnp.float32)

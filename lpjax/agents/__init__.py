@@ -1,0 +1,1 @@
+"""Learners as pure state + update functions: :mod:`lpjax.agents.sac`."""

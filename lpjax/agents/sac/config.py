@@ -1,0 +1,101 @@
+"""SAC's hyper-parameters and the paper's low-precision methods, as one frozen (hashable) config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from lpjax.precision import Policy, get_policy
+
+
+@dataclasses.dataclass(frozen=True)
+class SACConfig:
+    """Hyper-parameters of :mod:`lpjax.agents.sac`. Defaults: Björck et al. (2021), Tables 4 and 5 (states).
+
+    Learning: ``gamma``, ``tau`` (target Polyak step), learning rates and Adam's ``b1``/``b2``/``adam_eps`` for
+    actor and critic; the temperature uses Adam with the same betas and ``alpha_lr``; ``init_temperature``;
+    ``target_entropy`` (``None``: ``-action_dim``); ``batch_size``; ``target_update_period`` and
+    ``actor_update_period`` in gradient steps.
+
+    Networks: ``hidden_dims`` of actor and critic MLPs, ``log_std_bounds``, ``sigma_eps`` (added to sigma; the
+    paper uses 1e-4 from pixels), ``pixels`` (a :class:`lpjax.nn.PixelEncoder` owned by the critic; the actor
+    sees its features without gradient), ``encoder_features``, ``augmentation_pad`` (random shift of pixels).
+
+    Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`) and the methods, each a
+    switch so every ablation row of the paper is a config: ``hadam``, ``loss_scaling`` (with ``init_scale``,
+    ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with ``kahan_momentum_scale``),
+    ``softplus_fix``, ``normal_fix``, ``weight_standardization`` and ``encoder_clip`` (pixels).
+    """
+
+    gamma: float = 0.99
+    tau: float = 0.005
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-4
+    alpha_lr: float = 1e-4
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    init_temperature: float = 0.1
+    target_entropy: float | None = None
+    batch_size: int = 1024
+    target_update_period: int = 2
+    actor_update_period: int = 1
+    hidden_dims: tuple[int, ...] = (1024, 1024)
+    log_std_bounds: tuple[float, float] = (-5.0, 2.0)
+    sigma_eps: float = 0.0
+    pixels: bool = False
+    encoder_features: int = 50
+    augmentation_pad: int = 4
+    policy: str = "fp32"
+    hadam: bool = False
+    loss_scaling: bool = False
+    init_scale: float = 1e4
+    growth_interval: int = 10_000
+    kahan_gradients: bool = False
+    kahan_momentum: bool = False
+    kahan_momentum_scale: float = 1e4
+    softplus_fix: bool = False
+    normal_fix: bool = False
+    weight_standardization: bool = False
+    encoder_clip: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_dims", tuple(int(w) for w in self.hidden_dims))
+        object.__setattr__(self, "log_std_bounds", tuple(float(b) for b in self.log_std_bounds))
+        get_policy(self.policy)  # raises ValueError listing the valid policies
+        checks = [
+            (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
+            (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
+            (min(self.actor_lr, self.critic_lr, self.alpha_lr) > 0, "learning rates must be > 0"),
+            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
+            (self.adam_eps >= 0, "adam_eps must be >= 0"),
+            (self.init_temperature > 0, "init_temperature must be > 0"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.target_update_period >= 1 and self.actor_update_period >= 1, "update periods must be >= 1"),
+            (len(self.hidden_dims) >= 1 and min(self.hidden_dims) >= 1, "hidden_dims must be positive widths"),
+            (len(self.log_std_bounds) == 2 and self.log_std_bounds[0] < self.log_std_bounds[1],
+             "log_std_bounds must be (lo, hi) with lo < hi"),
+            (self.sigma_eps >= 0, "sigma_eps must be >= 0"),
+            (self.init_scale >= 1, "init_scale must be >= 1"),
+            (self.growth_interval >= 1, "growth_interval must be >= 1"),
+            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
+            (self.augmentation_pad >= 0, "augmentation_pad must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"SACConfig: {message}.")
+
+    @property
+    def precision(self) -> Policy:
+        """The :class:`lpjax.precision.Policy` of the networks."""
+        return get_policy(self.policy)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "SACConfig":
+        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``."""
+        values = dict(values)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown SAC config keys {unknown}; valid keys: {', '.join(sorted(known))}.")
+        return cls(**values)

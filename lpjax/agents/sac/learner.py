@@ -1,0 +1,263 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018) as pure functions over a :class:`SACState` pytree.
+
+Follows pytorch_sac (Yarats & Kostrikov) and, for pixels, DrQ (Kostrikov et al., 2020), with every
+low-precision method of Björck et al. (2021) behind a switch of :class:`SACConfig`:
+
+    critic:      y = r + gamma * d * (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
+                 L_Q = mean_batch sum_i (Q_i(s, a) - y)^2
+    actor:       L_pi = mean_batch (alpha log pi(a|s) - min_i Q_i(s, a)),  a ~ pi(s)   (every actor_update_period)
+    temperature: L_alpha = mean_batch alpha (-log pi(a|s) - H_target),  alpha = exp(log_alpha)
+    target:      Q' <- Q' + tau (Q - Q')   (every target_update_period; Kahan-compensated with kahan_momentum)
+
+``d`` is 0 only at a true terminal state; time-limit truncations bootstrap (``d = 1``), as in pytorch_sac.
+Losses are reduced and scaled in float32; everything per-sample runs in the policy's compute dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from lpjax.agents.sac.config import SACConfig
+from lpjax.agents.sac.squashed_gaussian import sample_and_log_prob
+from lpjax.agents.training import Trainable, gradient_step, trainable_init
+from lpjax.nn import DoubleCritic, PixelEncoder, TanhGaussianActor
+from lpjax.optim import KahanPolyakState, kahan_polyak, loss_scale_or_one, low_precision_adam
+
+
+class SACCritic(nn.Module):
+    """Twin Q-networks, behind a :class:`lpjax.nn.PixelEncoder` when learning from pixels.
+
+    ``encode(obs)`` gives the features the Q-networks (and, without gradient, the actor) see: the encoder's
+    output from pixels, the observation itself from states.
+    """
+
+    config: SACConfig
+
+    def setup(self):
+        cfg = self.config
+        self.encoder = (PixelEncoder(cfg.encoder_features, policy=cfg.policy, standardize=cfg.weight_standardization,
+                                     clip=cfg.encoder_clip) if cfg.pixels else None)
+        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy)
+
+    def encode(self, obs: jax.Array) -> jax.Array:
+        return self.encoder(obs) if self.encoder is not None else self.config.precision.cast_to_compute(obs)
+
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        return self.q(self.encode(obs), action)
+
+    def from_features(self, features: jax.Array, action: jax.Array) -> jax.Array:
+        return self.q(features, action)
+
+
+@flax.struct.dataclass
+class SACState:
+    """Everything SAC's training carries, as one pytree (checkpointed whole).
+
+    Attributes:
+      config: the :class:`SACConfig` (static: part of the tree structure, not a leaf).
+      action_dim: number of action dimensions (static).
+      step: int32, gradient steps done.
+      key: PRNG key for sampling actions and augmentations in ``update``.
+      actor: :class:`~lpjax.agents.training.Trainable` of the policy network.
+      critic: Trainable of the twin critic (and the pixel encoder).
+      target_critic: parameters of the target critic.
+      target_compensation: Kahan compensation of the target critic (:func:`lpjax.optim.kahan_polyak`), or
+        ``None`` without Kahan-momentum.
+      temperature: Trainable of ``log_alpha`` (float32 scalar).
+    """
+
+    config: SACConfig = flax.struct.field(pytree_node=False)
+    action_dim: int = flax.struct.field(pytree_node=False)
+    step: jax.Array
+    key: jax.Array
+    actor: Trainable
+    critic: Trainable
+    target_critic: Any
+    target_compensation: KahanPolyakState | None
+    temperature: Trainable
+
+
+def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
+    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy)
+    return actor, SACCritic(config)
+
+
+def _optimizers(config: SACConfig):
+    def network_tx(lr):
+        return low_precision_adam(lr, config.b1, config.b2, config.adam_eps, hadam=config.hadam,
+                                  loss_scaling=config.loss_scaling, kahan=config.kahan_gradients,
+                                  init_scale=config.init_scale, growth_interval=config.growth_interval)
+
+    return network_tx(config.actor_lr), network_tx(config.critic_lr), optax.adam(config.alpha_lr, config.b1,
+                                                                                 config.b2)
+
+
+def _polyak(config: SACConfig):
+    return kahan_polyak(config.tau, config.kahan_momentum_scale) if config.kahan_momentum else None
+
+
+def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACConfig) -> SACState:
+    """Initial state for observations shaped like ``observation`` (one, unbatched) and ``action_dim`` actions.
+
+    Raises:
+      ValueError: for a config/observation mismatch (pixels need uint8 ``(H, W, C)`` images, states a vector).
+    """
+    observation = jnp.asarray(observation)
+    if config.pixels and (observation.ndim != 3 or observation.dtype != jnp.uint8):
+        raise ValueError(f"SAC from pixels needs uint8 (H, W, C) observations, got {observation.dtype} "
+                         f"{observation.shape}.")
+    if not config.pixels and observation.ndim != 1:
+        raise ValueError(f"SAC from states needs flat observations, got shape {observation.shape}.")
+    if action_dim < 1:
+        raise ValueError(f"action_dim must be >= 1, got {action_dim}.")
+    actor_net, critic_net = _networks(config, action_dim)
+    actor_tx, critic_tx, temperature_tx = _optimizers(config)
+    key, actor_key, critic_key = jax.random.split(key, 3)
+    obs = observation[None]
+    critic_params = critic_net.init(critic_key, obs, jnp.zeros((1, action_dim), jnp.float32))
+    features = critic_net.apply(critic_params, obs, method=SACCritic.encode)
+    actor_params = actor_net.init(actor_key, features)
+    polyak = _polyak(config)
+    log_alpha = jnp.log(jnp.asarray(config.init_temperature, jnp.float32))
+    return SACState(
+        config=config, action_dim=int(action_dim), step=jnp.zeros([], jnp.int32), key=key,
+        actor=trainable_init(actor_params, actor_tx), critic=trainable_init(critic_params, critic_tx),
+        target_critic=jax.tree.map(jnp.copy, critic_params),  # own buffers: the state is donated to update
+        target_compensation=polyak.init(critic_params) if polyak else None,
+        temperature=trainable_init(log_alpha, temperature_tx))
+
+
+def random_shift(key: jax.Array, images: jax.Array, pad: int) -> jax.Array:
+    """DrQ's augmentation: pad each image by ``pad`` pixels (edge values) and crop back at a random offset."""
+    if pad == 0:
+        return images
+    height, width = images.shape[-3:-1]
+    padded = jnp.pad(images, [(0, 0)] * (images.ndim - 3) + [(pad, pad), (pad, pad), (0, 0)], mode="edge")
+    offsets = jax.random.randint(key, images.shape[:-3] + (2,), 0, 2 * pad + 1)
+
+    def crop(image, offset):
+        return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (height, width, image.shape[-1]))
+
+    return jax.vmap(crop)(padded.reshape((-1,) + padded.shape[-3:]),
+                          offsets.reshape(-1, 2)).reshape(images.shape)
+
+
+def _sample_action(config: SACConfig, actor_net, actor_params, features, key):
+    mean, log_std = actor_net.apply(actor_params, features)
+    return sample_and_log_prob(key, mean, log_std, normal_fix=config.normal_fix, softplus_fix=config.softplus_fix,
+                               sigma_eps=config.sigma_eps)
+
+
+def _critic_loss(critic_params, state: SACState, batch, next_features, key):
+    config = state.config
+    actor_net, critic_net = _networks(config, state.action_dim)
+    alpha = jnp.exp(state.temperature.params)
+    next_action, next_log_prob = _sample_action(config, actor_net, state.actor.params, next_features, key)
+    target_q = critic_net.apply(state.target_critic, batch["next_obs"], next_action)
+    dtype = target_q.dtype
+    next_value = jnp.min(target_q, axis=0) - alpha.astype(dtype) * next_log_prob.astype(dtype)
+    target = batch["reward"].astype(dtype) + (config.gamma * batch["discount"]).astype(dtype) * next_value
+    q = critic_net.apply(critic_params, batch["obs"], batch["action"])
+    errors = q - jax.lax.stop_gradient(target)
+    loss = jnp.mean(jnp.sum(jnp.square(errors), axis=0), dtype=jnp.float32)
+    return loss, {"q": jnp.mean(q, dtype=jnp.float32), "target_q": jnp.mean(target, dtype=jnp.float32)}
+
+
+def _actor_loss(actor_params, state: SACState, features, key):
+    config = state.config
+    actor_net, critic_net = _networks(config, state.action_dim)
+    alpha = jnp.exp(state.temperature.params)
+    action, log_prob = _sample_action(config, actor_net, actor_params, features, key)
+    q = critic_net.apply(state.critic.params, features, action, method=SACCritic.from_features)
+    dtype = q.dtype
+    loss = jnp.mean(alpha.astype(dtype) * log_prob.astype(dtype) - jnp.min(q, axis=0), dtype=jnp.float32)
+    return loss, log_prob
+
+
+def _temperature_loss(log_alpha, log_prob, target_entropy):
+    entropy_gap = jax.lax.stop_gradient(-log_prob.astype(jnp.float32) - target_entropy)
+    return jnp.mean(jnp.exp(log_alpha) * entropy_gap), None
+
+
+def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
+    config = state.config
+    actor_net, critic_net = _networks(config, state.action_dim)
+    actor_tx, critic_tx, temperature_tx = _optimizers(config)
+    key, critic_key, actor_key, aug_key = jax.random.split(state.key, 4)
+    if config.pixels:  # critic: augmented + original batch (paper appendix G); actor: the augmented half
+        obs_key, next_key = jax.random.split(aug_key)
+        augmented = dict(batch, obs=random_shift(obs_key, batch["obs"], config.augmentation_pad),
+                         next_obs=random_shift(next_key, batch["next_obs"], config.augmentation_pad))
+        critic_batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), augmented, batch)
+        actor_obs = augmented["obs"]
+    else:
+        critic_batch, actor_obs = batch, batch["obs"]
+
+    next_features = critic_net.apply(state.critic.params, critic_batch["next_obs"], method=SACCritic.encode)
+    critic, critic_loss, critic_aux = gradient_step(state.critic, critic_tx, _critic_loss, state, critic_batch,
+                                                    jax.lax.stop_gradient(next_features), critic_key)
+    state = state.replace(critic=critic)
+
+    polyak = _polyak(config)
+    update_target = state.step % config.target_update_period == 0
+    if polyak is None:
+        new_target, compensation = optax.incremental_update(critic.params, state.target_critic, config.tau), None
+    else:
+        new_target, compensation = polyak.update(critic.params, state.target_critic, state.target_compensation)
+        compensation = jax.tree.map(lambda n, o: jnp.where(update_target, n, o), compensation,
+                                    state.target_compensation)
+    state = state.replace(
+        target_critic=jax.tree.map(lambda n, o: jnp.where(update_target, n, o), new_target, state.target_critic),
+        target_compensation=compensation)
+
+    features = jax.lax.stop_gradient(critic_net.apply(critic.params, actor_obs, method=SACCritic.encode))
+    target_entropy = -float(state.action_dim) if config.target_entropy is None else config.target_entropy
+
+    def actor_and_temperature(state):
+        actor, actor_loss, log_prob = gradient_step(state.actor, actor_tx, _actor_loss, state, features, actor_key)
+        temperature, temperature_loss, _ = gradient_step(state.temperature, temperature_tx, _temperature_loss,
+                                                         log_prob, target_entropy)
+        entropy = -jnp.mean(log_prob, dtype=jnp.float32)
+        return state.replace(actor=actor, temperature=temperature), (actor_loss, temperature_loss, entropy)
+
+    if config.actor_update_period == 1:
+        state, (actor_loss, temperature_loss, entropy) = actor_and_temperature(state)
+    else:
+        skipped = (jnp.float32(jnp.nan),) * 3
+        state, (actor_loss, temperature_loss, entropy) = jax.lax.cond(
+            state.step % config.actor_update_period == 0, actor_and_temperature, lambda s: (s, skipped), state)
+
+    metrics = {
+        "critic_loss": critic_loss, "actor_loss": actor_loss, "temperature_loss": temperature_loss,
+        "alpha": jnp.exp(state.temperature.params), "entropy": entropy, **critic_aux,
+        "critic_loss_scale": loss_scale_or_one(state.critic.opt_state),
+        "actor_loss_scale": loss_scale_or_one(state.actor.opt_state),
+    }
+    return state.replace(step=state.step + 1, key=key), metrics
+
+
+update = jax.jit(_update, donate_argnums=0)
+update.__doc__ = """``update(state, batch) -> (state, metrics)``: one SAC gradient step, jitted, ``state`` donated.
+
+``batch`` is a dict of arrays with a leading batch axis: ``obs``, ``action``, ``reward``, ``discount`` (0 at a
+true terminal, 1 otherwise) and ``next_obs``. Metrics are float32 scalars (``actor_loss``, ``temperature_loss``
+and ``entropy`` are nan on steps without an actor update)."""
+
+
+@functools.partial(jax.jit, static_argnames="deterministic")
+def act(state: SACState, obs: jax.Array, key: jax.Array, deterministic: bool = False) -> jax.Array:
+    """Actions in [-1, 1] for a batch of observations: ``tanh(mean)`` if ``deterministic``, else a sample."""
+    actor_net, critic_net = _networks(state.config, state.action_dim)
+    features = critic_net.apply(state.critic.params, obs, method=SACCritic.encode)
+    mean, log_std = actor_net.apply(state.actor.params, features)
+    if deterministic:
+        return jnp.tanh(mean).astype(jnp.float32)
+    action, _ = sample_and_log_prob(key, mean, log_std, sigma_eps=state.config.sigma_eps)
+    return action.astype(jnp.float32)

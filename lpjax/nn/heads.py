@@ -1,0 +1,56 @@
+"""SAC's actor and critic heads (Yarats & Kostrikov's pytorch_sac architecture)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lpjax.nn.mlp import MLP
+from lpjax.precision import Policy
+
+
+class TanhGaussianActor(nn.Module):
+    """Outputs the mean and log standard deviation of a Gaussian that is squashed by ``tanh`` into [-1, 1].
+
+    ``log_std = lo + (hi - lo) (tanh(x) + 1) / 2`` bounds the log-std smoothly to ``[lo, hi]`` (paper: [-5, 2]
+    from states, [-10, 2] from pixels).
+
+    Attributes:
+      hidden_dims: MLP widths.
+      action_dim: number of action dimensions.
+      log_std_bounds: ``(lo, hi)``.
+      policy: precision policy of the MLP; outputs are in its compute dtype.
+    """
+
+    hidden_dims: Sequence[int]
+    action_dim: int
+    log_std_bounds: tuple[float, float] = (-5.0, 2.0)
+    policy: Policy | str = "fp32"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out = MLP(self.hidden_dims, 2 * self.action_dim, self.policy)(obs)
+        mean, raw = jnp.split(out, 2, axis=-1)
+        lo, hi = self.log_std_bounds
+        log_std = lo + 0.5 * (hi - lo) * (jnp.tanh(raw) + 1.0)
+        return mean, log_std.astype(mean.dtype)
+
+
+class DoubleCritic(nn.Module):
+    """Two independent Q-networks ``Q_i(s, a)`` on the concatenation of observation and action.
+
+    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype.
+    """
+
+    hidden_dims: Sequence[int]
+    policy: Policy | str = "fp32"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
+        q1 = MLP(self.hidden_dims, 1, self.policy, name="q1")(x)
+        q2 = MLP(self.hidden_dims, 1, self.policy, name="q2")(x)
+        return jnp.stack([q1[..., 0], q2[..., 0]])

@@ -1,0 +1,148 @@
+"""SAC learner: the methods are the identity in float64, fp16 with them stays finite where naive fp16 does not,
+update semantics (periods, targets), pixels, and clear errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpjax.agents import sac
+
+METHODS = dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True, softplus_fix=True,
+               normal_fix=True)
+OBS_DIM, ACTION_DIM = 5, 2
+
+
+def _batch(n: int, seed: int, dtype=jnp.float32, obs_scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    return {"obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype),
+            "action": jnp.asarray(rng.uniform(-1, 1, (n, ACTION_DIM)), dtype),
+            "reward": jnp.asarray(rng.uniform(0, 1, n), dtype),
+            "discount": jnp.asarray(rng.uniform(size=n) > 0.1, dtype),
+            "next_obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype)}
+
+
+def _train(config: sac.SACConfig, steps: int, dtype=jnp.float32, obs_scale: float = 1.0):
+    state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM, dtype), ACTION_DIM, config)
+    history = []
+    for i in range(steps):
+        state, metrics = sac.update(state, _batch(config.batch_size, i, dtype, obs_scale))
+        history.append({k: float(v) for k, v in metrics.items()})
+    return state, history
+
+
+def test_all_methods_are_the_identity_in_float64():
+    f64 = "params=float64,compute=float64,output=float64"
+    base = sac.SACConfig(hidden_dims=(32, 32), batch_size=16, policy=f64, adam_eps=1e-3, init_scale=64.0)
+    with jax.enable_x64(True):
+        plain, plain_history = _train(base, 6, jnp.float64)
+        fixed, fixed_history = _train(dataclasses.replace(base, **METHODS), 6, jnp.float64)
+        for name in ("actor", "critic"):
+            for a, b in zip(jax.tree.leaves(getattr(plain, name).params), jax.tree.leaves(getattr(fixed, name).params)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-9)
+        for a, b in zip(jax.tree.leaves(plain.target_critic), jax.tree.leaves(fixed.target_critic)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(plain_history[-1]["critic_loss"], fixed_history[-1]["critic_loss"], rtol=1e-6)
+        assert fixed_history[-1]["critic_loss_scale"] == 64.0
+
+
+def test_fp16_with_methods_stays_finite_where_naive_fp16_does_not():
+    small = dict(hidden_dims=(64, 64), batch_size=64)
+    _, fixed = _train(sac.SACConfig(policy="fp16", **small, **METHODS), 20)
+    _, naive = _train(sac.SACConfig(policy="fp16", **small), 20)
+    assert all(np.isfinite(h["critic_loss"]) and np.isfinite(h["actor_loss"]) for h in fixed)
+    assert fixed[-1]["critic_loss_scale"] == 1e4
+    assert not all(np.isfinite(h["critic_loss"]) for h in naive)
+
+
+def test_fp16_state_dtypes_follow_the_policy_and_survive_updates():
+    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8, policy="fp16", **METHODS)
+    state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
+    dtypes = jax.tree.map(lambda x: x.dtype, state)
+    assert {x.dtype for x in jax.tree.leaves(state.actor.params)} == {jnp.dtype(jnp.float16)}
+    assert state.temperature.params.dtype == jnp.float32
+    state, _ = sac.update(state, _batch(8, 0))
+    assert jax.tree.map(lambda x: x.dtype, state) == dtypes
+
+
+def test_target_critic_moves_every_target_update_period_steps():
+    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8, target_update_period=3, tau=0.5)
+    state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
+    moved = []
+    for i in range(6):
+        before = jax.tree.map(np.asarray, state.target_critic)
+        state, _ = sac.update(state, _batch(8, i))
+        moved.append(any(not np.array_equal(a, np.asarray(b))
+                         for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.target_critic))))
+    assert moved == [True, False, False, True, False, False]
+    assert int(state.step) == 6
+
+
+def test_actor_updates_every_actor_update_period_steps():
+    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8, actor_update_period=2)
+    _, history = _train(config, 4)
+    assert [np.isfinite(h["actor_loss"]) for h in history] == [True, False, True, False]
+    assert all(np.isfinite(h["critic_loss"]) for h in history)
+
+
+def test_act_is_deterministic_when_asked_and_bounded():
+    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8)
+    state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, OBS_DIM)), jnp.float32)
+    a = sac.act(state, obs, jax.random.key(1), deterministic=True)
+    b = sac.act(state, obs, jax.random.key(2), deterministic=True)
+    c = sac.act(state, obs, jax.random.key(1))
+    d = sac.act(state, obs, jax.random.key(2))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(c), np.asarray(d))
+    assert a.shape == (4, ACTION_DIM) and float(jnp.max(jnp.abs(c))) <= 1.0
+
+
+def test_pixels_update_runs_and_actor_sees_detached_encoder_features():
+    config = sac.SACConfig(hidden_dims=(32,), batch_size=4, pixels=True, policy="fp16", log_std_bounds=(-10, 2),
+                           sigma_eps=1e-4, weight_standardization=True, encoder_clip=10.0,
+                           kahan_momentum_scale=1e2, **METHODS)
+    rng = np.random.default_rng(0)
+    images = lambda: jnp.asarray(rng.integers(0, 256, (4, 84, 84, 9)), jnp.uint8)
+    batch = {"obs": images(), "action": jnp.asarray(rng.uniform(-1, 1, (4, 3)), jnp.float32),
+             "reward": jnp.ones(4), "discount": jnp.ones(4), "next_obs": images()}
+    state = sac.init(jax.random.key(0), batch["obs"][0], 3, config)
+    encoder_before = jax.tree.map(np.asarray, state.critic.params["params"]["encoder"])
+    state, metrics = sac.update(state, batch)
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert "encoder" not in state.actor.params["params"]
+    changed = [not np.array_equal(a, np.asarray(b)) for a, b in
+               zip(jax.tree.leaves(encoder_before), jax.tree.leaves(state.critic.params["params"]["encoder"]))]
+    assert any(changed)  # the critic trains the encoder
+    assert sac.act(state, batch["obs"], jax.random.key(0)).shape == (4, 3)
+
+
+def test_random_shift_crops_a_padded_image():
+    images = jnp.arange(2 * 6 * 6 * 1, dtype=jnp.float32).reshape(2, 6, 6, 1)
+    np.testing.assert_array_equal(np.asarray(sac.random_shift(jax.random.key(0), images, 0)), np.asarray(images))
+    shifted = np.asarray(sac.random_shift(jax.random.key(0), images, 2))
+    padded = np.pad(np.asarray(images), [(0, 0), (2, 2), (2, 2), (0, 0)], mode="edge")
+    for i in range(2):
+        assert any(np.array_equal(shifted[i], padded[i, y:y + 6, x:x + 6]) for y in range(5) for x in range(5))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=1.5), "gamma"), (dict(tau=0.0), "tau"), (dict(batch_size=0), "batch_size"),
+    (dict(policy="fp12"), "Unknown precision policy"), (dict(log_std_bounds=(2, -5)), "log_std_bounds"),
+    (dict(hidden_dims=()), "hidden_dims"), (dict(init_scale=0.5), "init_scale"),
+])
+def test_bad_configs_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sac.SACConfig(**kwargs)
+
+
+def test_from_mapping_rejects_unknown_keys_and_init_checks_observations():
+    with pytest.raises(ValueError, match="Unknown SAC config keys"):
+        sac.SACConfig.from_mapping({"gamma": 0.9, "lr": 1e-3})
+    assert sac.SACConfig.from_mapping({"hidden_dims": [8, 8]}).hidden_dims == (8, 8)
+    with pytest.raises(ValueError, match="pixels needs uint8"):
+        sac.init(jax.random.key(0), jnp.zeros(5), 2, sac.SACConfig(pixels=True))
+    with pytest.raises(ValueError, match="flat observations"):
+        sac.init(jax.random.key(0), jnp.zeros((4, 4)), 2, sac.SACConfig())
