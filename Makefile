@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,dmc,brax]'
 	touch $(STAMP)
 
 venv: $(STAMP)

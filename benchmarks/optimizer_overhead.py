@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import resource
@@ -50,7 +49,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks.common import command_line, write_results
 import lpjax
+
 
 TARGET_RATIO = 1.3
 LEARNING_RATE = 1e-4
@@ -418,17 +419,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result = run_benchmark(sizes, args.steps, args.repeats, args.warmup, variants, seed=args.seed)
     result["config"]["quick"] = bool(args.quick)
     result["config"]["ablations"] = bool(args.ablations)
-    result["command"] = "python -m benchmarks.optimizer_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
-    print()
-    print(format_table(result))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = args.out_dir / f"{RESULT_NAME}.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {json_path}")
-    if not args.no_plot:
-        png_path = args.out_dir / f"{RESULT_NAME}.png"
-        plot(result, png_path)
-        print(f"wrote {png_path}")
+    result["command"] = command_line("benchmarks.optimizer_overhead", argv)
+    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
     return result
 
 

@@ -27,7 +27,8 @@ def test_public_names_exist_and_are_documented(module, names):
 
 
 # Leaf modules of DESIGN.md: they may import from themselves (their own package) but from nothing else in lpjax.
-LEAVES = {"precision.py": "lpjax.precision", "numerics.py": "lpjax.numerics", "optim": "lpjax.optim"}
+LEAVES = {"precision.py": "lpjax.precision", "numerics.py": "lpjax.numerics", "optim": "lpjax.optim",
+          "envs": "lpjax.envs"}
 
 
 @pytest.mark.parametrize("leaf, own", LEAVES.items())

@@ -1,0 +1,630 @@
+"""Memory of SAC training, float32 against float16 with all of the paper's methods, counted from shapes and dtypes.
+
+Björck et al. (2021), Table 11, report that pure-fp16 SAC uses 1.53-1.73x less GPU memory than fp32 (V100). The
+issue's target here: the fp16 total at least ``TARGET_RATIO`` (1.8) times smaller than the fp32 total. This machine
+has no GPU, and XLA:CPU emulates float16 (its buffers and temporaries say nothing about a GPU), so nothing is
+measured from a device: every figure is a count of bytes (``prod(shape) * itemsize``) of abstract values, obtained
+without allocating anything (``jax.eval_shape`` / ``jax.make_jaxpr`` on ``jax.ShapeDtypeStruct`` inputs), so width
+4096 / batch 4096 costs only tracing time and the numbers are the same on every platform.
+
+Configurations (``lpjax.agents.sac.SACConfig``):
+
+* ``fp32``: ``SACConfig(policy="fp32")``;
+* ``fp16``: ``SACConfig(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
+  softplus_fix=True, normal_fix=True)``;
+
+each with two hidden layers of width 1024 or 4096 (actor and both critics) and batch 1024 or 4096 (the paper's
+sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in dm_control; ``--obs-dim`` and
+``--action-dim`` change them). Components:
+
+1. **state**: the whole :class:`lpjax.agents.sac.SACState` from ``jax.eval_shape(sac.init)`` (parameters, Adam or
+   hAdam moments, Kahan-gradient compensation, loss-scaler scalars, target critic, Kahan-momentum compensation,
+   temperature, step, key), broken down by role.
+2. **residuals** of the critic loss, of the actor loss and of the temperature loss: the values ``jax.vjp`` keeps
+   for the backward pass. Each loss is differentiated as ``lpjax.agents.training.gradient_step`` does it (the
+   loss times the optimizer's loss scale, in float32, w.r.t. that network's parameters), on the same inputs as
+   ``sac.update`` builds (keys split from ``state.key``, features cast from the batch). Two views of the same
+   trace:
+
+   * ``jax.eval_shape`` of a function returning ``jax.vjp``'s backward function: its leaves are the residuals as
+     ``jax.ShapeDtypeStruct``; their bytes are ``residual_leaf_bytes`` (the raw count);
+   * ``jax.make_jaxpr`` of the function returning those leaves, whose outputs say where each residual comes from:
+     an *input* of the update (a parameter of the state, e.g. the weights a backward matmul needs, or the loss
+     scale; those bytes are already in the state, so they are not counted again), a literal, a *broadcast of a
+     constant* (``jax.nn.relu``'s JVP saves ``full_like(g, 0)``, an array of zeros as large as the activation, and
+     the transposed ``concatenate`` saves zeros too), a boolean mask (relu's ``x > 0``, one byte per element in
+     either precision) or a computed float activation. ``residual_bytes`` = every distinct residual that is not
+     an input of the update; it includes the zero broadcasts (what ``jax.vjp`` holds), which XLA, compiling the
+     jitted update as one program, can fuse into their consumers instead of storing, so
+     ``residual_bytes_without_constant_broadcasts`` and a total without them are reported too.
+
+   For every configuration and loss the raw count is cross-checked against
+   ``jax.ad_checkpoint.print_saved_residuals`` (``print_saved_residuals`` in each residual entry and
+   ``cross_check`` in the json; the test also checks it against the residuals of a real ``jax.vjp`` on a small
+   real state): same number of residuals, same bytes. The descriptions differ: ``print_saved_residuals``
+   differentiates every argument of the function it is given, so it is called on the loss as a function of the
+   parameters alone, with the state and batch closed over; everything that depends only on them (the critic's
+   weights in the actor loss, ``alpha``, the float16 features, the loss scale) is then printed as "from a
+   constant", whether it is an array of the state or a new array computed from it (the float16 cast of the
+   observations is new memory; the fp32 "cast" is the batch itself), and relu's masks and zeros are printed as
+   "output of gt" / "output of broadcast_in_dim". The make_jaxpr classification above draws those lines.
+3. **batch**: the replay batch ``sac.update`` receives (``obs``, ``action``, ``reward``, ``discount``,
+   ``next_obs``), float32 in both configurations (what the environment and ``lpjax.replay`` produce; the fp16
+   learner casts it itself).
+4. **total** = state + critic, actor and temperature residuals + batch, and ``ratio = fp32 total / fp16 total``.
+
+This is a count of what an update holds, not a measured peak: the critic's and the actor's residuals are not
+alive at the same time in ``sac.update``, gradients (one copy of each network's parameters, ``gradients_bytes``,
+informational, not in the total) and XLA's temporaries are not counted, and a compiler may rematerialize cheap
+residuals. Where fp16 falls short of 2x is attributed by component with ``excess_over_half``: the bytes fp16 uses
+beyond exactly half of fp32's (they sum to ``fp16_total - fp32_total / 2``).
+
+Run ``python -m benchmarks.sac_memory`` (writes ``benchmarks/results/sac_memory.{json,png}``); ``--quick`` runs
+tiny sizes (a smoke test, not the measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import flax
+import jax
+import jax.ad_checkpoint
+import jax.extend.core as jex
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import command_line, write_results
+import lpjax
+from lpjax.agents import sac
+from lpjax.agents.sac.learner import SACCritic, _actor_loss, _critic_loss, _networks, _temperature_loss
+from lpjax.optim import loss_scale_or_one
+
+TARGET_RATIO = 1.8
+PAPER_TABLE_11 = (1.53, 1.73)  # fp32 / fp16 peak GPU memory, V100 (Björck et al. 2021)
+OBS_DIM = 24  # walker-walk (dm_control) from states
+ACTION_DIM = 6
+HIDDEN_LAYERS = 2
+FULL_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))  # (hidden width, batch size)
+QUICK_SIZES = ((16, 8), (32, 16))
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "fp32": dict(policy="fp32"),
+    "fp16": dict(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
+                 softplus_fix=True, normal_fix=True),
+}
+BASE, LOW = "fp32", "fp16"
+LOSSES = ("critic", "actor", "temperature")
+COMPONENTS = ("state", "critic_residuals", "actor_residuals", "temperature_residuals", "batch")
+STATE_PARTS = ("params", "adam_moments", "kahan_gradient_compensation", "target_critic",
+               "kahan_momentum_compensation", "scalars")
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
+RESULT_NAME = "sac_memory"
+
+
+# --------------------------------------------------------------------------------------------------- counting
+
+
+def nbytes(leaf: Any) -> int:
+    """``prod(shape) * itemsize`` of an array or ``jax.ShapeDtypeStruct`` (no data is touched)."""
+    return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+
+
+def tree_bytes(tree: Any) -> int:
+    return sum(nbytes(leaf) for leaf in jax.tree.leaves(tree))
+
+
+def make_config(precision: str, width: int, batch_size: int) -> sac.SACConfig:
+    return sac.SACConfig(hidden_dims=(width,) * HIDDEN_LAYERS, batch_size=batch_size, **PRECISIONS[precision])
+
+
+def abstract_state(config: sac.SACConfig, obs_dim: int, action_dim: int) -> sac.SACState:
+    """``sac.init``'s state as ``jax.ShapeDtypeStruct`` leaves, without allocating it."""
+    observation = np.zeros((obs_dim,), np.float32)
+    return jax.eval_shape(lambda key: sac.init(key, observation, action_dim, config), jax.random.PRNGKey(0))
+
+
+def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = jnp.float32) -> dict:
+    """The replay batch ``sac.update`` takes, as ``jax.ShapeDtypeStruct`` leaves."""
+    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    return {"obs": sds(batch_size, obs_dim), "action": sds(batch_size, action_dim), "reward": sds(batch_size),
+            "discount": sds(batch_size), "next_obs": sds(batch_size, obs_dim)}
+
+
+def state_part(path: str) -> str:
+    """Role of a :class:`SACState` leaf, from its key path (``jax.tree_util.keystr``)."""
+    if path.startswith(".target_compensation"):
+        return "kahan_momentum_compensation"
+    if path.startswith(".target_critic"):
+        return "target_critic"
+    if ".compensation" in path:
+        return "kahan_gradient_compensation"
+    if re.search(r"\.(mu|nu|nu_sqrt)(\[|$)", path):
+        return "adam_moments"
+    if re.match(r"\.(actor|critic|temperature)\.params", path):
+        return "params"
+    return "scalars"  # step, key, Adam counts, loss scale and its counters, eps scale
+
+
+def state_breakdown(state: Any) -> dict:
+    """Bytes of the state by role (:data:`STATE_PARTS`), by dtype, and per network."""
+    parts = dict.fromkeys(STATE_PARTS, 0)
+    by_dtype: dict[str, int] = {}
+    by_network: dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        name = jax.tree_util.keystr(path)
+        parts[state_part(name)] += nbytes(leaf)
+        by_dtype[np.dtype(leaf.dtype).name] = by_dtype.get(np.dtype(leaf.dtype).name, 0) + nbytes(leaf)
+        network = name[1:].split(".")[0].split("[")[0]
+        by_network[network] = by_network.get(network, 0) + nbytes(leaf)
+    return {"total": tree_bytes(state), "parts": parts, "by_dtype": by_dtype, "by_field": by_network,
+            "param_count": {net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
+                            for net in ("actor", "critic")}}
+
+
+# ------------------------------------------------------------------------------------ the losses' backward passes
+
+
+def _scaled(loss_fn: Callable, opt_state: Any, *args) -> Callable:
+    """``params -> loss * loss_scale`` in float32, as ``lpjax.agents.training.gradient_step`` differentiates it."""
+    scale = loss_scale_or_one(opt_state)
+
+    def scaled(params):
+        loss, _ = loss_fn(params, *args)
+        return loss.astype(jnp.float32) * scale
+
+    return scaled
+
+
+def _inputs(state: sac.SACState, batch: dict):
+    """Keys and features as ``sac.update`` builds them (from states: features are the cast observations)."""
+    _, critic_net = _networks(state.config, state.action_dim)
+    _, critic_key, actor_key, _ = jax.random.split(state.key, 4)
+    next_features = jax.lax.stop_gradient(
+        critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode))
+    features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, batch["obs"], method=SACCritic.encode))
+    return critic_key, actor_key, next_features, features
+
+
+def critic_vjp(state: sac.SACState, batch: dict):
+    """``jax.vjp``'s backward function of the critic loss w.r.t. the critic's parameters."""
+    critic_key, _, next_features, _ = _inputs(state, batch)
+    fn = _scaled(_critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
+    return jax.vjp(fn, state.critic.params)[1]
+
+
+def actor_vjp(state: sac.SACState, batch: dict):
+    """``jax.vjp``'s backward function of the actor loss w.r.t. the actor's parameters."""
+    _, actor_key, _, features = _inputs(state, batch)
+    fn = _scaled(_actor_loss, state.actor.opt_state, state, features, actor_key)
+    return jax.vjp(fn, state.actor.params)[1]
+
+
+def temperature_vjp(state: sac.SACState, batch: dict):
+    """``jax.vjp``'s backward function of the temperature loss w.r.t. ``log_alpha``."""
+    _, actor_key, _, features = _inputs(state, batch)
+    _, log_prob = _actor_loss(state.actor.params, state, features, actor_key)
+    target_entropy = -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
+    fn = _scaled(_temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
+    return jax.vjp(fn, state.temperature.params)[1]
+
+
+VJPS: dict[str, Callable] = {"critic": critic_vjp, "actor": actor_vjp, "temperature": temperature_vjp}
+
+
+def _producers(jaxpr) -> dict:
+    return {var: eqn for eqn in jaxpr.eqns for var in eqn.outvars}
+
+
+def _is_constant(atom, producers: dict, constvars: set) -> bool:
+    """A literal, a hoisted constant, or a broadcast/convert of one (no dependence on any input)."""
+    if isinstance(atom, jex.Literal) or atom in constvars:
+        return True
+    eqn = producers.get(atom)
+    return (eqn is not None and eqn.primitive.name in ("broadcast_in_dim", "convert_element_type", "reshape")
+            and all(_is_constant(x, producers, constvars) for x in eqn.invars))
+
+
+def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
+    """Bytes of the residuals held by ``vjp_of(state, batch)``, classified (see the module docstring).
+
+    ``state`` and ``batch`` may be ``jax.ShapeDtypeStruct`` trees: nothing is allocated.
+    """
+    leaves = jax.tree.leaves(jax.eval_shape(vjp_of, state, batch))  # ShapeDtypeStructs of the vjp's residuals
+    raw = sum(nbytes(leaf) for leaf in leaves)
+
+    in_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path((state, batch))]
+    in_tree = jax.tree.structure((state, batch))
+
+    def flat(*in_leaves):
+        return jax.tree.leaves(vjp_of(*jax.tree.unflatten(in_tree, in_leaves)))
+
+    closed = jax.make_jaxpr(flat)(*jax.tree.leaves((state, batch)))
+    jaxpr = closed.jaxpr
+    if len(jaxpr.outvars) != len(leaves):
+        raise AssertionError(f"make_jaxpr found {len(jaxpr.outvars)} residuals, eval_shape {len(leaves)}")
+    producers = _producers(jaxpr)
+    constvars = set(jaxpr.constvars)
+    invar_path = {var: path for var, path in zip(jaxpr.invars, in_paths)}
+
+    kinds = dict.fromkeys(("input", "literal", "constant_broadcast", "bool_mask", "float_activation", "other"), 0)
+    counts = dict.fromkeys(kinds, 0)
+    by_dtype: dict[str, int] = {}
+    inputs: list[str] = []
+    seen: set = set()
+    duplicates = 0
+    for var in jaxpr.outvars:
+        aval = var.aval
+        size = nbytes(aval)
+        if not isinstance(var, jex.Literal):
+            if var in seen:
+                duplicates += 1
+                continue
+            seen.add(var)
+        if isinstance(var, jex.Literal):
+            kind = "literal"
+        elif var in invar_path:
+            kind = "input"
+            inputs.append(f"{invar_path[var]}: {aval.str_short()}")
+        elif _is_constant(var, producers, constvars):
+            kind = "constant_broadcast"
+        elif aval.dtype == np.bool_:
+            kind = "bool_mask"
+        elif jnp.issubdtype(aval.dtype, jnp.floating):
+            kind = "float_activation"
+        else:
+            kind = "other"
+        kinds[kind] += size
+        counts[kind] += 1
+        if kind != "input":
+            by_dtype[np.dtype(aval.dtype).name] = by_dtype.get(np.dtype(aval.dtype).name, 0) + size
+    new = sum(size for kind, size in kinds.items() if kind != "input")
+    return {
+        "residual_leaf_bytes": raw,  # every leaf of the vjp function, as jax.eval_shape gives them
+        "residual_leaves": len(leaves),
+        "duplicate_leaves": duplicates,
+        "residual_bytes": new,  # distinct residuals that are not inputs of the update (state, batch)
+        "residual_bytes_without_constant_broadcasts": new - kinds["constant_broadcast"],
+        "by_kind": kinds,
+        "count_by_kind": counts,
+        "by_dtype": by_dtype,
+        "inputs_saved": inputs,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------- measure
+
+
+def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
+    """Every component's bytes for one configuration, from abstract values only."""
+    config = make_config(precision, width, batch_size)
+    state = abstract_state(config, obs_dim, action_dim)
+    batch = abstract_batch(batch_size, obs_dim, action_dim)
+    state_info = state_breakdown(state)
+    res = {name: residuals(VJPS[name], state, batch) for name in LOSSES}
+    for name in LOSSES:
+        res[name]["print_saved_residuals"] = cross_check(name, state, batch, res[name])
+    components = {"state": state_info["total"], "batch": tree_bytes(batch)}
+    components.update({f"{name}_residuals": res[name]["residual_bytes"] for name in LOSSES})
+    without = sum(r["by_kind"]["constant_broadcast"] for r in res.values())
+    grads = tree_bytes(state.actor.params) + tree_bytes(state.critic.params) + tree_bytes(state.temperature.params)
+    return {
+        "precision": precision,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()},
+        "width": width, "batch_size": batch_size, "hidden_layers": HIDDEN_LAYERS,
+        "obs_dim": obs_dim, "action_dim": action_dim,
+        "components": components,
+        "total_bytes": sum(components.values()),
+        "total_bytes_without_constant_broadcasts": sum(components.values()) - without,
+        "state": state_info,
+        "residuals": res,
+        "batch": {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()},
+        "batch_bytes_if_stored_fp16": tree_bytes(abstract_batch(batch_size, obs_dim, action_dim, jnp.float16)),
+        "gradients_bytes": grads,
+    }
+
+
+def compare(base: dict, low: dict) -> dict:
+    """fp32/fp16 ratios of every component and of the totals, and each component's ``excess_over_half``."""
+    ratio = lambda a, b: (a / b) if a and b else None  # noqa: E731  (None: a part only one precision has)
+    comps = {c: ratio(base["components"][c], low["components"][c]) for c in base["components"]}
+    parts = {p: ratio(base["state"]["parts"][p], low["state"]["parts"][p]) for p in STATE_PARTS}
+    excess = {c: low["components"][c] - base["components"][c] / 2 for c in base["components"]}
+    state_excess = {p: low["state"]["parts"][p] - base["state"]["parts"][p] / 2 for p in STATE_PARTS}
+    total = base["total_bytes"] / low["total_bytes"]
+    # Total ratio if one component alone were exactly halved (what each one costs the headline ratio).
+    if_halved = {c: base["total_bytes"] / (low["total_bytes"] - excess[c]) for c in base["components"]}
+    kahan = low["state"]["parts"]["kahan_gradient_compensation"] + low["state"]["parts"]["kahan_momentum_compensation"]
+    masks = sum(low["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES)
+    base_masks = sum(base["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES)
+    return {
+        "width": base["width"], "batch_size": base["batch_size"],
+        "total_ratio": total,
+        # Counterfactuals, to show what keeps the ratio below 2 (not configurations that exist):
+        "total_ratio_without_kahan_buffers": base["total_bytes"] / (low["total_bytes"] - kahan),
+        "total_ratio_without_kahan_buffers_and_bool_masks": ((base["total_bytes"] - base_masks)
+                                                             / (low["total_bytes"] - kahan - masks)),
+        "total_ratio_without_constant_broadcasts": (base["total_bytes_without_constant_broadcasts"]
+                                                    / low["total_bytes_without_constant_broadcasts"]),
+        "component_ratios": comps,
+        "state_part_ratios": parts,
+        "excess_over_half_bytes": excess,
+        "state_excess_over_half_bytes": state_excess,
+        "total_ratio_if_component_halved": if_halved,
+        "largest_excess": max(excess, key=excess.get),
+        "target_ratio": TARGET_RATIO,
+        "target_met": bool(total >= TARGET_RATIO),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ cross-check
+
+_DTYPE_ABBREV = {"f16": np.float16, "bf16": jnp.bfloat16, "f32": np.float32, "f64": np.float64, "bool": np.bool_,
+                 "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u8": np.uint8, "u16": np.uint16}
+
+
+def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
+    """``(bytes, description)`` of each line ``jax.ad_checkpoint.print_saved_residuals`` printed."""
+    rows = []
+    for line in text.strip().splitlines():
+        match = re.match(r"^(\w+)\[([\d,]*)\] (.*)$", line.strip())
+        if match is None:
+            raise ValueError(f"unparsed print_saved_residuals line: {line!r}")
+        dtype, dims, description = match.groups()
+        shape = [int(d) for d in dims.split(",") if d]
+        rows.append((int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPE_ABBREV[dtype]).itemsize, description))
+    return rows
+
+
+def saved_residuals_of(loss: str, state: sac.SACState, batch: dict) -> list[tuple[int, str]]:
+    """``print_saved_residuals`` of one loss as a function of its parameters alone (the rest closed over).
+
+    ``print_saved_residuals`` differentiates every argument of the function it is given, hence the closure. Call it
+    with real arrays (state-only computations then run eagerly) or under ``jax.eval_shape`` (abstract: the
+    closed-over tracers are constants of its trace), as :func:`cross_check` does.
+    """
+    critic_key, actor_key, next_features, features = _inputs(state, batch)
+    if loss == "critic":
+        fn = _scaled(_critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
+        params = state.critic.params
+    elif loss == "actor":
+        fn, params = _scaled(_actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
+    else:
+        _, log_prob = _actor_loss(state.actor.params, state, features, actor_key)
+        target_entropy = (-float(state.action_dim) if state.config.target_entropy is None
+                          else state.config.target_entropy)
+        fn = _scaled(_temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
+        params = state.temperature.params
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(fn, params)
+    return parse_saved_residuals(out.getvalue())
+
+
+def cross_check(loss: str, state: Any, batch: dict, ours: dict) -> dict:
+    """:func:`residuals`' raw count of one loss against ``print_saved_residuals``, abstractly (no allocation)."""
+    found: list = []
+
+    def run(state, batch):
+        found.append(saved_residuals_of(loss, state, batch))
+        return 0
+
+    jax.eval_shape(run, state, batch)
+    rows = found[0]
+    groups: dict[str, int] = {}
+    for size, description in rows:
+        kind = next((k for k in ("from the argument", "from a constant", "from a literal", "output of")
+                     if description.startswith(k)), "other")
+        groups[kind] = groups.get(kind, 0) + size
+    total = sum(size for size, _ in rows)
+    return {
+        "print_saved_residuals_bytes": total,
+        "print_saved_residuals_lines": len(rows),
+        "print_saved_residuals_by_description": groups,
+        "equal": ours["residual_leaf_bytes"] == total and ours["residual_leaves"] == len(rows),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+
+
+def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM,
+                  log: Callable[[str], None] = print) -> dict:
+    start = time.perf_counter()
+    rows, comparisons = [], []
+    for width, batch_size in sizes:
+        pair = {}
+        for precision in PRECISIONS:
+            log(f"tracing {precision} width {width} batch {batch_size} ...")
+            pair[precision] = measure(precision, width, batch_size, obs_dim, action_dim)
+            rows.append(pair[precision])
+        comparisons.append(compare(pair[BASE], pair[LOW]))
+    checks = [{"precision": r["precision"], "width": r["width"], "batch_size": r["batch_size"], "loss": loss,
+               "residual_leaf_bytes": r["residuals"][loss]["residual_leaf_bytes"],
+               **r["residuals"][loss]["print_saved_residuals"]} for r in rows for loss in LOSSES]
+    check = {"all_equal": all(c["equal"] for c in checks), "checks": checks}
+    return {
+        "benchmark": RESULT_NAME,
+        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "jax_version": jax.__version__,
+        "flax_version": flax.__version__,
+        "lpjax_version": getattr(lpjax, "__version__", None),
+        "python": sys.version.split()[0],
+        "method": {
+            "summary": "bytes = prod(shape) * itemsize of abstract values; no device memory statistics, nothing "
+                       "allocated (jax.eval_shape / jax.make_jaxpr on jax.ShapeDtypeStruct inputs)",
+            "state": "jax.eval_shape(sac.init) -> SACState; sum over leaves, grouped by role from the key path",
+            "residuals": "jax.eval_shape(lambda s, b: jax.vjp(loss * loss_scale, params)[1]) -> leaves of the "
+                         "vjp function = residual_leaf_bytes; jax.make_jaxpr of the same function classifies each "
+                         "residual (input of the update / literal / constant broadcast / bool mask / float "
+                         "activation); residual_bytes = distinct residuals that are not inputs (inputs are in "
+                         "the state or batch already)",
+            "batch": "obs, action, reward, discount, next_obs, float32 (as the replay buffer stores them)",
+            "total": "state + critic, actor and temperature residual_bytes + batch (gradients and XLA temporaries "
+                     "not included; critic and actor residuals are summed although they are live one at a time)",
+            "ratio": "fp32 total bytes / fp16 total bytes; target >= 1.8",
+            "cross_check": "raw residual count vs jax.ad_checkpoint.print_saved_residuals of each loss as a "
+                           "function of its parameters only (state and batch closed over), under jax.eval_shape, "
+                           "for every configuration",
+        },
+        "precisions": {name: {k: v for k, v in spec.items()} for name, spec in PRECISIONS.items()},
+        "obs_dim": obs_dim, "action_dim": action_dim, "hidden_layers": HIDDEN_LAYERS,
+        "env_note": f"obs dim {obs_dim}, action dim {action_dim}: dm_control walker-walk from states",
+        "sizes": [{"width": w, "batch_size": b} for w, b in sizes],
+        "target_ratio": TARGET_RATIO,
+        "paper_table_11_ratio_range": list(PAPER_TABLE_11),
+        "results": rows,
+        "comparisons": comparisons,
+        "target_met": {f"w{c['width']}_b{c['batch_size']}": c["target_met"] for c in comparisons},
+        "cross_check": check,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:10.2f}"
+
+
+def format_table(result: dict) -> str:
+    by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
+    header = (f"{'width':>6} {'batch':>6} {'prec':<5} {'state':>10} {'critic res':>10} {'actor res':>10} "
+              f"{'temp res':>10} {'batch':>10} {'total MiB':>10}")
+    lines = [header, "-" * len(header)]
+    for comp in result["comparisons"]:
+        w, b = comp["width"], comp["batch_size"]
+        for precision in PRECISIONS:
+            c = by_key[(precision, w, b)]["components"]
+            lines.append(f"{w:>6} {b:>6} {precision:<5} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
+                         f"{_mib(c['actor_residuals'])} {_mib(c['temperature_residuals'])} {_mib(c['batch'])} "
+                         f"{_mib(by_key[(precision, w, b)]['total_bytes'])}")
+        r = comp["component_ratios"]
+        lines.append(f"{'':>6} {'':>6} {'ratio':<5} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
+                     f"{r['actor_residuals']:>10.3f} {r['temperature_residuals']:>10.3f} {r['batch']:>10.3f} "
+                     f"{comp['total_ratio']:>10.3f}   (without zero broadcasts: "
+                     f"{comp['total_ratio_without_constant_broadcasts']:.3f}; "
+                     f"target {TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; "
+                     f"largest excess: {comp['largest_excess']})")
+        lines.append(f"{'':>13} fp16 bytes beyond half of fp32 (MiB): " + ", ".join(
+            f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items())
+            + f"; ratio without the Kahan buffers {comp['total_ratio_without_kahan_buffers']:.3f}, "
+            f"and without bool masks {comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}")
+    lines.append("")
+    lines.append("state by role, fp32/fp16 ratio:  " + ", ".join(
+        f"{p} {v:.2f}" if v else f"{p} (fp16 only)" for p, v in result["comparisons"][0]["state_part_ratios"].items()))
+    check = result["cross_check"]
+    lines.append(f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
+                 f"{'all equal' if check['all_equal'] else 'DIFFERENT'}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
+    comps = result["comparisons"]
+    labels = [f"w{c['width']}\nb{c['batch_size']}" for c in comps]
+    x = np.arange(len(comps))
+    colors = {"state": "tab:blue", "critic_residuals": "tab:orange", "actor_residuals": "tab:green",
+              "temperature_residuals": "tab:purple", "batch": "tab:gray"}
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    bar = 0.38
+    for j, precision in enumerate(PRECISIONS):
+        pos = x + (j - 0.5) * bar
+        bottom = np.zeros(len(comps))
+        for comp in COMPONENTS:
+            vals = np.array([by_key[(precision, c["width"], c["batch_size"])]["components"][comp]
+                             for c in comps]) / 2**20
+            ax.bar(pos, vals, bar, bottom=bottom, color=colors[comp], edgecolor="black" if j else "white",
+                   hatch="//" if j else None, linewidth=0.5, label=comp.replace("_", " ") if j == 0 else None)
+            bottom += vals
+        for p, total in zip(pos, bottom):
+            ax.annotate(precision, (p, total), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+    for xi, c in zip(x, comps):
+        top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
+        ax.annotate(f"{c['total_ratio']:.2f}x", (xi, top), xytext=(0, 12), textcoords="offset points",
+                    ha="center", fontsize=9, weight="bold")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("MiB (counted from shapes and dtypes)")
+    ax.set_title("SAC training memory: fp32 (left, plain) vs fp16 + all methods (right, hatched)\n"
+                 "bold: fp32/fp16 total", fontsize=9)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+    ax.legend(fontsize=8, loc="upper left")
+
+    shown = [comp for comp in COMPONENTS if comp != "temperature_residuals"]  # a few KiB: not worth a bar
+    series = [("total", lambda c: c["total_ratio"])] + [
+        (comp, lambda c, comp=comp: c["component_ratios"][comp]) for comp in shown]
+    width = 0.8 / len(series)
+    for i, (name, get) in enumerate(series):
+        vals = [get(c) for c in comps]
+        ax_r.bar(x - 0.4 + width * (i + 0.5), vals, width, label=name.replace("_", " "),
+                 color="black" if name == "total" else colors[name])
+    ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
+    ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
+    ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
+    ax_r.set_xticks(x, labels)
+    ax_r.set_ylabel("fp32 bytes / fp16 bytes")
+    ax_r.set_ylim(0, 2.75)
+    ax_r.set_title(f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
+                   f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}", fontsize=9)
+    ax_r.legend(fontsize=7, loc="upper center", ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    try:
+        pairs = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes are WIDTHxBATCH[,WIDTHxBATCH...], got {text!r}") from None
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"sizes are WIDTHxBATCH[,WIDTHxBATCH...] of positive ints, got {text!r}")
+    return pairs
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sac_memory",
+        description="Count the bytes of SAC training (state, backward-pass residuals of the critic/actor/temperature "
+                    "losses, replay batch) for fp32 and for fp16 with all of the paper's methods, from shapes and "
+                    f"dtypes only (jax.eval_shape; nothing allocated). Target: fp32/fp16 total >= {TARGET_RATIO}. "
+                    f"Writes {RESULT_NAME}.json and {RESULT_NAME}.png.")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny sizes {QUICK_SIZES} (width, batch): a smoke test, not the measurement")
+    parser.add_argument("--sizes", type=_sizes, default=None,
+                        help="hidden width x batch pairs, e.g. 1024x1024,4096x4096 (default: the paper's "
+                             "1024/4096 widths x 1024/4096 batches)")
+    parser.add_argument("--obs-dim", type=int, default=OBS_DIM, help=f"observation dim (default {OBS_DIM}, walker)")
+    parser.add_argument("--action-dim", type=int, default=ACTION_DIM,
+                        help=f"action dim (default {ACTION_DIM}, walker)")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    args = parser.parse_args(argv)
+    if args.obs_dim < 1 or args.action_dim < 1:
+        parser.error("--obs-dim and --action-dim must be >= 1")
+    if args.sizes is None:
+        args.sizes = list(QUICK_SIZES if args.quick else FULL_SIZES)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = run_benchmark(args.sizes, args.obs_dim, args.action_dim)
+    result["quick"] = bool(args.quick)
+    result["command"] = command_line("benchmarks.sac_memory", argv)
+    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

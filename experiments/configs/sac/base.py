@@ -1,0 +1,37 @@
+"""Shared defaults of the SAC configs: paper Table 4/5 hyper-parameters (states), no low-precision methods.
+
+Every other config starts from :func:`get_config` and changes only what differs. ``config.agent`` holds the
+fields of :class:`lpjax.agents.sac.SACConfig`; the rest drives the training loop.
+"""
+
+import dataclasses
+
+import ml_collections
+
+from lpjax.agents.sac import SACConfig
+
+ALL_METHODS = dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True, softplus_fix=True,
+                   normal_fix=True)
+"""The paper's six fp16 methods (pixels add ``weight_standardization`` and ``encoder_clip``)."""
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.env = "dmc:cheetah-run"  # dmc:<domain>-<task> or brax:<name>
+    config.seed = 0
+    config.total_steps = 500_000  # agent steps (environment steps after action repeat)
+    config.seed_steps = 5000  # uniformly random actions before learning starts
+    config.updates_per_step = 1
+    config.replay_capacity = 1_000_000
+    config.pixels = False
+    config.action_repeat = 0  # 0: the task's default (1 from states; paper Table 8 from pixels)
+    config.frame_stack = 3
+    config.eval_every = 10_000
+    config.eval_episodes = 10
+    config.log_every = 1000
+    config.checkpoint_every = 50_000  # taken at the first episode end after each multiple
+    config.save_replay = True  # checkpoints hold the replay buffer, so a resumed run is bit-identical
+    config.brax_backend = "spring"
+    config.brax_num_envs = 1
+    config.agent = ml_collections.ConfigDict(dataclasses.asdict(SACConfig()))
+    return config

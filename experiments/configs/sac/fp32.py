@@ -1,0 +1,9 @@
+"""SAC from states, fp32, no low-precision methods (the reference)."""
+
+from experiments.configs.sac import base
+
+
+def get_config():
+    config = base.get_config()
+    config.agent.policy = "fp32"
+    return config

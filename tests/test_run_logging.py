@@ -1,0 +1,150 @@
+"""Run logging: config.json, the metrics CSV (growing columns, non-finite values, resume), TensorBoard, plots."""
+
+import csv
+import json
+import math
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from lpjax.run_logging import (RunLogger, plot_learning_curve, read_metrics, read_tensorboard_scalars,
+                               to_jsonable)
+
+
+def _rows(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.reader(f))
+
+
+def _config():
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.agent = ml_collections.ConfigDict({"lr": 1e-4, "hidden": (256, 256), "dtype": jnp.float16})
+    config.batch_size = ml_collections.FieldReference(256)
+    config.eval_batch = config.get_ref("batch_size")
+    return config
+
+
+def test_config_json_is_the_resolved_config(tmp_path):
+    config = _config()
+    config.batch_size = 512  # the reference follows
+    RunLogger(tmp_path / "run", config=config, tensorboard=False).close()
+    written = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert written == {"seed": 0, "agent": {"lr": 1e-4, "hidden": [256, 256], "dtype": "float16"},
+                       "batch_size": 512, "eval_batch": 512}
+
+
+def test_to_jsonable_handles_numpy_jax_and_nested_values():
+    value = {"a": np.float32(0.5), "b": jnp.arange(3), 1: (np.int64(2), None), "c": {"d": jnp.bfloat16(1.5)},
+             "e": float("nan")}
+    out = to_jsonable(value)
+    assert out["a"] == 0.5 and out["b"] == [0, 1, 2] and out["1"] == [2, None] and out["c"] == {"d": 1.5}
+    assert math.isnan(json.loads(json.dumps(out))["e"])
+
+
+def test_csv_rows_grow_columns_and_convert_values(tmp_path):
+    run = tmp_path / "run"
+    with RunLogger(run, tensorboard=False) as logger:
+        logger.log(1, {"loss": jnp.float32(0.5), "q": np.float64(2.0)}, prefix="train")
+        logger.log(2, {"loss": jnp.asarray([0.25], jnp.float16)}, prefix="train")
+        logger.log(2, {"return": 10}, prefix="eval")  # a new column: the header is rewritten
+        logger.log(3, {"loss": 0.125, "alpha": jnp.bfloat16(0.1)}, prefix="train")
+        assert logger.columns == ["step", "wall_time", "train/loss", "train/q", "eval/return", "train/alpha"]
+    rows = _rows(run)
+    assert rows[0] == ["step", "wall_time", "train/loss", "train/q", "eval/return", "train/alpha"]
+    assert all(len(row) == len(rows[0]) for row in rows)
+    table = [[row[0]] + row[2:] for row in rows[1:]]  # without wall_time
+    assert table == [["1", "0.5", "2.0", "", ""], ["2", "0.25", "", "", ""], ["2", "", "", "10.0", ""],
+                     ["3", "0.125", "", "", "0.10009765625"]]
+    metrics = read_metrics(run)
+    np.testing.assert_array_equal(metrics["step"], [1, 2, 2, 3])
+    np.testing.assert_array_equal(metrics["eval/return"], [np.nan, np.nan, 10, np.nan])
+    assert np.all(metrics["wall_time"] > 1e9)
+
+
+def test_non_finite_values_are_logged_as_nan_and_counted(tmp_path):
+    run = tmp_path / "run"
+    with RunLogger(run, tensorboard=False) as logger:
+        logger.log(1, {"loss": float("inf"), "grad": jnp.float16(jnp.nan)}, prefix="train")
+        logger.log(2, {"loss": -np.inf, "grad": 1.0}, prefix="train")
+        assert logger.nonfinite_counts == {"train/loss": 2, "train/grad": 1} and logger.total_nonfinite == 3
+    rows = _rows(run)
+    assert [row[2:] for row in rows[1:]] == [["nan", "nan"], ["nan", "1.0"]]
+
+
+@pytest.mark.parametrize("bad", ["text", jnp.ones(3), None, 1 + 2j])
+def test_non_scalar_metrics_raise(tmp_path, bad):
+    with RunLogger(tmp_path, tensorboard=False) as logger, pytest.raises(ValueError, match="metric 'x'"):
+        logger.log(0, {"x": bad})
+
+
+def test_bad_step_and_reserved_names_raise(tmp_path):
+    with RunLogger(tmp_path, tensorboard=False) as logger:
+        with pytest.raises(ValueError, match="step must be an integer"):
+            logger.log(1.5, {"x": 1})
+        with pytest.raises(ValueError, match="reserved"):
+            logger.log(1, {"step": 1})
+        logger.log(np.int64(3), {"x": 1})  # numpy / jax integer steps are fine
+        logger.log(jnp.int32(4), {"x": 1})
+    assert read_metrics(tmp_path)["step"].tolist() == [3, 4]
+
+
+def test_tensorboard_events_contain_the_scalars(tmp_path):
+    run = tmp_path / "run"
+    with RunLogger(run) as logger:
+        for step in range(3):
+            logger.log(step, {"loss": 1.0 / (step + 1), "nan": float("nan")}, prefix="train")
+        logger.log(2, {"return": 7.5}, prefix="eval")
+    assert list(run.glob("events.out.tfevents.*"))
+    scalars = read_tensorboard_scalars(run)
+    assert scalars["train/loss"] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert scalars["eval/return"] == [(2, 7.5)]
+    assert [s for s, _ in scalars["train/nan"]] == [0, 1, 2] and all(math.isnan(v) for _, v in scalars["train/nan"])
+
+
+def test_resume_truncates_rows_and_purges_tensorboard_after_the_checkpoint_step(tmp_path):
+    run = tmp_path / "run"
+    with RunLogger(run, config={"seed": 1}) as logger:
+        for step in range(1, 8):
+            logger.log(step, {"loss": float(step)}, prefix="train")
+            if step % 3 == 0:
+                logger.log(step, {"return": 10.0 * step}, prefix="eval")
+    # The process crashed mid-row after step 7; the last checkpoint was step 4.
+    with open(run / "metrics.csv", "a") as f:
+        f.write("8,1700000000.0,8.")
+    with RunLogger(run, config={"seed": 1}) as logger:
+        assert logger.columns == ["step", "wall_time", "train/loss", "eval/return"]
+        assert logger.truncate_after(4) == 4  # steps 5, 6 (train and eval) and 7
+        for step in range(5, 7):
+            logger.log(step, {"loss": step + 0.5}, prefix="train")
+        logger.log(6, {"return": 61.0, "length": 1000}, prefix="eval")  # and a new column on resume
+    rows = _rows(run)
+    assert rows[0] == ["step", "wall_time", "train/loss", "eval/return", "eval/length"]
+    table = [[row[0]] + row[2:] for row in rows[1:]]
+    assert table == [["1", "1.0", "", ""], ["2", "2.0", "", ""], ["3", "3.0", "", ""], ["3", "", "30.0", ""],
+                     ["4", "4.0", "", ""], ["5", "5.5", "", ""], ["6", "6.5", "", ""], ["6", "", "61.0", "1000.0"]]
+    scalars = read_tensorboard_scalars(run)
+    assert scalars["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.5), (6, 6.5)]
+    assert scalars["eval/return"] == [(3, 30.0), (6, 61.0)]
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2  # one per writer, the first not overwritten
+
+
+def test_learning_curve_png_overlays_runs(tmp_path):
+    for seed in range(2):
+        with RunLogger(tmp_path / f"seed{seed}", tensorboard=False) as logger:
+            for step in range(0, 1000, 100):
+                logger.log(step, {"critic_loss": 1.0}, prefix="train")
+                logger.log(step, {"return": step * (1 + seed) + (float("nan") if step == 500 else 0.0)},
+                           prefix="eval")
+    out = plot_learning_curve([tmp_path / "seed0", tmp_path / "seed1" / "metrics.csv"], tmp_path / "plots" / "c.png",
+                              title="cheetah run")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (840, 540)
+    single = plot_learning_curve(tmp_path / "seed0", tmp_path / "one.png", y="train/critic_loss")
+    assert single.exists()
+    with pytest.raises(ValueError, match="no column 'eval/missing'"):
+        plot_learning_curve(tmp_path / "seed0", tmp_path / "bad.png", y="eval/missing")

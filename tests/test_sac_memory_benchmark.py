@@ -1,0 +1,144 @@
+"""Smoke test of benchmarks/sac_memory.py: one tiny size into a temporary directory, and every count checked
+against an independent one (real arrays' ``nbytes``, a hand count, ``print_saved_residuals``)."""
+
+import contextlib
+import io
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import sac_memory as bench
+from lpjax.agents import sac
+from lpjax.agents.sac.learner import _critic_loss, _networks, SACCritic
+from lpjax.optim import loss_scale_or_one
+
+WIDTH, BATCH, OBS, ACT = 16, 8, 5, 3
+_init = jax.jit(sac.init, static_argnums=(2, 3))  # jitted: op-by-op dispatch of an eager init is slow
+
+
+def real_small_case(precision):
+    """A real ``sac.init`` state and a real random batch of the tested size."""
+    state = _init(jax.random.PRNGKey(0), np.zeros((OBS,), np.float32), ACT, bench.make_config(precision, WIDTH, BATCH))
+    rng = np.random.default_rng(0)
+    batch = {name: jnp.asarray(rng.uniform(-1.0, 1.0, s.shape).astype(s.dtype))
+             for name, s in bench.abstract_batch(BATCH, OBS, ACT).items()}
+    return state, dict(batch, discount=jnp.ones((BATCH,), jnp.float32))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sac_memory")
+    result = bench.main(["--quick", "--sizes", f"{WIDTH}x{BATCH}", "--obs-dim", str(OBS), "--action-dim", str(ACT),
+                         "--out-dir", str(out)])
+    assert (out / "sac_memory.png").stat().st_size > 0
+    data = json.loads((out / "sac_memory.json").read_text())
+    assert data["comparisons"] == json.loads(json.dumps(result["comparisons"]))
+    return data
+
+
+@pytest.fixture(scope="module")
+def real_cases():
+    """Real small ``sac.init`` states and batches, per precision."""
+    return {precision: real_small_case(precision) for precision in bench.PRECISIONS}
+
+
+def _rows(recorded):
+    return {row["precision"]: row for row in recorded["results"]}
+
+
+def _real_nbytes(tree) -> int:
+    return sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree))
+
+
+def _mlp_params(sizes) -> int:
+    return sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
+
+
+def test_json_structure(recorded):
+    for key in ("jax_version", "method", "obs_dim", "action_dim", "sizes", "target_ratio", "results", "comparisons",
+                "target_met", "cross_check", "paper_table_11_ratio_range"):
+        assert key in recorded, key
+    assert recorded["jax_version"] == jax.__version__
+    assert recorded["quick"] is True and recorded["target_ratio"] == 1.8
+    assert (recorded["obs_dim"], recorded["action_dim"]) == (OBS, ACT)
+    assert recorded["sizes"] == [{"width": WIDTH, "batch_size": BATCH}]
+    rows = _rows(recorded)
+    assert set(rows) == {"fp32", "fp16"}
+    assert rows["fp16"]["config"]["hadam"] and rows["fp16"]["config"]["kahan_momentum"]
+    assert rows["fp16"]["config"]["policy"] == "fp16" and rows["fp32"]["config"]["policy"] == "fp32"
+    for row in rows.values():
+        assert set(row["components"]) == set(bench.COMPONENTS)
+        assert row["total_bytes"] == sum(row["components"].values())
+        assert row["state"]["total"] == row["components"]["state"] == sum(row["state"]["parts"].values())
+        for loss in bench.LOSSES:
+            res = row["residuals"][loss]
+            assert row["components"][f"{loss}_residuals"] == res["residual_bytes"]
+            assert res["residual_bytes"] == sum(v for k, v in res["by_kind"].items() if k != "input")
+            assert res["residual_leaf_bytes"] == sum(res["by_kind"].values())  # no duplicate leaves here
+    (comp,) = recorded["comparisons"]
+    assert comp["total_ratio"] == pytest.approx(rows["fp32"]["total_bytes"] / rows["fp16"]["total_bytes"])
+    assert comp["target_met"] == (comp["total_ratio"] >= 1.8)
+    assert recorded["target_met"] == {f"w{WIDTH}_b{BATCH}": comp["target_met"]}
+    excess = sum(comp["excess_over_half_bytes"].values())
+    assert excess == pytest.approx(rows["fp16"]["total_bytes"] - rows["fp32"]["total_bytes"] / 2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_state_bytes_equal_a_real_init_state(recorded, real_cases, precision):
+    row = _rows(recorded)[precision]
+    state, _ = real_cases[precision]
+    assert row["state"]["total"] == _real_nbytes(state)
+    # By hand: actor obs -> W -> W -> 2 * act; two critics (obs + act) -> W -> W -> 1.
+    actor = _mlp_params([OBS, WIDTH, WIDTH, 2 * ACT])
+    critic = 2 * _mlp_params([OBS + ACT, WIDTH, WIDTH, 1])
+    assert row["state"]["param_count"] == {"actor": actor, "critic": critic}
+    parts = row["state"]["parts"]
+    size = 4 if precision == "fp32" else 2
+    assert parts["params"] == size * (actor + critic) + 4  # + float32 log_alpha
+    assert parts["adam_moments"] == 2 * size * (actor + critic) + 8  # + the temperature's float32 Adam moments
+    assert parts["target_critic"] == size * critic
+    kahan = precision == "fp16"
+    assert parts["kahan_gradient_compensation"] == kahan * size * (actor + critic)
+    assert parts["kahan_momentum_compensation"] == kahan * size * critic
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_residual_bytes_equal_independent_counts(recorded, real_cases, precision):
+    row = _rows(recorded)[precision]
+    state, batch = real_cases[precision]
+    size = 4 if precision == "fp32" else 2
+    # 1. The abstract count equals the nbytes of the residuals of a real (concrete) jax.vjp.
+    for loss, vjp_of in bench.VJPS.items():
+        assert row["residuals"][loss]["residual_leaf_bytes"] == _real_nbytes(jax.jit(vjp_of)(state, batch)), loss
+    # 2. print_saved_residuals of the critic loss, written here from the learner's functions.
+    _, critic_net = _networks(state.config, state.action_dim)
+    next_features = critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
+    key = jax.random.PRNGKey(3)
+    scale = loss_scale_or_one(state.critic.opt_state)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(
+            lambda p: _critic_loss(p, state, batch, next_features, key)[0].astype(jnp.float32) * scale,
+            state.critic.params)
+    assert row["residuals"]["critic"]["residual_leaf_bytes"] == sum(n for n, _ in bench.parse_saved_residuals(
+        out.getvalue()))
+    # 3. By hand, the critic's new residuals: the concatenated (obs, action) input; per critic and hidden layer the
+    # relu output, its bool mask and relu's JVP zeros; the (2, batch) errors; fp32's loss scale is a literal 1.
+    hand = (BATCH * (OBS + ACT) * size + 2 * 2 * BATCH * WIDTH * (size + 1 + size) + 2 * BATCH * size
+            + (4 if precision == "fp32" else 0))
+    assert row["residuals"]["critic"]["residual_bytes"] == hand
+    assert row["residuals"]["critic"]["by_kind"]["bool_mask"] == 2 * 2 * BATCH * WIDTH
+    assert row["residuals"]["critic"]["by_kind"]["constant_broadcast"] == 2 * 2 * BATCH * WIDTH * size
+
+
+def test_batch_bytes_and_cross_check(recorded):
+    for row in recorded["results"]:
+        assert row["components"]["batch"] == BATCH * (2 * OBS + ACT + 2) * 4  # float32 in both precisions
+    check = recorded["cross_check"]
+    assert check["all_equal"] and len(check["checks"]) == 2 * len(bench.LOSSES)
+    for c in check["checks"]:
+        assert c["residual_leaf_bytes"] == c["print_saved_residuals_bytes"] > 0
+        assert sum(c["print_saved_residuals_by_description"].values()) == c["print_saved_residuals_bytes"]
