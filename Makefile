@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow bench clean
+.PHONY: venv demo numerics-demo test test-slow bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	MUJOCO_GL=egl $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo --noresume --progress \
+		|| { test -d runs/demo/checkpoints && echo "runs/demo exists: remove it (rm -r runs/demo) or resume with"\
+		     " $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo --resume"; exit 1; }
+
+numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo
 
 test: $(STAMP)

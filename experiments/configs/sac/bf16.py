@@ -1,6 +1,6 @@
 """SAC from states, pure bfloat16. bf16 has float32's range, so loss scaling and the overflow fixes are not needed; its 8-bit mantissa makes Kahan summation matter more than in fp16."""
 
-from experiments.configs.sac import base
+from experiments.configs.sac import _base as base
 
 
 def get_config():

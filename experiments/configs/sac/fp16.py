@@ -1,6 +1,6 @@
 """SAC from states, pure fp16 with all six methods of the paper (hAdam, compound loss scaling, Kahan-gradients, Kahan-momentum, softplus-fix, normal-fix)."""
 
-from experiments.configs.sac import base
+from experiments.configs.sac import _base as base
 
 
 def get_config():

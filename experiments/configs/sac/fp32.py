@@ -1,6 +1,6 @@
 """SAC from states, fp32, no low-precision methods (the reference)."""
 
-from experiments.configs.sac import base
+from experiments.configs.sac import _base as base
 
 
 def get_config():

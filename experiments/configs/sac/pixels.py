@@ -7,7 +7,7 @@ task (Table 8). Use ``--config.agent.policy=fp32 --config.agent.hadam=False ...`
 the reference.
 """
 
-from experiments.configs.sac import base
+from experiments.configs.sac import _base as base
 
 
 def get_config():

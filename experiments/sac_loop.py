@@ -1,0 +1,226 @@
+"""SAC's training loop on dm_control: host-side environment, one jitted call per environment step.
+
+Everything the loop carries besides the environments is one pytree, :class:`LoopState`: the SAC state, the
+replay buffer, the loop's PRNG key and its counters. It is checkpointed whole at episode ends, and episode
+``i`` of a run resets its environment with seed ``seed * 1_000_003 + i``. Together these make a resumed run
+bit-identical to an uninterrupted one: after a crash nothing is lost beyond the last checkpoint.
+
+Per agent step: pick an action (uniformly random during ``seed_steps``, else a policy sample), step the
+environment, then one jitted call adds the transition to the replay buffer and, after the seed steps, samples
+batches and runs ``updates_per_step`` SAC updates. ``discount`` is 0 only at a true termination; time limits
+bootstrap, as in pytorch_sac.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+import lpjax.envs
+from lpjax.agents import sac
+from lpjax.checkpoint import Checkpointer
+from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
+from lpjax.run_logging import RunLogger, plot_learning_curve
+
+EPISODE_SEED_STRIDE = 1_000_003
+EVAL_SEED_OFFSET = 10_000_019
+
+
+class LoopState(NamedTuple):
+    """What the training loop carries, checkpointed whole.
+
+    Attributes:
+      agent: the :class:`lpjax.agents.sac.SACState`.
+      replay: the :class:`lpjax.replay.ReplayBuffer` of transitions.
+      key: PRNG key of exploration (random seed-step actions and policy samples).
+      env_steps: int32, agent steps taken.
+      episodes: int32, episodes finished.
+    """
+
+    agent: sac.SACState
+    replay: ReplayBuffer
+    key: jax.Array
+    env_steps: jax.Array
+    episodes: jax.Array
+
+
+class Diverged(RuntimeError):
+    """The policy produced non-finite actions: the run cannot continue (typically naive fp16)."""
+
+
+def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
+    """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
+    if config.env.startswith("brax:"):
+        raise ValueError("brax envs run in experiments.sac_brax_loop, not the host loop.")
+    prefix, _, task = config.env.partition(":")
+    if prefix != "dmc":
+        raise ValueError(f"Environment names look like 'dmc:<domain>-<task>' or 'brax:<env>', got {config.env!r}.")
+    lpjax.envs.parse_task(task)  # raises ValueError listing the valid tasks
+    agent = sac.SACConfig.from_mapping(config.agent.to_dict())
+    checks = [
+        (config.total_steps >= 1, "total_steps must be >= 1"),
+        (0 <= config.seed_steps <= config.total_steps,
+         f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]"),
+        (config.replay_capacity >= 1, "replay_capacity must be >= 1"),
+        (agent.batch_size <= config.replay_capacity,
+         f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})"),
+        (config.updates_per_step >= 1, "updates_per_step must be >= 1"),
+        (config.eval_every >= 1 and config.eval_episodes >= 1, "eval_every and eval_episodes must be >= 1"),
+        (config.log_every >= 1 and config.checkpoint_every >= 1, "log_every and checkpoint_every must be >= 1"),
+        (config.pixels == agent.pixels, "config.pixels and config.agent.pixels must agree"),
+        (config.action_repeat >= 0 and config.frame_stack >= 1, "action_repeat >= 0 and frame_stack >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"Bad SAC run config: {message}.")
+    return agent
+
+
+def make_envs(config: ml_collections.ConfigDict):
+    """The training and evaluation environments (evaluation episodes are seeded independently)."""
+    options = dict(pixels=config.pixels, action_repeat=config.action_repeat or None)
+    if config.pixels:
+        options["frame_stack"] = config.frame_stack
+    return (lpjax.envs.make(config.env, seed=config.seed, **options),
+            lpjax.envs.make(config.env, seed=config.seed + EVAL_SEED_OFFSET, **options))
+
+
+def init_loop(config: ml_collections.ConfigDict, agent_config: sac.SACConfig, env) -> LoopState:
+    key = jax.random.key(config.seed)
+    agent_key, loop_key = jax.random.split(key)
+    observation = jnp.zeros(env.observation_shape, env.observation_dtype)
+    agent = sac.init(agent_key, observation, env.action_dim, agent_config)
+    example = {"obs": observation, "action": jnp.zeros(env.action_dim, jnp.float32),
+               "reward": jnp.zeros([], jnp.float32), "discount": jnp.zeros([], jnp.float32), "next_obs": observation}
+    return LoopState(agent=agent, replay=replay_init(example, config.replay_capacity), key=loop_key,
+                     env_steps=jnp.zeros([], jnp.int32), episodes=jnp.zeros([], jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("seed_steps", "action_dim"))
+def choose_action(agent: sac.SACState, key: jax.Array, env_steps: jax.Array, obs: jax.Array, seed_steps: int,
+                  action_dim: int) -> tuple[jax.Array, jax.Array]:
+    """``(next_key, action)``: uniformly random during the seed steps, else a sample of the policy."""
+    key, sample_key = jax.random.split(key)
+    random_action = jax.random.uniform(sample_key, (action_dim,), jnp.float32, -1.0, 1.0)
+    policy_action = sac.act(agent, obs[None], sample_key)[0]
+    return key, jnp.where(env_steps < seed_steps, random_action, policy_action)
+
+
+@functools.partial(jax.jit, static_argnames=("learn", "updates"), donate_argnums=0)
+def record_and_learn(loop: LoopState, transition: dict, learn: bool, updates: int) -> tuple[LoopState, dict]:
+    """Adds one transition; if ``learn``, runs ``updates`` SAC updates on uniformly sampled batches."""
+    replay = replay_add(loop.replay, jax.tree.map(lambda x: x[None], transition))
+    agent, metrics = loop.agent, {}
+    key = loop.key
+    for _ in range(updates if learn else 0):
+        key, batch_key = jax.random.split(key)
+        agent, metrics = sac.update(agent, replay_sample(replay, batch_key, agent.config.batch_size))
+    return LoopState(agent, replay, key, loop.env_steps + 1, loop.episodes), metrics
+
+
+def evaluate(loop: LoopState, env, episodes: int) -> dict[str, float]:
+    """Mean and standard deviation of the deterministic policy's return over seeded episodes."""
+    returns = []
+    for i in range(episodes):
+        obs, total, done = env.reset(seed=EVAL_SEED_OFFSET + i), 0.0, False
+        while not done:
+            action = np.asarray(sac.act(loop.agent, jnp.asarray(obs)[None], loop.key, deterministic=True)[0])
+            if not np.all(np.isfinite(action)):
+                raise Diverged("the deterministic policy produced non-finite actions during evaluation")
+            obs, reward, terminated, truncated = env.step(action)
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    return {"return": float(np.mean(returns)), "return_std": float(np.std(returns))}
+
+
+def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
+          progress: bool = True) -> dict[str, Any]:
+    """Runs (or resumes) SAC on a dm_control task; returns a summary (final evaluation, status, paths).
+
+    Raises:
+      ValueError: bad config, or ``run_dir`` holds checkpoints and ``resume`` is False (nothing is overwritten).
+    """
+    agent_config = validate(config)
+    run_dir = pathlib.Path(run_dir)
+    checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=2)
+    latest = checkpointer.latest_step()
+    if latest is not None and not resume:
+        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
+                         "it or choose another --run_dir.")
+    env, eval_env = make_envs(config)
+    loop = init_loop(config, agent_config, env)
+    if not config.save_replay and resume and latest is not None:
+        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
+    logger = RunLogger(run_dir, config=config)
+    if resume and latest is not None:
+        loop, _ = checkpointer.restore(latest, target=loop)
+        logger.truncate_after(int(loop.env_steps))
+        print(f"resumed {run_dir} at step {int(loop.env_steps)} (episode {int(loop.episodes)})")
+
+    status, last_metrics = "finished", {}
+    start_steps, started = int(loop.env_steps), time.perf_counter()
+    updates_done = 0
+    bar = tqdm.tqdm(total=config.total_steps, initial=start_steps, disable=not progress, unit="step",
+                    dynamic_ncols=True)
+    try:
+        while int(loop.env_steps) < config.total_steps:
+            obs = env.reset(seed=config.seed * EPISODE_SEED_STRIDE + int(loop.episodes))
+            episode_return, done = 0.0, False
+            while not done and int(loop.env_steps) < config.total_steps:
+                key, action = choose_action(loop.agent, loop.key, loop.env_steps, jnp.asarray(obs),
+                                            config.seed_steps, env.action_dim)
+                loop, action = loop._replace(key=key), np.asarray(action)
+                if not np.all(np.isfinite(action)):
+                    raise Diverged(f"the policy produced non-finite actions at step {int(loop.env_steps)}")
+                next_obs, reward, terminated, truncated = env.step(action)
+                transition = {"obs": obs, "action": action, "reward": np.float32(reward),
+                              "discount": np.float32(0.0 if terminated else 1.0), "next_obs": next_obs}
+                learn = int(loop.env_steps) + 1 > config.seed_steps
+                loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step)
+                updates_done += config.updates_per_step if learn else 0
+                obs, episode_return, done = next_obs, episode_return + reward, terminated or truncated
+                step = int(loop.env_steps)
+                bar.update(1)
+                if metrics:
+                    last_metrics = metrics
+                if step % config.log_every == 0 and last_metrics:
+                    values = {k: float(v) for k, v in last_metrics.items()}
+                    elapsed = time.perf_counter() - started
+                    values.update(env_steps_per_s=(step - start_steps) / elapsed, updates_per_s=updates_done / elapsed)
+                    logger.log(step, values, prefix="train")
+                    bar.set_postfix(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}",
+                                    scale=f"{values['critic_loss_scale']:.0f}", refresh=False)
+                    if not math.isfinite(values["critic_loss"]):
+                        tqdm.tqdm.write(f"warning: non-finite critic loss at step {step}")
+                if step % config.eval_every == 0 or step == config.total_steps:
+                    result = evaluate(loop, eval_env, config.eval_episodes)
+                    logger.log(step, result, prefix="eval")
+                    tqdm.tqdm.write(f"step {step}: eval return {result['return']:.1f} ± {result['return_std']:.1f}")
+            loop = loop._replace(episodes=loop.episodes + 1)
+            logger.log(int(loop.env_steps), {"episode_return": episode_return, "episode": int(loop.episodes)},
+                       prefix="train")
+            checkpoint_due = int(loop.env_steps) // config.checkpoint_every > (latest or 0) // config.checkpoint_every
+            if checkpoint_due or int(loop.env_steps) >= config.total_steps:
+                saved = loop if config.save_replay else loop._replace(replay=None)
+                checkpointer.save(int(loop.env_steps), saved, metadata={"config": config.to_dict()})
+                latest = int(loop.env_steps)
+    except Diverged as error:
+        status = f"diverged: {error}"
+        tqdm.tqdm.write(f"stopping: {status}")
+    finally:
+        bar.close()
+        checkpointer.wait()
+        logger.close()
+    curve = run_dir / "learning_curve.png"
+    plot_learning_curve(run_dir, curve, y="eval/return", title=f"SAC {config.agent.policy} on {config.env}")
+    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir), "curve": str(curve)}
