@@ -1,4 +1,5 @@
 # The two commands of the README: `make demo` (set up, run the main job) and `make test` (set up, run the tests).
+# `make demo` keeps the previous demo run as runs/demo.prev.
 # The virtualenv lives at .venv/ and is reused; it is rebuilt only when setup.cfg or pyproject.toml change.
 PYTHON ?= python3
 VENV   := .venv
@@ -17,9 +18,8 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	MUJOCO_GL=egl $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo --noresume --progress \
-		|| { test -d runs/demo/checkpoints && echo "runs/demo exists: remove it (rm -r runs/demo) or resume with"\
-		     " $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo --resume"; exit 1; }
+	if [ -d runs/demo ]; then rm -rf runs/demo.prev && mv runs/demo runs/demo.prev; fi
+	MUJOCO_GL=egl $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo
 
 numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo

@@ -116,3 +116,21 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     ref_metrics, resumed_metrics = read_metrics(reference), read_metrics(killed)
     np.testing.assert_array_equal(ref_metrics["eval/return"], resumed_metrics["eval/return"])
+
+
+def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
+    from experiments.configs.sac import pixels
+    config = pixels.get_config()
+    config.unlock()
+    config.update(env="dmc:cartpole-swingup", total_steps=150, seed_steps=50, replay_capacity=300, eval_every=150,
+                  eval_episodes=1, log_every=50, checkpoint_every=150)
+    config.agent.update(hidden_dims=(32,), batch_size=8, encoder_features=16)
+    summary = sac_loop.train(config, tmp_path, progress=False)
+    assert summary["status"] == "finished"
+    metrics = read_metrics(tmp_path)
+    assert np.isfinite(metrics["eval/return"]).sum() == 1
+    losses = metrics["train/critic_loss"][np.isfinite(metrics["train/critic_loss"])]
+    assert len(losses) >= 2
+    loop, _ = Checkpointer(tmp_path / "checkpoints").restore(150, target=sac_loop.init_loop(
+        config, sac_loop.validate(config), sac_loop.make_envs(config)[0]))
+    assert loop.replay.data["obs"].dtype == np.uint8 and loop.replay.data["obs"].shape[1:] == (84, 84, 9)
