@@ -29,7 +29,7 @@ import lpjax.envs
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import RunLogger, plot_learning_curve
+from lpjax.run_logging import RunLogger, plot_learning_curve, read_metrics
 
 EPISODE_SEED_STRIDE = 1_000_003
 EVAL_SEED_OFFSET = 10_000_019
@@ -217,10 +217,26 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
     except Diverged as error:
         status = f"diverged: {error}"
         tqdm.tqdm.write(f"stopping: {status}")
+        if last_metrics:  # the metrics of the update that produced the non-finite policy
+            logger.log(int(loop.env_steps), {k: float(v) for k, v in last_metrics.items()}, prefix="train")
     finally:
         bar.close()
         checkpointer.wait()
         logger.close()
+    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir),
+            "curve": plot_returns(run_dir, f"SAC {config.agent.policy} on {config.env}")}
+
+
+def plot_returns(run_dir: pathlib.Path, title: str) -> str | None:
+    """Writes ``learning_curve.png``: evaluation returns; for a run that ended (e.g. diverged) before its first
+    evaluation, training episode returns or else the critic loss; ``None`` if nothing was logged."""
     curve = run_dir / "learning_curve.png"
-    plot_learning_curve(run_dir, curve, y="eval/return", title=f"SAC {config.agent.policy} on {config.env}")
-    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir), "curve": str(curve)}
+    try:
+        columns = read_metrics(run_dir)
+    except ValueError:  # no metrics file yet
+        return None
+    for y in ("eval/return", "train/episode_return", "train/critic_loss"):
+        if y in columns and (np.isfinite(columns[y]).any() or y == "train/critic_loss"):  # nan losses are counted
+            plot_learning_curve(run_dir, curve, y=y, title=title)
+            return str(curve)
+    return None

@@ -134,3 +134,18 @@ def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
     loop, _ = Checkpointer(tmp_path / "checkpoints").restore(150, target=sac_loop.init_loop(
         config, sac_loop.validate(config), sac_loop.make_envs(config)[0]))
     assert loop.replay.data["obs"].dtype == np.uint8 and loop.replay.data["obs"].shape[1:] == (84, 84, 9)
+
+
+def test_naive_fp16_diverges_cleanly_and_still_plots(tmp_path):
+    from experiments.configs.sac import fp16_naive
+    config = fp16_naive.get_config()
+    config.unlock()
+    config.update(env="dmc:cartpole-swingup", action_repeat=8, total_steps=400, seed_steps=50,
+                  replay_capacity=500, eval_every=400, eval_episodes=1, log_every=10, checkpoint_every=400)
+    config.agent.update(hidden_dims=(32, 32), batch_size=32)
+    summary = sac_loop.train(config, tmp_path, progress=False)
+    assert summary["status"].startswith("diverged") and summary["env_steps"] < 400
+    assert summary["curve"] is not None and pathlib.Path(summary["curve"]).is_file()
+    last = {k: v[-1] for k, v in read_metrics(tmp_path).items() if k.startswith("train/")}
+    # The first update already breaks the actor and the temperature (the critic is still finite).
+    assert np.isnan(last["train/actor_loss"]) and np.isnan(last["train/alpha"])

@@ -1,0 +1,122 @@
+"""Smoke test of benchmarks/sac_reproduction.py at a micro scale, into a temporary directory: two real runs
+(fp32, fp16) on one task, the aggregate json/png, a second invocation that skips the final runs, and a
+deliberately partial run that the aggregate marks incomplete and the next session resumes."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import sac_reproduction as bench
+from experiments import sac_loop
+from lpjax.run_logging import to_jsonable
+
+TASK = "cartpole-swingup"
+MICRO = ["--steps", "400", "--width", "32", "--batch", "32", "--seed_steps", "100", "--eval_every", "200",
+         "--eval_episodes", "1", "--action_repeat", "8"]  # 125-step episodes: short evaluations
+
+
+def _args(tmp_path, *extra):
+    return [*MICRO, "--tasks", TASK, "--configs", "fp32,fp16", "--runs_dir", str(tmp_path / "runs"),
+            "--results_dir", str(tmp_path / "results"), "--no-progress", *extra]
+
+
+def _sessions(run_dir):
+    return [json.loads(line) for line in (run_dir / bench.SESSIONS_FILE).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sac_reproduction")
+    return tmp_path, bench.main(_args(tmp_path, "--num_seeds", "1"))
+
+
+def test_help_is_fast_and_lists_the_flags():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.sac_reproduction", "--help"], capture_output=True,
+                            text=True, cwd=bench.REPO_ROOT, timeout=60)
+    assert result.returncode == 0
+    for flag in ("--only", "--tasks", "--seeds", "--configs", "--max_runs", "--workers", "--aggregate_only",
+                 "--runs_dir", "--steps", "--width", "--batch"):
+        assert flag in result.stdout
+
+
+def test_plan_and_ablation_configs():
+    plan = bench.build_plan(bench.DEFAULT_TASKS, range(3), [bench.DEFAULT_ABLATION_TASK])
+    assert len(plan) == 3 * (3 * 3 + 6) and len(set(plan)) == len(plan)
+    assert [s.seed for s in plan] == sorted(s.seed for s in plan)  # seed 0 of every cell first
+    scale = bench.Scale()
+    for method in bench.METHODS:
+        agent = bench.make_config(bench.RunSpec(f"fp16_no_{method}", "walker-walk", 0), scale).agent
+        assert agent.policy == "fp16" and not agent[method]
+        assert all(agent[m] for m in bench.METHODS if m != method)
+    config = bench.make_config(bench.RunSpec("fp16_naive", "reacher-easy", 2), scale)
+    assert not any(config.agent[m] for m in bench.METHODS) and config.seed == 2
+    assert tuple(config.agent.hidden_dims) == (256, 256) and config.agent.batch_size == 256
+    assert config.total_steps == 100_000 and config.env == "dmc:reacher-easy"
+
+
+def test_first_session_trains_and_aggregates(first):
+    tmp_path, out = first
+    assert [r["action"] for r in out["trained"]] == ["trained", "trained"]
+    assert (tmp_path / "results" / "sac_reproduction.png").stat().st_size > 0
+    data = json.loads((tmp_path / "results" / "sac_reproduction.json").read_text())
+    assert data["scale"]["width"] == 32 and data["scale"]["steps"] == 400 and "why" in data["scale"]
+    for config in ("fp32", "fp16"):
+        cell = data["results"][TASK][config]
+        assert cell["status"] == "complete" and cell["seeds_final"] == cell["seeds_planned"] == 1
+        (value,) = cell["final_return_per_seed"].values()
+        assert np.isfinite(value) and cell["mean"] == pytest.approx(value) and cell["std"] == 0.0
+        assert data["curves"][TASK][config]["finished"]["steps"] == [200, 400]
+    comparison = data["comparison"][TASK]
+    assert comparison["final"] and comparison["target_ratio"] == 0.95
+    assert comparison["ratio"] == pytest.approx(comparison["fp16_mean"] / comparison["fp32_mean"])
+    assert comparison["meets_target"] == (comparison["ratio"] >= 0.95)
+    assert comparison["naive_failed"] is None  # naive not run: undecided, not "did not fail"
+    # Everything not run is reported as missing, never as a result.
+    assert data["results"]["walker-walk"]["fp16_no_hadam"]["status"] == "missing"
+    assert {row["variant"] for row in data["ablation"]["walker-walk"]} >= set(bench.ABLATION_CONFIGS)
+    assert not data["complete"] and data["progress"]["runs_final"] == 2
+
+
+def test_second_session_skips_final_runs(first):
+    tmp_path, _ = first
+    out = bench.main(_args(tmp_path, "--num_seeds", "1"))
+    assert out["trained"] == [] and sorted(out["skipped"]) == [f"fp16/{TASK}/seed0", f"fp32/{TASK}/seed0"]
+    scale = bench.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1,
+                        action_repeat=8)
+    for config in ("fp32", "fp16"):
+        assert len(_sessions(bench.run_dir_of(tmp_path / "runs", scale, bench.RunSpec(config, TASK, 0)))) == 1
+
+
+def test_partial_run_is_incomplete_then_resumed(first):
+    tmp_path, _ = first
+    scale = bench.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1,
+                        action_repeat=8)
+    spec = bench.RunSpec("fp16", TASK, 1)
+    run_dir = bench.run_dir_of(tmp_path / "runs", scale, spec)
+    # A run of the benchmark's config stopped at step 200 (as if interrupted after its checkpoint at 200).
+    config = bench.make_config(spec, scale)
+    config.total_steps = 200
+    sac_loop.train(config, run_dir, progress=False)
+    (run_dir / "config.json").write_text(json.dumps(to_jsonable(bench.make_config(spec, scale))))
+    out = bench.main(_args(tmp_path, "--num_seeds", "2", "--aggregate_only"))
+    assert out["trained"] == []
+    data = json.loads((tmp_path / "results" / "sac_reproduction.json").read_text())
+    cell = data["results"][TASK]["fp16"]
+    assert cell["status"] == "incomplete" and cell["seeds_final"] == 1 and cell["seeds_planned"] == 2
+    assert list(cell["final_return_per_seed"]) == ["0"]  # the partial seed is not a result
+    assert cell["incomplete_seeds"]["1"]["status"] == "partial" and cell["incomplete_seeds"]["1"]["step"] == 200
+    assert data["comparison"][TASK]["final"] is False and data["comparison"][TASK]["meets_target"] is None
+    assert data["results"][TASK]["fp32"]["status"] == "incomplete"  # seed 1 missing
+    assert "1" in data["curves"][TASK]["fp16"]["partial"]
+    # The next session resumes it from its checkpoint (and trains nothing else: --max_runs 1).
+    out = bench.main(_args(tmp_path, "--num_seeds", "2", "--seeds", "1", "--max_runs", "1"))
+    assert [r["run"] for r in out["trained"]] == [spec.name]
+    assert out["trained"][0]["status"] == "finished"
+    session = _sessions(run_dir)[-1]
+    assert (session["start_step"], session["end_step"]) == (200, 400)
+    data = json.loads((tmp_path / "results" / "sac_reproduction.json").read_text())
+    assert data["results"][TASK]["fp16"]["status"] == "complete"
+    assert data["results"][TASK]["fp32"]["status"] == "incomplete"
