@@ -5,7 +5,7 @@ In the fp16 variants *everything* is float16: data, parameters, activations, los
 state. Four optimizers are compared at Adam's usual settings (lr 1e-4, b1 0.9, b2 0.999, eps 1e-8):
 
 * ``adam_fp16``  naive ``optax.adam`` on float16 parameters. Its second moment ``v <- 0.999 v + 0.001 g^2`` is 0
-  for every ``|g| < ~8e-3`` (``0.001 g^2`` is below float16's smallest subnormal, 6e-8) and ``eps = 1e-8`` is 0 in
+  for every ``|g| < 5.5e-3`` (``0.001 g^2`` is below half of float16's smallest subnormal, 6e-8) and ``eps = 1e-8`` is 0 in
   float16 too, so the first update is ``m / 0 = inf`` and the parameters become inf/nan at step 1.
 * ``hadam_fp16`` ``lpjax.optim.hadam`` alone: no ``g^2``, so the second moment is fine, but ``eps = 1e-8`` is
   still 0 in float16 (lpjax warns; a zero denominator gives a zero update rather than nan), and each update
