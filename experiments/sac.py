@@ -1,4 +1,4 @@
-r"""Train SAC in fp32, fp16 or bf16 on dm_control: ``python -m experiments.sac --config=fp16.py``.
+r"""Train SAC in fp32, fp16 or bf16 on dm_control or brax: ``python -m experiments.sac --config=fp16.py``.
 
 ``--config`` takes a file or a bare name from ``experiments/configs/sac/`` (fp32, fp16, fp16_naive, bf16,
 pixels, pixels_fp32, demo); any field can be overridden, e.g. ``--config.env=dmc:walker-walk
@@ -34,7 +34,7 @@ def main(argv):
     del argv
     if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint step at INFO
         logging.set_verbosity(logging.WARNING)
-    from experiments import sac_loop  # imported after flag parsing so --help stays fast
+    from experiments import sac_brax_loop, sac_loop  # imported after flag parsing so --help stays fast
 
     config = _CONFIG.value
     if _RESUME.value and _RUN_DIR.value is None:
@@ -42,7 +42,8 @@ def main(argv):
     run_dir = _RUN_DIR.value or default_run_dir("sac", flags.FLAGS["config"].config_filename, config.env,
                                                 config.seed)
     try:
-        summary = sac_loop.train(config, run_dir, resume=_RESUME.value, progress=_PROGRESS.value)
+        loop = sac_brax_loop if config.env.startswith("brax:") else sac_loop
+        summary = loop.train(config, run_dir, resume=_RESUME.value, progress=_PROGRESS.value)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     print(json.dumps(summary, indent=2))

@@ -1,0 +1,555 @@
+"""Training throughput of lpjax's fully jitted brax SAC loop against ``brax.training.agents.sac.train``.
+
+The issue's target: ``experiments.sac_brax_loop`` in float32 at least as fast as brax's own SAC (ratio >= 1), in
+environment steps per second, with matched hyper-parameters:
+
+================================  ==============================  ==========================================
+setting                           lpjax (experiments.sac_brax_    brax (``sac.train`` argument)
+                                  loop config / SACConfig)
+================================  ==============================  ==========================================
+environment, physics backend      ``env``, ``brax_backend``       ``environment=envs.get_environment(name,
+                                                                  backend=...)``
+parallel environments             ``brax_num_envs``               ``num_envs``
+episode length                    1000 (lpjax.envs default)       ``episode_length=1000``
+SAC updates per vectorized step   ``updates_per_step``            ``grad_updates_per_step``
+batch size                        ``agent.batch_size``            ``batch_size``
+networks (actor, 2 critics)       ``agent.hidden_dims``           ``network_factory=make_sac_networks(
+                                                                  hidden_layer_sizes=...)``
+replay capacity                   ``replay_capacity``             ``max_replay_size``
+learning rate, discount, tau      ``agent.{actor,critic}_lr``,    ``learning_rate``, ``discounting``,
+                                  ``agent.gamma``, ``agent.tau``  ``tau``
+random steps before learning      ``seed_steps = 0``              ``min_replay_size = 0`` (no prefill)
+observation normalization         none                            ``normalize_observations=False``
+precision                         ``agent.policy = "fp32"``       float32 (brax's only precision)
+================================  ==============================  ==========================================
+
+Two settings (``SETTINGS``; ``--settings`` picks, ``--num-envs`` etc. override), each with its own target check:
+
+* ``brax_colab``: the sizes of brax's published SAC settings (its training colab's hopper SAC: 128 envs, batch
+  512, 64 updates per vectorized step; ``make_sac_networks``' default 256x256 networks), on halfcheetah. The SAC
+  updates take ~98% of the time: it compares the learners' update steps.
+* ``one_update``: 128 envs, batch 256, one update per vectorized step. The environments take most of the time
+  (measured here for lpjax fp32, per iteration: ~19 ms, of which ~12 ms stepping the 128 environments, ~5 ms
+  the update, ~0.5 ms acting and the replay buffer): it compares the loops around the update.
+
+Both learn from the first iteration on (one iteration: a policy step of every environment, the transitions into
+the replay buffer, then the SAC updates), so every timed iteration does the same work on both sides. Remaining
+differences are the algorithms' own: brax updates the temperature, critic and actor with three policy forward
+passes and the target network every update; lpjax's SAC (``lpjax.agents.sac``) shares the actor's sample with
+the temperature update and updates the target every ``target_update_period = 2`` updates.
+
+**Interleaving.** Everything runs in one process. brax's ``train`` runs ``rounds + 1`` training epochs of
+``iterations`` iterations each and calls its ``progress_fn`` after every epoch; that callback times one chunk of
+``iterations`` iterations of each lpjax variant (``experiments.sac_brax_loop.chunk_fn``, the function the
+training loop calls), alternating their order. So round ``k`` of every variant runs at nearly the same time,
+and machine noise hits them alike. brax times its epochs itself (``training/sps``: the epoch's env steps over
+its wall time, ``block_until_ready`` included); lpjax's chunks are timed the same way. The first epoch of brax
+and the first chunk of each lpjax variant (warm-up) are excluded: reported per variant are the median, min and
+max over the ``rounds`` timed rounds, and ``ratio`` = median over rounds of (lpjax fp32 / brax) in that round.
+
+**No evaluation while timed.** brax evaluates after every epoch, outside its timed epochs; the evaluation env is
+a stand-in (``NullEnv``: same observation and action sizes, nothing simulated) with one environment, so the
+untimed evaluations cost neither compile time nor run time. lpjax does not evaluate here.
+
+**Compile time** is measured separately: for lpjax, the wall time of ``chunk_fn`` (ahead-of-time
+``jit(...).lower(...).compile()``); for both, the XLA backend-compile seconds reported by ``jax.monitoring``
+(``/jax/core/compile/backend_compile_duration``) while each side compiles, and for brax the first epoch's
+overhead (its wall time minus the median timed epoch's).
+
+**Update profile** (``update_profile`` in the json; ``--no-profile`` skips it): one SAC update alone at the first
+setting's sizes, lpjax fp32 (``lpjax.agents.sac.update``) against brax's update (``brax_sgd_step``: assembled
+from brax's modules exactly as ``sac.train`` assembles its ``sgd_step``): XLA's flop count and number of matmuls
+of one jitted update, and the time per update over interleaved rounds of a ``lax.scan`` of updates on fixed
+random batches. It says whether a difference comes from the update or from the loop around it.
+
+Also timed for reference: lpjax in float16 with all of the paper's methods (``experiments/configs/sac/fp16.py``).
+On XLA:CPU float16 is emulated (converted to float32 around the arithmetic), so fp16 is not expected to be faster
+here.
+
+Compatibility: brax 0.14.2's ``sac.train`` calls ``jax.device_put_replicated``, removed in jax 0.10; while brax
+trains, this benchmark provides it (stacked copies on the local devices).
+
+The machine is shared, so single rounds vary by tens of percent; the json records the load average at the end.
+
+Run ``python -m benchmarks.sac_throughput`` (writes ``benchmarks/results/sac_throughput.{json,png}``, a few
+minutes); ``--quick`` is one tiny setting, a smoke run, not the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import command_line, write_results
+from experiments import sac_brax_loop
+from experiments.configs.sac import _base as sac_base
+from lpjax.agents.sac import SACConfig
+
+RESULT_NAME = "sac_throughput"
+TARGET_RATIO = 1.0
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+EPISODE_LENGTH = 1000  # lpjax.envs' default; passed to brax explicitly
+LEARNING_RATE = 1e-4
+GAMMA = 0.99
+TAU = 0.005
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One matched configuration of both learners, timed for ``rounds`` rounds of ``iterations`` iterations."""
+
+    name: str
+    description: str
+    env: str = "halfcheetah"
+    backend: str = "spring"
+    num_envs: int = 128
+    batch_size: int = 512
+    updates_per_step: int = 64
+    hidden: tuple[int, ...] = (256, 256)
+    replay_size: int = 1_000_000
+    iterations: int = 4
+    rounds: int = 12
+
+    @property
+    def env_steps_per_round(self) -> int:
+        return self.iterations * self.num_envs
+
+
+SETTINGS = {
+    setting.name: setting for setting in (
+        Setting("brax_colab", "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per "
+                "vectorized step, 256x256): update-bound"),
+        Setting("one_update", "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
+                batch_size=256, updates_per_step=1, iterations=20),
+    )
+}
+QUICK = Setting("quick", "a smoke test, not a measurement", num_envs=8, batch_size=32, updates_per_step=2,
+                hidden=(32, 32), replay_size=4096, iterations=4, rounds=2)
+OVERRIDABLE = ("env", "backend", "num_envs", "batch_size", "updates_per_step", "hidden", "replay_size",
+               "iterations", "rounds")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one tiny setting: a smoke test, not the measurement")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help=f"comma-separated settings to run, from {list(SETTINGS)} (default: all)")
+    for name in OVERRIDABLE:
+        kind = (lambda s: tuple(int(w) for w in s.split(","))) if name == "hidden" else (
+            str if name in ("env", "backend") else int)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help="override for every setting" + (" (widths, e.g. 256,256)" if name == "hidden" else ""))
+    parser.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 reference")
+    parser.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        chosen = [QUICK]
+    else:
+        unknown = [n for n in args.settings.split(",") if n not in SETTINGS]
+        if unknown:
+            parser.error(f"unknown settings {unknown}; valid: {list(SETTINGS)}")
+        chosen = [SETTINGS[n] for n in args.settings.split(",")]
+    overrides = {name: getattr(args, name) for name in OVERRIDABLE if getattr(args, name) is not None}
+    args.chosen = [dataclasses.replace(setting, **overrides) for setting in chosen]
+    if any(s.rounds < 1 or s.iterations < 1 for s in args.chosen):
+        parser.error("--rounds and --iterations must be >= 1")
+    return args
+
+
+class CompileTimer:
+    """Sums ``jax.monitoring`` backend-compile durations into the currently open ``section``."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event: str, duration: float, **_: Any) -> None:
+        if event == BACKEND_COMPILE_EVENT and self._current is not None:
+            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + duration
+
+    @contextlib.contextmanager
+    def section(self, name: str | None):
+        previous, self._current = self._current, name
+        try:
+            yield
+        finally:
+            self._current = previous
+
+
+@contextlib.contextmanager
+def brax_jax_compat():
+    """Provides ``jax.device_put_replicated`` (removed in jax 0.10, still called by brax 0.14.2) while brax runs."""
+    if hasattr(jax, "device_put_replicated"):
+        try:
+            jax.device_put_replicated  # noqa: B018  (jax 0.10 raises AttributeError on access)
+            yield
+            return
+        except AttributeError:
+            pass
+
+    def device_put_replicated(x, devices):
+        mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
+        return jax.tree.map(lambda a: jax.device_put(jnp.stack([jnp.asarray(a)] * len(devices)), sharding), x)
+
+    jax.device_put_replicated = device_put_replicated
+    try:
+        yield
+    finally:
+        del jax.device_put_replicated
+
+
+def null_env(observation_size: int, action_size: int):
+    """A brax ``Env`` with the given sizes that simulates nothing: brax's (untimed) evaluations cost nothing."""
+    from brax.envs.base import Env, State  # noqa: PLC0415
+
+    class NullEnv(Env):
+        def reset(self, rng):
+            del rng
+            return State(pipeline_state=None, obs=jnp.zeros(observation_size), reward=jnp.zeros(()),
+                         done=jnp.zeros(()), metrics={}, info={})
+
+        def step(self, state, action):
+            del action
+            return state.replace(reward=jnp.zeros(()), done=jnp.zeros(()))
+
+        @property
+        def observation_size(self):
+            return observation_size
+
+        @property
+        def action_size(self):
+            return action_size
+
+        @property
+        def backend(self):
+            return "null"
+
+    return NullEnv()
+
+
+def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
+    """The lpjax loop settings matching ``setting``: fp32 without methods, or fp16 with all the paper's methods."""
+    methods = sac_base.ALL_METHODS if policy == "fp16" else {}
+    agent = SACConfig(policy=policy, hidden_dims=setting.hidden, batch_size=setting.batch_size,
+                      actor_lr=LEARNING_RATE, critic_lr=LEARNING_RATE, gamma=GAMMA, tau=TAU, **methods)
+    return sac_brax_loop.LoopSettings(env=setting.env, backend=setting.backend, action_repeat=1, agent=agent,
+                                      num_envs=setting.num_envs, seed_steps=0,
+                                      updates_per_step=setting.updates_per_step, replay_capacity=setting.replay_size)
+
+
+class LpjaxVariant:
+    """One lpjax configuration: its loop state and compiled chunk, timed a chunk at a time."""
+
+    def __init__(self, name: str, settings: sac_brax_loop.LoopSettings, iterations: int, seed: int,
+                 timer: CompileTimer):
+        self.name, self.settings, self.iterations = name, settings, iterations
+        with timer.section(name):
+            started = time.perf_counter()
+            self.loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, seed))
+            self.init_s = time.perf_counter() - started
+            started = time.perf_counter()
+            self.chunk = sac_brax_loop.chunk_fn(settings, iterations)
+            self.compile_s = time.perf_counter() - started
+        self.sps: list[float] = []
+        self.critic_loss: float = float("nan")
+
+    def run_chunk(self) -> float:
+        started = time.perf_counter()
+        self.loop, out = self.chunk(self.loop)
+        out = jax.device_get(out)  # blocks until the chunk is done
+        elapsed = time.perf_counter() - started
+        if not out.actions_finite:
+            raise RuntimeError(f"{self.name}: non-finite actions")
+        self.critic_loss = float(out.metrics["critic_loss"])
+        sps = self.iterations * self.settings.num_envs / elapsed
+        self.sps.append(sps)
+        return sps
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer) -> dict[str, Any]:
+    """Times brax and the lpjax variants on one setting, interleaved round by round (module docstring)."""
+    from brax import envs  # noqa: PLC0415
+    from brax.training.agents.sac import networks as sac_networks  # noqa: PLC0415
+    from brax.training.agents.sac import train as brax_sac  # noqa: PLC0415
+
+    print(f"\n{setting.name}: {setting.description}", flush=True)
+    ours = [LpjaxVariant(f"lpjax_{p}", lpjax_settings(setting, p), setting.iterations, seed, timer)
+            for p in policies]
+    for variant in ours:
+        print(f"{variant.name}: init {variant.init_s:.1f} s, chunk compile {variant.compile_s:.1f} s", flush=True)
+
+    epoch_steps = setting.env_steps_per_round
+    brax_epochs: list[dict[str, float]] = []
+
+    def progress(step: int, metrics: dict) -> None:
+        if "training/sps" not in metrics:  # the initial evaluation, before any training
+            return
+        sps = float(metrics["training/sps"])
+        brax_epochs.append({"sps": sps, "seconds": epoch_steps / sps,
+                            "critic_loss": float(metrics.get("training/critic_loss", float("nan")))})
+        round_ = len(brax_epochs) - 1
+        order = ours if round_ % 2 == 0 else ours[::-1]
+        with timer.section(None):
+            line = [f"round {round_}{' (warm-up)' if round_ == 0 else ''}: brax {sps:,.0f}"]
+            for variant in order:
+                line.append(f"{variant.name} {variant.run_chunk():,.0f}")
+        print(", ".join(line) + " env steps/s", flush=True)
+
+    environment = envs.get_environment(setting.env, backend=setting.backend)
+    eval_env = null_env(environment.observation_size, environment.action_size)
+    network_factory = functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden)
+    epochs = setting.rounds + 1
+    with brax_jax_compat(), timer.section(f"brax/{setting.name}"):
+        brax_sac.train(environment=environment, num_timesteps=epochs * epoch_steps, episode_length=EPISODE_LENGTH,
+                       action_repeat=1, num_envs=setting.num_envs, num_eval_envs=1, learning_rate=LEARNING_RATE,
+                       discounting=GAMMA, seed=seed, batch_size=setting.batch_size, num_evals=epochs + 1,
+                       normalize_observations=False, reward_scaling=1.0, tau=TAU, min_replay_size=0,
+                       max_replay_size=setting.replay_size, grad_updates_per_step=setting.updates_per_step,
+                       network_factory=network_factory, progress_fn=progress, eval_env=eval_env)
+    if len(brax_epochs) != epochs:
+        raise RuntimeError(f"brax ran {len(brax_epochs)} epochs, expected {epochs}")
+
+    timed = slice(1, None)  # round 0 is the warm-up
+    brax_sps = [e["sps"] for e in brax_epochs][timed]
+    brax_epoch_s = statistics.median(e["seconds"] for e in brax_epochs[timed])
+    results = {"brax": {"sps": brax_sps, **_stats(brax_sps), "warmup_sps": brax_epochs[0]["sps"],
+                        "backend_compile_s": timer.seconds.get(f"brax/{setting.name}", 0.0),
+                        "first_epoch_overhead_s": brax_epochs[0]["seconds"] - brax_epoch_s,
+                        "last_critic_loss": brax_epochs[-1]["critic_loss"]}}
+    for variant in ours:
+        sps = variant.sps[timed]
+        results[variant.name] = {"sps": sps, **_stats(sps), "warmup_sps": variant.sps[0],
+                                 "backend_compile_s": timer.seconds.get(variant.name, 0.0),
+                                 "chunk_compile_s": variant.compile_s, "init_s": variant.init_s,
+                                 "last_critic_loss": variant.critic_loss}
+        timer.seconds.pop(variant.name, None)
+    ratios = {variant.name: [o / b for o, b in zip(variant.sps[timed], brax_sps)] for variant in ours}
+    ratio = statistics.median(ratios["lpjax_fp32"])
+    return {
+        "name": setting.name,
+        "description": setting.description,
+        "config": {**dataclasses.asdict(setting), "hidden": list(setting.hidden),
+                   "env_steps_per_round": epoch_steps, "episode_length": EPISODE_LENGTH,
+                   "learning_rate": LEARNING_RATE, "gamma": GAMMA, "tau": TAU, "seed": seed,
+                   "lpjax_agents": {v.name: dataclasses.asdict(v.settings.agent) for v in ours}},
+        "results": results,
+        "ratios_per_round": ratios,
+        "ratio": ratio,
+        "ratio_of_medians": results["lpjax_fp32"]["median"] / results["brax"]["median"],
+        "target_met": ratio >= TARGET_RATIO,
+    }
+
+
+def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ...]):
+    """``(state, sgd_step)``: brax's SAC update, assembled from brax's modules as ``sac.train`` assembles its
+    ``sgd_step`` (temperature, critic and actor gradient steps, then the target update), without pmap.
+
+    ``sgd_step(state, transitions) -> (state, critic_loss)`` on a ``brax.training.types.Transition`` batch.
+    """
+    import optax  # noqa: PLC0415
+    from brax.training import gradients  # noqa: PLC0415
+    from brax.training.acme import running_statistics, specs  # noqa: PLC0415
+    from brax.training.agents.sac import losses as sac_losses  # noqa: PLC0415
+    from brax.training.agents.sac import networks as sac_networks  # noqa: PLC0415
+
+    network = sac_networks.make_sac_networks(observation_size, action_size, hidden_layer_sizes=hidden)
+    alpha_loss, critic_loss, actor_loss = sac_losses.make_losses(network, reward_scaling=1.0, discounting=GAMMA,
+                                                                 action_size=action_size)
+    alpha_tx, policy_tx, q_tx = optax.adam(3e-4), optax.adam(LEARNING_RATE), optax.adam(LEARNING_RATE)
+    alpha_update = gradients.gradient_update_fn(alpha_loss, alpha_tx, pmap_axis_name=None)
+    critic_update = gradients.gradient_update_fn(critic_loss, q_tx, pmap_axis_name=None)
+    actor_update = gradients.gradient_update_fn(actor_loss, policy_tx, pmap_axis_name=None)
+    normalizer = running_statistics.init_state(specs.Array((observation_size,), jnp.dtype("float32")))
+    policy_key, q_key, key = jax.random.split(jax.random.PRNGKey(0), 3)
+    policy, q = network.policy_network.init(policy_key), network.q_network.init(q_key)
+    log_alpha = jnp.zeros([], jnp.float32)
+    state = dict(policy=policy, policy_opt=policy_tx.init(policy), q=q, q_opt=q_tx.init(q),
+                 target_q=jax.tree.map(jnp.copy, q), log_alpha=log_alpha, alpha_opt=alpha_tx.init(log_alpha), key=key)
+
+    def sgd_step(state, transitions):
+        key, alpha_key, critic_key, actor_key = jax.random.split(state["key"], 4)
+        _, log_alpha, alpha_opt = alpha_update(state["log_alpha"], state["policy"], normalizer, transitions,
+                                               alpha_key, optimizer_state=state["alpha_opt"])
+        alpha = jnp.exp(state["log_alpha"])
+        loss, q, q_opt = critic_update(state["q"], state["policy"], normalizer, state["target_q"], alpha,
+                                       transitions, critic_key, optimizer_state=state["q_opt"])
+        _, policy, policy_opt = actor_update(state["policy"], normalizer, state["q"], alpha, transitions,
+                                             actor_key, optimizer_state=state["policy_opt"])
+        target_q = jax.tree.map(lambda x, y: x * (1 - TAU) + y * TAU, state["target_q"], q)
+        return dict(policy=policy, policy_opt=policy_opt, q=q, q_opt=q_opt, target_q=target_q, log_alpha=log_alpha,
+                    alpha_opt=alpha_opt, key=key), loss
+
+    return state, sgd_step
+
+
+def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, Any]:
+    """One SAC update alone, lpjax fp32 against brax, at the setting's sizes: the work (XLA's flop count and
+    number of matmuls of one jitted update) and the time per update (``rounds`` interleaved rounds of a
+    ``lax.scan`` over ``updates`` updates on fixed random batches; round 0 excluded)."""
+    from brax.training import types as brax_types  # noqa: PLC0415
+    from lpjax.agents import sac  # noqa: PLC0415
+
+    env = sac_brax_loop.make_env(setting.env, setting.backend, 1)
+    obs, act, batch = env.observation_size, env.action_dim, setting.batch_size
+    rng = np.random.default_rng(0)
+    data = {"obs": rng.normal(size=(updates, batch, obs)), "action": rng.uniform(-1, 1, (updates, batch, act)),
+            "reward": rng.normal(size=(updates, batch)), "discount": np.ones((updates, batch)),
+            "next_obs": rng.normal(size=(updates, batch, obs))}
+    data = {k: jnp.asarray(v, jnp.float32) for k, v in data.items()}
+    transitions = brax_types.Transition(
+        observation=data["obs"], action=data["action"], reward=data["reward"], discount=data["discount"],
+        next_observation=data["next_obs"],
+        extras={"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}})
+    agent_settings = lpjax_settings(setting, "fp32")
+    ours = sac_brax_loop.init_loop(agent_settings, 0).agent
+    theirs, sgd_step = brax_sgd_step(obs, act, setting.hidden)
+
+    def scan_ours(state, data):
+        state, metrics = jax.lax.scan(sac.update, state, data)
+        return state, metrics["critic_loss"][-1]
+
+    def scan_theirs(state, transitions):
+        state, losses = jax.lax.scan(sgd_step, state, transitions)
+        return state, losses[-1]
+
+    variants = {"lpjax_fp32": [jax.jit(scan_ours, donate_argnums=0).lower(ours, data).compile(), ours, data],
+                "brax": [jax.jit(scan_theirs, donate_argnums=0).lower(theirs, transitions).compile(), theirs,
+                         transitions]}
+    work = {}
+    for name, (update, state, batches) in (("lpjax_fp32", (sac.update, ours, data)),
+                                           ("brax", (sgd_step, theirs, transitions))):
+        one = jax.jit(update).lower(state, jax.tree.map(lambda x: x[0], batches)).compile()
+        cost = one.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
+    times = {name: [] for name in variants}
+    for round_ in range(rounds + 1):
+        for name in (list(variants) if round_ % 2 == 0 else list(variants)[::-1]):
+            compiled, state, batches = variants[name]
+            started = time.perf_counter()
+            state, loss = compiled(state, batches)
+            jax.block_until_ready(loss)
+            times[name].append((time.perf_counter() - started) / updates * 1e3)
+            variants[name][1] = state
+    result = {name: {**work[name], "ms_per_update": _stats(times[name][1:]), "ms": times[name][1:]}
+              for name in variants}
+    ratios = [b / o for o, b in zip(times["lpjax_fp32"][1:], times["brax"][1:])]
+    return {"setting": setting.name, "batch_size": batch, "hidden": list(setting.hidden), "updates": updates,
+            "rounds": rounds, "results": result, "brax_time_over_lpjax_time": statistics.median(ratios)}
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    timer = CompileTimer()
+    policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
+    settings = [run_setting(setting, policies, args.seed, timer) for setting in args.chosen]
+    profile = None
+    if not args.no_profile:
+        first = args.chosen[0]
+        profile = profile_updates(first, updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
+        print(f"\none SAC update ({first.name} sizes): lpjax fp32 "
+              f"{profile['results']['lpjax_fp32']['ms_per_update']['median']:.2f} ms, brax "
+              f"{profile['results']['brax']['ms_per_update']['median']:.2f} ms (median); flops "
+              f"{profile['results']['lpjax_fp32']['flops']:.4g} vs {profile['results']['brax']['flops']:.4g}",
+              flush=True)
+    return {
+        "jax_version": jax.__version__,
+        "brax_version": _version("brax"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
+                    "devices": [str(d) for d in jax.devices()], "load_average": list(os.getloadavg())},
+        "quick": bool(args.quick),
+        "target_ratio": TARGET_RATIO,
+        "settings": settings,
+        "target_met": {s["name"]: s["target_met"] for s in settings},
+        "update_profile": profile,
+    }
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version  # noqa: PLC0415
+    return version(package)
+
+
+def format_table(result: dict) -> str:
+    lines = []
+    for setting in result["settings"]:
+        cfg = setting["config"]
+        lines += [f"{setting['name']}: brax:{cfg['env']} ({cfg['backend']}), {cfg['num_envs']} envs, batch "
+                  f"{cfg['batch_size']}, {cfg['updates_per_step']} updates per vectorized step, hidden "
+                  f"{cfg['hidden']}; {cfg['rounds']} rounds of {cfg['env_steps_per_round']} env steps",
+                  f"  {'variant':<12} {'median':>9} {'min':>9} {'max':>9}  (env steps/s)  XLA compile (s)"]
+        for name, row in setting["results"].items():
+            lines.append(f"  {name:<12} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  "
+                         f"{'':13}  {row['backend_compile_s']:.1f}")
+        lines.append(f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
+                     f"{result['target_ratio']}: {'met' if setting['target_met'] else 'NOT met'})")
+    profile = result.get("update_profile")
+    if profile:
+        rows = profile["results"]
+        lines.append(f"one SAC update alone ({profile['setting']} sizes: batch {profile['batch_size']}, hidden "
+                     f"{profile['hidden']}): " + ", ".join(
+                         f"{name} {row['ms_per_update']['median']:.2f} ms ({row['flops'] / 1e9:.3f} GFLOP, "
+                         f"{row['matmuls']} matmuls)" for name, row in rows.items())
+                     + f"; brax time / lpjax time {profile['brax_time_over_lpjax_time']:.3f}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    settings = result["settings"]
+    figure = Figure(figsize=(4.2 * len(settings) + 1, 4.4), dpi=120)
+    FigureCanvasAgg(figure)
+    for k, setting in enumerate(settings):
+        axes = figure.add_subplot(1, len(settings), k + 1)
+        names = list(setting["results"])
+        for i, name in enumerate(names):
+            row = setting["results"][name]
+            axes.bar(i, row["median"], color=("tab:gray", "tab:blue", "tab:orange")[i % 3], alpha=0.8)
+            axes.plot([i] * len(row["sps"]), row["sps"], "k.", markersize=4)
+            axes.text(i, max(row["sps"]), f"{row['median']:,.0f}", ha="center", va="bottom", fontsize=8)
+        axes.set_xticks(range(len(names)), [n.replace("lpjax_", "lpjax\n") for n in names], fontsize=8)
+        axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
+        cfg = setting["config"]
+        axes.set_title(f"{setting['name']}: {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
+                       f"{cfg['updates_per_step']} upd/step\nlpjax fp32 / brax = {setting['ratio']:.2f}", fontsize=9)
+        axes.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(f"SAC training throughput on brax:{settings[0]['config']['env']} "
+                    f"({settings[0]['config']['backend']}), CPU", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = run_benchmark(args)
+    result["command"] = command_line("benchmarks.sac_throughput", argv)
+    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,404 @@
+"""SAC's training loop on brax: environments, replay buffer and learner in one compiled function.
+
+Everything the loop carries is one pytree, :class:`LoopState`: the SAC state, the on-device replay buffer, the
+batched brax environment state, the loop's PRNG key and its counters. One jitted function, :func:`chunk_fn`,
+runs ``lax.scan`` over a chunk of iterations; each iteration
+
+1. picks actions for the ``brax_num_envs`` environments: uniformly random while ``env_steps < seed_steps``,
+   else a sample of the policy;
+2. steps every environment once (``vmap`` of :meth:`lpjax.envs.BraxEnv.step`, with auto-reset);
+3. adds the ``brax_num_envs`` transitions to the replay buffer, with ``next_obs`` the observation the step
+   reached (:meth:`~lpjax.envs.BraxEnv.final_obs`, the true last one at an episode end) and
+   ``discount = 1 - terminated``, so time-limit truncations bootstrap (as pytorch_sac and the dm_control loop);
+4. once ``env_steps > seed_steps`` (counted after the step), runs ``updates_per_step`` SAC updates
+   (:func:`lpjax.agents.sac.update`, nested in the chunk's jit) on batches sampled uniformly from the buffer;
+   the updates run in a ``fori_loop`` of 0 or ``updates_per_step`` trips, which (unlike ``lax.cond``) carries
+   the agent in place.
+
+``env_steps`` counts environment steps over all environments (one iteration = ``brax_num_envs`` steps), as
+``total_steps``, ``seed_steps``, ``log_every``, ``eval_every`` and ``checkpoint_every`` do. ``updates_per_step``
+is per iteration, i.e. per *vectorized* step, like brax's own ``grad_updates_per_step``.
+
+The host calls the chunk function every ``log_every`` environment steps, with the loop state donated: the
+replay buffer, agent and environments are updated in place, never copied (except by the chunk right after a
+checkpoint, while orbax may still be writing those buffers: see :mod:`lpjax.checkpoint`). It then logs, shows the progress bar (env steps/s and
+updates/s), evaluates every ``eval_every`` steps with a jitted deterministic rollout of ``eval_episodes``
+episodes (the same seeded initial states every time), and checkpoints the whole :class:`LoopState` every ``checkpoint_every`` steps (each at the first
+chunk boundary after a multiple, and at the end). Chunks are deterministic functions of the loop state, and
+evaluation neither reads nor advances the loop's key, so a resumed run is bit-identical to an uninterrupted one.
+
+Compiled functions are cached per (environment, agent config, loop settings) in this process, so a second run
+with the same settings (e.g. a resume) does not compile again.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+import lpjax.envs
+from experiments.sac_loop import Diverged, plot_returns
+from lpjax.agents import sac
+from lpjax.checkpoint import Checkpointer
+from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
+from lpjax.run_logging import RunLogger
+
+EVAL_SEED_OFFSET = 10_000_019
+
+
+class LoopState(NamedTuple):
+    """What the brax training loop carries, checkpointed whole.
+
+    Attributes:
+      agent: the :class:`lpjax.agents.sac.SACState`.
+      replay: the :class:`lpjax.replay.ReplayBuffer` of transitions.
+      env_state: the batched ``brax.envs.State`` of the ``brax_num_envs`` environments (leading axis).
+      key: PRNG key of exploration (random seed-step actions, policy samples) and of replay sampling.
+      env_steps: int32, environment steps taken over all environments.
+      episodes: int32, episodes finished over all environments.
+      episode_return: float32 ``(brax_num_envs,)``, return so far of each environment's current episode.
+    """
+
+    agent: sac.SACState
+    replay: ReplayBuffer
+    env_state: Any
+    key: jax.Array
+    env_steps: jax.Array
+    episodes: jax.Array
+    episode_return: jax.Array
+
+
+class ChunkOutput(NamedTuple):
+    """What one call of the chunk function reports (all scalars).
+
+    Attributes:
+      metrics: the metrics of the chunk's last SAC update (nan before the first update).
+      learning_iterations: int32, iterations of the chunk that ran the SAC updates.
+      returns_sum, episodes_finished: sum and number of the returns of the episodes finished in the chunk.
+      actions_finite: whether every action of the chunk was finite.
+    """
+
+    metrics: dict
+    learning_iterations: jax.Array
+    returns_sum: jax.Array
+    episodes_finished: jax.Array
+    actions_finite: jax.Array
+
+
+class LoopSettings(NamedTuple):
+    """The static (hashable) settings a compiled chunk or evaluation depends on."""
+
+    env: str
+    backend: str
+    action_repeat: int
+    agent: sac.SACConfig
+    num_envs: int
+    seed_steps: int
+    updates_per_step: int
+    replay_capacity: int
+
+
+def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
+    """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
+    prefix, _, name = config.env.partition(":")
+    if prefix != "brax":
+        raise ValueError(f"experiments.sac_brax_loop runs 'brax:<env>' environments, got {config.env!r}.")
+    if name not in lpjax.envs.BRAX_ENVS:
+        raise ValueError(f"Unknown brax env {name!r}; valid names: {list(lpjax.envs.BRAX_ENVS)}.")
+    if config.brax_backend not in lpjax.envs.BRAX_BACKENDS:
+        raise ValueError(f"Unknown brax backend {config.brax_backend!r}; valid backends: "
+                         f"{list(lpjax.envs.BRAX_BACKENDS)}.")
+    agent = sac.SACConfig.from_mapping(config.agent.to_dict())
+    num_envs = config.brax_num_envs
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"Bad SAC run config: brax_num_envs must be a positive integer, got {num_envs!r}.")
+    checks = [
+        (not config.pixels and not agent.pixels, "brax envs are states only: set pixels=False and agent.pixels=False"),
+        (config.total_steps >= 1, "total_steps must be >= 1"),
+        (0 <= config.seed_steps <= config.total_steps,
+         f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]"),
+        (config.replay_capacity >= num_envs,
+         f"replay_capacity ({config.replay_capacity}) must hold one step of brax_num_envs ({num_envs}) envs"),
+        (agent.batch_size <= config.replay_capacity,
+         f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})"),
+        (config.updates_per_step >= 1, "updates_per_step must be >= 1"),
+        (config.eval_every >= 1 and config.eval_episodes >= 1, "eval_every and eval_episodes must be >= 1"),
+        (config.log_every >= 1 and config.checkpoint_every >= 1, "log_every and checkpoint_every must be >= 1"),
+        (config.action_repeat >= 0, "action_repeat must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"Bad SAC run config: {message}.")
+    for field in ("total_steps", "log_every"):  # one iteration steps every env once
+        if config[field] % num_envs:
+            raise ValueError(f"Bad SAC run config: {field} ({config[field]}) must be a multiple of brax_num_envs "
+                             f"({num_envs}): one iteration steps every environment once.")
+    return agent
+
+
+def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> LoopSettings:
+    """The :class:`LoopSettings` of a validated config (``agent`` from :func:`validate`)."""
+    return LoopSettings(env=config.env.partition(":")[2], backend=config.brax_backend,
+                        action_repeat=max(int(config.action_repeat), 1), agent=agent,
+                        num_envs=int(config.brax_num_envs), seed_steps=int(config.seed_steps),
+                        updates_per_step=int(config.updates_per_step), replay_capacity=int(config.replay_capacity))
+
+
+@functools.lru_cache(maxsize=8)
+def make_env(name: str, backend: str, action_repeat: int) -> lpjax.envs.BraxEnv:
+    """The (pure, stateless) brax env, shared by training and evaluation; cached so compiled functions are too.
+
+    Built eagerly even when first requested inside a trace: brax computes the system's arrays with jax ops, and
+    built under ``jit`` they would be tracers, leaked into the cache.
+    """
+    with jax.ensure_compile_time_eval():
+        return lpjax.envs.make(f"brax:{name}", seed=0, backend=backend, action_repeat=action_repeat)
+
+
+def _env_of(settings: LoopSettings) -> lpjax.envs.BraxEnv:
+    return make_env(settings.env, settings.backend, settings.action_repeat)
+
+
+def _example_transition(env) -> dict:
+    obs = jnp.zeros(env.observation_shape, jnp.float32)
+    return {"obs": obs, "action": jnp.zeros(env.action_dim, jnp.float32), "reward": jnp.zeros([], jnp.float32),
+            "discount": jnp.zeros([], jnp.float32), "next_obs": obs}
+
+
+@functools.lru_cache(maxsize=8)
+def _reset_fn(name: str, backend: str, action_repeat: int):
+    return jax.jit(jax.vmap(make_env(name, backend, action_repeat).reset))
+
+
+@functools.lru_cache(maxsize=8)
+def _agent_init_fn(agent: sac.SACConfig, observation_size: int, action_dim: int):
+    # Jitted: an eager sac.init dispatches hundreds of small ops, slower than compiling them.
+    return jax.jit(lambda key: sac.init(key, jnp.zeros(observation_size, jnp.float32), action_dim, agent))
+
+
+def _init(settings: LoopSettings, key: jax.Array, agent_init, reset) -> LoopState:
+    env = _env_of(settings)
+    agent_key, loop_key, env_key = jax.random.split(key, 3)
+    return LoopState(agent=agent_init(agent_key),
+                     replay=replay_init(_example_transition(env), settings.replay_capacity),
+                     env_state=reset(jax.random.split(env_key, settings.num_envs)), key=loop_key,
+                     env_steps=jnp.zeros([], jnp.int32), episodes=jnp.zeros([], jnp.int32),
+                     episode_return=jnp.zeros(settings.num_envs, jnp.float32))
+
+
+def init_loop(settings: LoopSettings, seed: int) -> LoopState:
+    """The initial loop state: fresh agent, empty buffer, ``num_envs`` environments reset from the seed's key."""
+    env = _env_of(settings)
+    return _init(settings, jax.random.key(seed), _agent_init_fn(settings.agent, env.observation_size, env.action_dim),
+                 _reset_fn(settings.env, settings.backend, settings.action_repeat))
+
+
+def abstract_loop(settings: LoopSettings) -> LoopState:
+    """``jax.eval_shape`` of :func:`init_loop`: a restore target and a lowering argument, without any compute."""
+    env = _env_of(settings)
+    return jax.eval_shape(lambda key: _init(
+        settings, key, lambda k: sac.init(k, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim,
+                                          settings.agent), jax.vmap(env.reset)), jax.random.key(0))
+
+
+def _iteration(settings: LoopSettings, carry, _):
+    """One vectorized environment step, its transitions into the buffer, then the SAC updates (if learning)."""
+    env, cfg = _env_of(settings), settings.agent
+    loop, out = carry
+    key, action_key, update_key = jax.random.split(loop.key, 3)
+    obs = env.obs(loop.env_state)
+    random_actions = jax.random.uniform(action_key, (settings.num_envs, env.action_dim), jnp.float32, -1.0, 1.0)
+    policy_actions = sac.act(loop.agent, obs, action_key)
+    actions = jnp.where(loop.env_steps < settings.seed_steps, random_actions, policy_actions)
+    env_state = jax.vmap(env.step)(loop.env_state, actions)
+    reward = env.reward(env_state)
+    replay = replay_add(loop.replay, {"obs": obs, "action": actions, "reward": reward,
+                                      "discount": 1.0 - env.terminated(env_state),
+                                      "next_obs": env.final_obs(env_state)})
+    env_steps = loop.env_steps + settings.num_envs
+
+    def update(i, carry):
+        agent, _ = carry
+        return sac.update(agent, replay_sample(replay, jax.random.fold_in(update_key, i), cfg.batch_size))
+
+    # A loop of 0 (seed steps) or updates_per_step updates: unlike lax.cond, it carries the agent in place.
+    learning = env_steps > settings.seed_steps
+    agent, metrics = jax.lax.fori_loop(0, jnp.where(learning, settings.updates_per_step, 0), update,
+                                       (loop.agent, out.metrics))
+
+    done = env.done(env_state)
+    returns = loop.episode_return + reward
+    loop = LoopState(agent=agent, replay=replay, env_state=env_state, key=key, env_steps=env_steps,
+                     episodes=loop.episodes + jnp.sum(done).astype(jnp.int32), episode_return=returns * (1.0 - done))
+    out = ChunkOutput(metrics=metrics, learning_iterations=out.learning_iterations + learning.astype(jnp.int32),
+                      returns_sum=out.returns_sum + jnp.sum(returns * done),
+                      episodes_finished=out.episodes_finished + jnp.sum(done).astype(jnp.int32),
+                      actions_finite=out.actions_finite & jnp.all(jnp.isfinite(actions)))
+    return (loop, out), None
+
+
+def _chunk(settings: LoopSettings, iterations: int, loop: LoopState) -> tuple[LoopState, ChunkOutput]:
+    env = _env_of(settings)
+    batch = jax.tree.map(lambda x: jnp.zeros((settings.agent.batch_size,) + x.shape, x.dtype),
+                         _example_transition(env))
+    metric_shapes = jax.eval_shape(sac.update, loop.agent, batch)[1]
+    out = ChunkOutput(metrics=jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metric_shapes),
+                      learning_iterations=jnp.zeros([], jnp.int32), returns_sum=jnp.zeros([], jnp.float32),
+                      episodes_finished=jnp.zeros([], jnp.int32), actions_finite=jnp.ones([], bool))
+    (loop, out), _ = jax.lax.scan(functools.partial(_iteration, settings), (loop, out), length=iterations)
+    return loop, out
+
+
+@functools.lru_cache(maxsize=8)
+def chunk_fn(settings: LoopSettings, iterations: int):
+    """``compiled(loop) -> (loop, ChunkOutput)``, running ``iterations`` iterations.
+
+    Compiled ahead of time (``jax.jit(...).lower(...).compile()``) with the loop state donated, so XLA updates
+    the replay buffer, the agent and the environments in place.
+    """
+    return jax.jit(functools.partial(_chunk, settings, iterations), donate_argnums=0).lower(
+        abstract_loop(settings)).compile()
+
+
+def _evaluate(settings: LoopSettings, episodes: int, agent: sac.SACState, key: jax.Array):
+    env = _env_of(settings)
+    state = jax.vmap(env.reset)(jax.random.split(key, episodes))
+
+    def step(carry, _):
+        state, total, alive, finite = carry
+        actions = sac.act(agent, env.obs(state), key, deterministic=True)
+        state = jax.vmap(env.step)(state, actions)
+        total = total + alive * env.reward(state)
+        return (state, total, alive * (1.0 - env.done(state)), finite & jnp.all(jnp.isfinite(actions))), None
+
+    init = (state, jnp.zeros(episodes, jnp.float32), jnp.ones(episodes, jnp.float32), jnp.ones([], bool))
+    (_, total, _, finite), _ = jax.lax.scan(step, init, length=env.episode_length)
+    return total, finite
+
+
+@functools.lru_cache(maxsize=8)
+def evaluate_fn(settings: LoopSettings, episodes: int):
+    """``compiled(agent, key) -> (returns (episodes,), actions_finite)``.
+
+    A deterministic (``tanh(mean)``) rollout of ``episodes`` environments, reset from ``key``, for one episode
+    length; rewards after an environment's first episode end are not counted.
+    """
+    return jax.jit(functools.partial(_evaluate, settings, episodes)).lower(
+        abstract_loop(settings).agent, jax.eval_shape(lambda: jax.random.key(0))).compile()
+
+
+def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) -> dict[str, float]:
+    """Mean and standard deviation of the deterministic policy's return over ``episodes`` seeded episodes."""
+    returns, finite = evaluate_fn(settings, episodes)(loop.agent, jax.random.key(seed + EVAL_SEED_OFFSET))
+    if not bool(finite):
+        raise Diverged("the deterministic policy produced non-finite actions during evaluation")
+    returns = np.asarray(returns, np.float64)
+    return {"return": float(np.mean(returns)), "return_std": float(np.std(returns))}
+
+
+def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
+          progress: bool = True) -> dict[str, Any]:
+    """Runs (or resumes) SAC on a brax env; returns a summary (final evaluation, throughput, status, paths).
+
+    The summary holds ``status`` (``"finished"`` or ``"diverged: ..."``), ``env_steps``, ``run_dir``, ``curve``
+    (the learning-curve PNG, see :func:`experiments.sac_loop.plot_returns`), ``eval_return`` (the last evaluation's mean return), ``compile_s`` (seconds spent
+    compiling the chunk and evaluation functions and the jitted initialization; 0 for what this process had
+    already compiled), and ``env_steps_per_s`` and ``updates_per_s`` over the chunks run (compile excluded).
+
+    Raises:
+      ValueError: bad config, or ``run_dir`` holds checkpoints and ``resume`` is False (nothing is overwritten).
+    """
+    agent_config = validate(config)
+    settings = settings_of(config, agent_config)
+    run_dir = pathlib.Path(run_dir)
+    checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=2)
+    latest = checkpointer.latest_step()
+    if latest is not None and not resume:
+        checkpointer.close()
+        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
+                         "it or choose another --run_dir.")
+    if not config.save_replay and resume and latest is not None:
+        checkpointer.close()
+        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
+    compile_s, chunk_steps = 0.0, config.log_every
+
+    def timed(function, *args):  # what function returns, adding the seconds it took to compile_s
+        nonlocal compile_s
+        started = time.perf_counter()
+        result = function(*args)
+        compile_s += time.perf_counter() - started
+        return result
+
+    logger = RunLogger(run_dir, config=config)
+    if resume and latest is not None:
+        loop, _ = checkpointer.restore(latest, target=abstract_loop(settings))
+        logger.truncate_after(int(loop.env_steps))
+        print(f"resumed {run_dir} at step {int(loop.env_steps)} ({int(loop.episodes)} episodes finished)")
+    else:
+        loop = timed(lambda: jax.block_until_ready(init_loop(settings, config.seed)))
+    timed(chunk_fn, settings, chunk_steps // settings.num_envs)
+    status, eval_result = "finished", None
+    start_steps, compute_s, updates_done = int(loop.env_steps), 0.0, 0
+    bar = tqdm.tqdm(total=config.total_steps, initial=start_steps, disable=not progress, unit="step",
+                    dynamic_ncols=True)
+    try:
+        while int(loop.env_steps) < config.total_steps:
+            before = int(loop.env_steps)
+            steps = min(chunk_steps, config.total_steps - before)
+            compiled = timed(chunk_fn, settings, steps // settings.num_envs)
+            started = time.perf_counter()
+            loop, out = compiled(loop)
+            out = jax.device_get(out)
+            elapsed = time.perf_counter() - started
+            step = int(loop.env_steps)
+            updates = int(out.learning_iterations) * settings.updates_per_step
+            compute_s, updates_done = compute_s + elapsed, updates_done + updates
+            values = {"env_steps_per_s": steps / elapsed, "updates_per_s": updates / elapsed,
+                      "episodes": int(loop.episodes)}
+            if out.episodes_finished:
+                values["episode_return"] = float(out.returns_sum) / int(out.episodes_finished)
+            if out.learning_iterations:
+                values.update({k: float(v) for k, v in out.metrics.items()})
+            logger.log(step, values, prefix="train")  # on divergence too: the metrics of the update that broke it
+            if not out.actions_finite:
+                raise Diverged(f"the policy produced non-finite actions between steps {before} and {step}")
+            postfix = dict(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}")
+            if out.learning_iterations:
+                postfix["scale"] = f"{values['critic_loss_scale']:.0f}"
+                if not math.isfinite(values["critic_loss"]):
+                    tqdm.tqdm.write(f"warning: non-finite critic loss at step {step}")
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(step - before)
+            if step // config.eval_every > before // config.eval_every or step >= config.total_steps:
+                timed(evaluate_fn, settings, config.eval_episodes)
+                eval_result = evaluate(loop, settings, config.eval_episodes, config.seed)
+                logger.log(step, eval_result, prefix="eval")
+                tqdm.tqdm.write(f"step {step}: eval return {eval_result['return']:.1f} ± "
+                                f"{eval_result['return_std']:.1f}")
+            checkpoint_due = step // config.checkpoint_every > (latest or 0) // config.checkpoint_every
+            if checkpoint_due or step >= config.total_steps:
+                saved = loop if config.save_replay else loop._replace(replay=None)
+                checkpointer.save(step, saved, metadata={"config": config.to_dict()})
+                latest = step
+    except Diverged as error:
+        status = f"diverged: {error}"
+        tqdm.tqdm.write(f"stopping: {status}")
+    finally:
+        bar.close()
+        checkpointer.close()
+        logger.close()
+    curve = plot_returns(run_dir, f"SAC {config.agent.policy} on {config.env}")
+    steps_run = int(loop.env_steps) - start_steps
+    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir), "curve": curve,
+            "eval_return": None if eval_result is None else eval_result["return"],
+            "compile_s": compile_s, "env_steps_per_s": steps_run / compute_s if compute_s else None,
+            "updates_per_s": updates_done / compute_s if compute_s else None}
