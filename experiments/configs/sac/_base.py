@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every = 10_000
     config.eval_episodes = 10
     config.log_every = 1000
-    config.checkpoint_every = 50_000  # taken at the first episode end after each multiple
+    config.checkpoint_every = 50_000  # at the first episode end (dm_control) or chunk end (brax) after each multiple
     config.save_replay = True  # checkpoints hold the replay buffer, so a resumed run is bit-identical
     config.brax_backend = "spring"
     config.brax_num_envs = 1
