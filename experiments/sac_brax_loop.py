@@ -157,11 +157,9 @@ def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> Loop
 def make_env(name: str, backend: str, action_repeat: int) -> lpjax.envs.BraxEnv:
     """The (pure, stateless) brax env, shared by training and evaluation; cached so compiled functions are too.
 
-    Built eagerly even when first requested inside a trace: brax computes the system's arrays with jax ops, and
-    built under ``jit`` they would be tracers, leaked into the cache.
+    Safe to call inside a trace: :class:`lpjax.envs.BraxEnv` builds brax's arrays eagerly.
     """
-    with jax.ensure_compile_time_eval():
-        return lpjax.envs.make(f"brax:{name}", seed=0, backend=backend, action_repeat=action_repeat)
+    return lpjax.envs.make(f"brax:{name}", seed=0, backend=backend, action_repeat=action_repeat)
 
 
 def _env_of(settings: LoopSettings) -> lpjax.envs.BraxEnv:

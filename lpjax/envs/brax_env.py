@@ -149,9 +149,12 @@ class BraxEnv:
         from brax import envs  # noqa: PLC0415
         from brax.envs.wrappers import training  # noqa: PLC0415
 
-        base = envs.get_environment(name, backend=backend)
-        episode = training.EpisodeWrapper(base, self.episode_length * self.action_repeat, self.action_repeat)
-        self.env = _auto_reset_wrapper()(episode)
+        # Eagerly even inside a trace: brax builds the system's arrays with jax ops, which under jit would be
+        # tracers cached in the env and leaked into later traces.
+        with jax.ensure_compile_time_eval():
+            base = envs.get_environment(name, backend=backend)
+            episode = training.EpisodeWrapper(base, self.episode_length * self.action_repeat, self.action_repeat)
+            self.env = _auto_reset_wrapper()(episode)
         self.observation_size = int(base.observation_size)
         self.action_size = int(base.action_size)
         self.observation_shape = (self.observation_size,)

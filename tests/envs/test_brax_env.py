@@ -113,3 +113,17 @@ def test_action_repeat_and_clipping():
     # Actions up to +-10 act like their clipped versions (the twins in the second half of the batch).
     for key in ("obs", "final_obs", "reward"):
         np.testing.assert_array_equal(rec[key][:, :2], rec[key][:, 2:])
+
+
+def test_env_built_inside_a_trace_holds_no_tracers():
+    built = []
+
+    @jax.jit
+    def f(key):
+        env = envs.make("brax:inverted_pendulum", seed=0)
+        built.append(env)
+        return env.obs(env.reset(key))
+
+    f(jax.random.key(0))
+    leaves = jax.tree.leaves(built[0].env.sys)
+    assert leaves and not any(isinstance(x, jax.core.Tracer) for x in leaves)
