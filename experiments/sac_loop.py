@@ -168,28 +168,30 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
         print(f"resumed {run_dir} at step {int(loop.env_steps)} (episode {int(loop.episodes)})")
 
     status, last_metrics = "finished", {}
-    start_steps, started = int(loop.env_steps), time.perf_counter()
+    # Host mirror of loop.env_steps (record_and_learn adds exactly 1): no device read per step.
+    step = start_steps = int(loop.env_steps)
+    started = time.perf_counter()
     updates_done = 0
     bar = tqdm.tqdm(total=config.total_steps, initial=start_steps, disable=not progress, unit="step",
                     dynamic_ncols=True)
     try:
-        while int(loop.env_steps) < config.total_steps:
+        while step < config.total_steps:
             obs = env.reset(seed=config.seed * EPISODE_SEED_STRIDE + int(loop.episodes))
             episode_return, done = 0.0, False
-            while not done and int(loop.env_steps) < config.total_steps:
+            while not done and step < config.total_steps:
                 key, action = choose_action(loop.agent, loop.key, loop.env_steps, jnp.asarray(obs),
                                             config.seed_steps, env.action_dim)
                 loop, action = loop._replace(key=key), np.asarray(action)
                 if not np.all(np.isfinite(action)):
-                    raise Diverged(f"the policy produced non-finite actions at step {int(loop.env_steps)}")
+                    raise Diverged(f"the policy produced non-finite actions at step {step}")
                 next_obs, reward, terminated, truncated = env.step(action)
                 transition = {"obs": obs, "action": action, "reward": np.float32(reward),
                               "discount": np.float32(0.0 if terminated else 1.0), "next_obs": next_obs}
-                learn = int(loop.env_steps) + 1 > config.seed_steps
+                learn = step + 1 > config.seed_steps
                 loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step)
                 updates_done += config.updates_per_step if learn else 0
                 obs, episode_return, done = next_obs, episode_return + reward, terminated or truncated
-                step = int(loop.env_steps)
+                step += 1
                 bar.update(1)
                 if metrics:
                     last_metrics = metrics
@@ -207,18 +209,18 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
                     logger.log(step, result, prefix="eval")
                     tqdm.tqdm.write(f"step {step}: eval return {result['return']:.1f} ± {result['return_std']:.1f}")
             loop = loop._replace(episodes=loop.episodes + 1)
-            logger.log(int(loop.env_steps), {"episode_return": episode_return, "episode": int(loop.episodes)},
+            logger.log(step, {"episode_return": episode_return, "episode": int(loop.episodes)},
                        prefix="train")
-            checkpoint_due = int(loop.env_steps) // config.checkpoint_every > (latest or 0) // config.checkpoint_every
-            if checkpoint_due or int(loop.env_steps) >= config.total_steps:
+            checkpoint_due = step // config.checkpoint_every > (latest or 0) // config.checkpoint_every
+            if checkpoint_due or step >= config.total_steps:
                 saved = loop if config.save_replay else loop._replace(replay=None)
-                checkpointer.save(int(loop.env_steps), saved, metadata={"config": config.to_dict()})
-                latest = int(loop.env_steps)
+                checkpointer.save(step, saved, metadata={"config": config.to_dict()})
+                latest = step
     except Diverged as error:
         status = f"diverged: {error}"
         tqdm.tqdm.write(f"stopping: {status}")
         if last_metrics:  # the metrics of the update that produced the non-finite policy
-            logger.log(int(loop.env_steps), {k: float(v) for k, v in last_metrics.items()}, prefix="train")
+            logger.log(step, {k: float(v) for k, v in last_metrics.items()}, prefix="train")
     finally:
         bar.close()
         checkpointer.wait()

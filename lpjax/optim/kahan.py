@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
