@@ -1,0 +1,17 @@
+"""lpjax's Pallas kernels, each with a pure-``jnp`` reference (``impl="reference"``) that defines it.
+
+* :func:`fp16_matmul`: ``act(x @ w + b)`` with fp16/bf16 operands, fp32 accumulation, fused bias and activation,
+  and a custom VJP whose backward matmuls use the same kernel.
+* :func:`fp8_blockwise_matmul`: W8A8 E4M3 GEMM with DeepSeek-V3 / DeepGEMM blockwise scales (128x128 weight
+  blocks, 1x128 activation groups) and fp32 promotion of every 128-K slice; straight-through gradients.
+* :func:`int8_matmul`: int8 x int8 -> int32 with per-token and per-channel scales in the epilogue (inference).
+
+On a CPU the Pallas kernels run only in interpret mode (tests); :func:`kernels._common.lower_for_cuda` checks
+their GPU (Triton) lowering without a GPU. Conventions shared by all kernels are in :mod:`kernels._common`.
+"""
+
+from kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
+from kernels.fp16_matmul import fp16_matmul
+from kernels.int8_matmul import int8_matmul
+
+__all__ = ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul"]

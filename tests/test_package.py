@@ -14,6 +14,11 @@ PUBLIC = {
     "lpjax.optim": ["scale_by_hadam", "hadam", "compound_loss_scaling", "loss_scale", "kahan_summation",
                     "kahan_polyak", "PYTORCH_AMP_DEFAULTS"],
     "lpjax.numerics": ["softplus", "normal_log_prob", "tanh_normal_log_prob", "weight_standardize", "hypot"],
+    "lpjax.quant": ["quantize_fp8_blockwise", "dequantize_fp8_blockwise", "quantize_fp8_per_token_group",
+                    "dequantize_fp8_per_token_group", "Fp8BlockwiseWeight", "quantize_int8", "quantize_int8_weight",
+                    "quantize_int8_per_token", "dequantize_int8", "Int8Weight"],
+    "lpjax.nn": ["Dense", "policy_dense", "MLP"],
+    "kernels": ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul"],
 }
 
 
@@ -28,7 +33,7 @@ def test_public_names_exist_and_are_documented(module, names):
 
 # Leaf modules of DESIGN.md: they may import from themselves (their own package) but from nothing else in lpjax.
 LEAVES = {"precision.py": "lpjax.precision", "numerics.py": "lpjax.numerics", "optim": "lpjax.optim",
-          "envs": "lpjax.envs"}
+          "envs": "lpjax.envs", "quant": "lpjax.quant"}
 
 
 @pytest.mark.parametrize("leaf, own", LEAVES.items())
@@ -46,3 +51,11 @@ def test_leaf_modules_import_nothing_else_from_lpjax(leaf, own):
             for name in names:
                 if name == "lpjax" or name.startswith("lpjax."):
                     assert name == own or name.startswith(own + "."), f"{file.name} imports {name}"
+
+
+def test_kernels_depend_on_lpjax_quant_only():
+    """kernels/ sits below lpjax.nn (which uses it): the only lpjax module a kernel may import is lpjax.quant."""
+    for file in sorted((ROOT.parent / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lpjax"):
+                assert node.module.startswith("lpjax.quant"), f"{file.name} imports {node.module}"
