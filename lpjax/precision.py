@@ -1,11 +1,14 @@
 """Precision policies: which dtype parameters are stored in, computed in, and returned in.
 
-A :class:`Policy` is a tiny immutable, hashable value (it can be a static argument of ``jax.jit``) holding three
+A :class:`Policy` is a tiny immutable, hashable value (it can be a static argument of ``jax.jit``) holding four
 dtypes, after jmp's policy:
 
 * ``param_dtype``: storage of the parameters (and, by default, of the optimizer state);
 * ``compute_dtype``: dtype of activations and of the matmuls' inputs;
-* ``output_dtype``: dtype of what a network returns to its caller (losses, logits, actions).
+* ``output_dtype``: dtype of what a network returns to its caller (losses, logits, actions);
+* ``matmul_dtype``: dtype the dense layers' matmul operands are quantized to (defaults to ``compute_dtype``).
+  ``float8_e4m3fn`` selects the blockwise W8A8 fp8 matmul of :mod:`kernels` in :class:`lpjax.nn.Dense`, while
+  activations between layers stay in ``compute_dtype`` (the ``"fp8"`` policy: bf16 activations, fp8 GEMMs).
 
 The named policies follow Björck et al. (2021): ``"fp16"`` is *pure* half precision (parameters, activations,
 gradients and optimizer state all in float16), the setting in which the paper's methods are needed, while
@@ -38,6 +41,7 @@ _FIELD_ALIASES = {
     "params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
     "compute": "compute_dtype", "c": "compute_dtype",
     "output": "output_dtype", "out": "output_dtype", "o": "output_dtype",
+    "matmul": "matmul_dtype", "m": "matmul_dtype",
 }
 
 
@@ -74,13 +78,18 @@ class Policy:
       param_dtype: dtype the parameters are stored (and updated) in.
       compute_dtype: dtype activations and matmul inputs are cast to.
       output_dtype: dtype the model's outputs are cast to before they leave the model.
+      matmul_dtype: dtype of the dense layers' matmul operands; ``None`` (the default) resolves to
+        ``compute_dtype`` at construction, so ``Policy(p, c, o)`` equals ``Policy(p, c, o, c)``.
     """
 
     param_dtype: np.dtype = np.dtype(np.float32)
     compute_dtype: np.dtype = np.dtype(np.float32)
     output_dtype: np.dtype = np.dtype(np.float32)
+    matmul_dtype: np.dtype | None = None
 
     def __post_init__(self):
+        if self.matmul_dtype is None:
+            object.__setattr__(self, "matmul_dtype", self.compute_dtype)
         for field in dataclasses.fields(self):
             object.__setattr__(self, field.name, _canonical_dtype(getattr(self, field.name)))
 
@@ -103,11 +112,14 @@ class Policy:
     @property
     def is_low_precision(self) -> bool:
         """True when parameters or compute use fewer than 32 bits."""
-        return min(self.param_dtype.itemsize, self.compute_dtype.itemsize) < 4
+        return min(self.param_dtype.itemsize, self.compute_dtype.itemsize, self.matmul_dtype.itemsize) < 4
 
     def __str__(self) -> str:
-        return (f"params={self.param_dtype.name},compute={self.compute_dtype.name},"
+        text = (f"params={self.param_dtype.name},compute={self.compute_dtype.name},"
                 f"output={self.output_dtype.name}")
+        if self.matmul_dtype != self.compute_dtype:
+            text += f",matmul={self.matmul_dtype.name}"
+        return text
 
 
 POLICIES: dict[str, Policy] = {
@@ -116,8 +128,10 @@ POLICIES: dict[str, Policy] = {
     "bf16": Policy("bfloat16", "bfloat16", "bfloat16"),
     "mixed_fp16": Policy("float32", "float16", "float32"),
     "mixed_bf16": Policy("float32", "bfloat16", "float32"),
+    "fp8": Policy("float32", "bfloat16", "float32", "float8_e4m3fn"),
 }
-"""Named policies. ``fp16``/``bf16`` are pure low precision (the paper's setting); ``mixed_*`` keep fp32 params."""
+"""Named policies. ``fp16``/``bf16`` are pure low precision (the paper's setting); ``mixed_*`` keep fp32 params;
+``fp8`` keeps fp32 params and bf16 activations and runs the dense layers' GEMMs as blockwise W8A8 fp8."""
 
 
 def get_policy(spec: str | Policy) -> Policy:
@@ -125,8 +139,9 @@ def get_policy(spec: str | Policy) -> Policy:
 
     Args:
       spec: a :class:`Policy` (returned as is), a name from :data:`POLICIES` (``"fp32"``, ``"fp16"``, ``"bf16"``,
-        ``"mixed_fp16"``, ``"mixed_bf16"``), or an explicit ``"params=float32,compute=float16,output=float32"``
-        string (keys ``params``/``p``, ``compute``/``c``, ``output``/``o``; omitted keys default to float32;
+        ``"mixed_fp16"``, ``"mixed_bf16"``, ``"fp8"``), or an explicit ``"params=float32,compute=float16,output=float32"``
+        string (keys ``params``/``p``, ``compute``/``c``, ``output``/``o``, ``matmul``/``m``; omitted keys default
+        to float32, except ``matmul``, which defaults to the compute dtype;
         dtype names such as ``f16``, ``half``, ``bf16`` are accepted).
 
     Raises:

@@ -20,6 +20,7 @@ NAMED = {
     "bf16": (BF16, BF16, BF16),
     "mixed_fp16": (F32, F16, F32),
     "mixed_bf16": (F32, BF16, F32),
+    "fp8": (F32, BF16, F32),
 }
 
 
@@ -37,12 +38,12 @@ def test_named_policies_have_the_documented_dtypes(name, expected):
     assert get_policy(f"  {name.upper()} ") == policy        # case and surrounding blanks are ignored
 
 
-def test_policies_registry_is_exactly_the_five_named_policies():
+def test_policies_registry_is_exactly_the_named_policies():
     assert set(precision.POLICIES) == set(NAMED)
 
 
 @pytest.mark.parametrize("name,low", [("fp32", False), ("fp16", True), ("bf16", True), ("mixed_fp16", True),
-                                      ("mixed_bf16", True)])
+                                      ("mixed_bf16", True), ("fp8", True)])
 def test_is_low_precision(name, low):
     assert get_policy(name).is_low_precision is low
 
@@ -52,7 +53,7 @@ def test_get_policy_returns_a_policy_argument_unchanged():
     assert get_policy(policy) is policy
 
 
-@pytest.mark.parametrize("name", ["fp8", "float16", "mixed", "", "fp16_mixed", "half"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "float16", "mixed", "", "fp16_mixed", "half"])
 def test_unknown_policy_name_raises_value_error_listing_valid_names(name):
     with pytest.raises(ValueError) as info:
         get_policy(name)
@@ -166,7 +167,7 @@ def test_policy_is_immutable_and_with_output_dtype_copies():
 
 def test_policy_is_hashable_and_equal_policies_hash_equal():
     table = {get_policy(name): name for name in NAMED}
-    assert len(table) == 5
+    assert len(table) == len(NAMED)
     assert table[Policy("float32", "float16", "float32")] == "mixed_fp16"
     assert table[get_policy("p=f32,c=bf16")] == "mixed_bf16"
     assert get_policy("fp16") != get_policy("mixed_fp16")
@@ -244,3 +245,15 @@ def test_cast_inside_jit_and_grad():
     assert value.dtype == F32 and float(value) == 6.0
     assert grads["w"].dtype == F32                                  # gradients come back in the param dtype
     np.testing.assert_array_equal(np.asarray(grads["w"]), [0.0, 1.0, 2.0])
+
+
+def test_matmul_dtype_defaults_to_compute_and_parses():
+    assert Policy("f32", "f16", "f32") == Policy("f32", "f16", "f32", "f16")
+    assert str(Policy("f32", "f16", "f32")) == "params=float32,compute=float16,output=float32"
+    fp8 = get_policy("fp8")
+    assert (fp8.param_dtype, fp8.compute_dtype, fp8.matmul_dtype) == (
+        np.dtype("float32"), np.dtype(jnp.bfloat16), np.dtype(jnp.float8_e4m3fn))
+    assert get_policy(str(fp8)) == fp8 and fp8.is_low_precision
+    assert get_policy("p=f32,c=bf16,m=e4m3") == fp8
+    with pytest.raises(ValueError, match="matmul_dtype twice"):
+        get_policy("matmul=e4m3,m=e4m3")

@@ -1,7 +1,8 @@
-"""Flax modules whose dtypes follow a :class:`lpjax.precision.Policy`: MLP, SAC heads, pixel encoder."""
+"""Flax modules whose dtypes follow a :class:`lpjax.precision.Policy`: Dense, MLP, SAC heads, pixel encoder."""
 
+from lpjax.nn.dense import Dense, policy_dense
 from lpjax.nn.encoder import PixelEncoder, StandardizedDense
 from lpjax.nn.heads import DoubleCritic, TanhGaussianActor
 from lpjax.nn.mlp import MLP
 
-__all__ = ["MLP", "DoubleCritic", "PixelEncoder", "StandardizedDense", "TanhGaussianActor"]
+__all__ = ["Dense", "MLP", "DoubleCritic", "PixelEncoder", "StandardizedDense", "TanhGaussianActor", "policy_dense"]

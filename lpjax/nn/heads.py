@@ -23,16 +23,18 @@ class TanhGaussianActor(nn.Module):
       action_dim: number of action dimensions.
       log_std_bounds: ``(lo, hi)``.
       policy: precision policy of the MLP; outputs are in its compute dtype.
+      impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
     """
 
     hidden_dims: Sequence[int]
     action_dim: int
     log_std_bounds: tuple[float, float] = (-5.0, 2.0)
     policy: Policy | str = "fp32"
+    impl: str = "xla"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out = MLP(self.hidden_dims, 2 * self.action_dim, self.policy)(obs)
+        out = MLP(self.hidden_dims, 2 * self.action_dim, self.policy, impl=self.impl)(obs)
         mean, raw = jnp.split(out, 2, axis=-1)
         lo, hi = self.log_std_bounds
         log_std = lo + 0.5 * (hi - lo) * (jnp.tanh(raw) + 1.0)
@@ -42,15 +44,17 @@ class TanhGaussianActor(nn.Module):
 class DoubleCritic(nn.Module):
     """Two independent Q-networks ``Q_i(s, a)`` on the concatenation of observation and action.
 
-    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype.
+    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype. ``impl`` is the
+    matmul implementation of the MLPs' layers (see :class:`lpjax.nn.Dense`).
     """
 
     hidden_dims: Sequence[int]
     policy: Policy | str = "fp32"
+    impl: str = "xla"
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
-        q1 = MLP(self.hidden_dims, 1, self.policy, name="q1")(x)
-        q2 = MLP(self.hidden_dims, 1, self.policy, name="q2")(x)
+        q1 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q1")(x)
+        q2 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q2")(x)
         return jnp.stack([q1[..., 0], q2[..., 0]])

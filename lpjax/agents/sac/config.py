@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from lpjax.nn.dense import check_dense_options
 from lpjax.precision import Policy, get_policy
 
 
@@ -21,7 +22,9 @@ class SACConfig:
     paper uses 1e-4 from pixels), ``pixels`` (a :class:`lpjax.nn.PixelEncoder` owned by the critic; the actor
     sees its features without gradient), ``encoder_features``, ``augmentation_pad`` (random shift of pixels).
 
-    Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`) and the methods, each a
+    Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`), ``matmul_impl`` (the MLPs'
+    matmul implementation, see :class:`lpjax.nn.Dense`: ``"xla"`` by default, ``"pallas"`` or ``"reference"`` to
+    use lpjax's kernels, e.g. with the ``"fp8"`` policy) and the methods, each a
     switch so every ablation row of the paper is a config: ``hadam``, ``loss_scaling`` (with ``init_scale``,
     ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with ``kahan_momentum_scale``),
     ``softplus_fix``, ``normal_fix``, ``weight_standardization`` and ``encoder_clip`` (pixels).
@@ -47,6 +50,7 @@ class SACConfig:
     encoder_features: int = 50
     augmentation_pad: int = 4
     policy: str = "fp32"
+    matmul_impl: str = "xla"
     hadam: bool = False
     loss_scaling: bool = False
     init_scale: float = 1e4
@@ -62,7 +66,7 @@ class SACConfig:
     def __post_init__(self):
         object.__setattr__(self, "hidden_dims", tuple(int(w) for w in self.hidden_dims))
         object.__setattr__(self, "log_std_bounds", tuple(float(b) for b in self.log_std_bounds))
-        get_policy(self.policy)  # raises ValueError listing the valid policies
+        check_dense_options(get_policy(self.policy), self.matmul_impl, "none")  # ValueErrors list valid values
         checks = [
             (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
             (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),

@@ -44,7 +44,7 @@ class SACCritic(nn.Module):
         cfg = self.config
         self.encoder = (PixelEncoder(cfg.encoder_features, policy=cfg.policy, standardize=cfg.weight_standardization,
                                      clip=cfg.encoder_clip) if cfg.pixels else None)
-        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy)
+        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy, cfg.matmul_impl)
 
     def encode(self, obs: jax.Array) -> jax.Array:
         return self.encoder(obs) if self.encoder is not None else self.config.precision.cast_to_compute(obs)
@@ -85,7 +85,8 @@ class SACState:
 
 
 def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
-    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy)
+    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy,
+                              config.matmul_impl)
     return actor, SACCritic(config)
 
 

@@ -1,0 +1,131 @@
+"""A dense layer whose matmul implementation follows the precision policy: XLA, or one of lpjax's kernels.
+
+:func:`policy_dense` computes ``y = act(x @ kernel + bias)`` and picks the implementation from
+``policy.matmul_dtype`` and ``impl``:
+
+==================  =====================  ========================================================
+``matmul_dtype``    ``impl="xla"``          ``impl="pallas"`` / ``"reference"``
+==================  =====================  ========================================================
+float32 / float64   ``lax.dot_general`` in  (no kernel: ``ValueError``)
+                    ``compute_dtype``
+float16 / bfloat16  ``lax.dot_general`` in  :func:`kernels.fp16_matmul`: fp16/bf16 operands, fp32
+                    ``compute_dtype``       accumulation, bias and activation fused in the epilogue
+float8_e4m3fn       the jnp reference of    :func:`kernels.fp8_blockwise_matmul`: 128x128 weight
+                    the fp8 GEMM            blocks, 1x128 activation groups, fp32 promotion per slice
+==================  =====================  ========================================================
+
+``impl="xla"`` with a float16/bfloat16/float32 matmul is exactly what ``flax.linen.Dense(dtype=compute_dtype)``
+computes, so swapping Flax's layer for :class:`Dense` changes nothing until a kernel is asked for. On a CPU,
+``"pallas"`` runs in Pallas' interpret mode (slow; for tests). Outputs are in ``policy.compute_dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels import fp8_blockwise_matmul, fp16_matmul
+from lpjax.precision import Policy, get_policy
+
+IMPLS = ("xla", "pallas", "reference")
+"""Valid matmul implementations of :class:`Dense`."""
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "none": lambda x: x, "relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}
+"""Activations the fused epilogues support, by name."""
+
+_FULL = (np.dtype(jnp.float64), np.dtype(jnp.float32))
+_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+_FP8 = np.dtype(jnp.float8_e4m3fn)
+
+
+def check_dense_options(policy: Policy, impl: str, activation: str) -> None:
+    """Raises a ``ValueError`` for an unknown ``impl``/``activation`` or a kernel that does not exist.
+
+    Called by configs before any compute, and by :func:`policy_dense`.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}.")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}.")
+    matmul = policy.matmul_dtype
+    if matmul not in _FULL + _HALF + (_FP8,):
+        raise ValueError(f"No dense matmul for matmul_dtype={matmul.name}; use float64, float32, float16, "
+                         "bfloat16 or float8_e4m3fn.")
+    if impl != "xla" and matmul not in _HALF + (_FP8,):
+        raise ValueError(f"impl={impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
+                         f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use impl='xla'.")
+
+
+def policy_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, *, policy: Policy | str,
+                 impl: str = "xla", activation: str = "none") -> jax.Array:
+    """``act(x @ kernel + bias)`` with the matmul implementation chosen by ``policy`` and ``impl``.
+
+    Args:
+      x: inputs ``(..., K)``; leading axes are flattened for the kernels and restored.
+      kernel: weights ``(K, N)`` in any float dtype (the parameter dtype).
+      bias: ``(N,)`` or ``None``.
+      policy: precision policy; its ``matmul_dtype`` picks the GEMM, its ``compute_dtype`` the output dtype.
+      impl: ``"xla"``, ``"pallas"`` or ``"reference"`` (see the module docstring).
+      activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``; fused into the fp16 kernel's epilogue.
+
+    Returns:
+      ``(..., N)`` in ``policy.compute_dtype``.
+    """
+    policy = get_policy(policy)
+    check_dense_options(policy, impl, activation)
+    compute, matmul = policy.compute_dtype, policy.matmul_dtype
+    if matmul == _FP8:
+        y = _flat(x, lambda x2: fp8_blockwise_matmul(
+            x2.astype(compute), kernel, bias=bias, out_dtype=compute,
+            impl="reference" if impl == "xla" else impl))
+        return ACTIVATIONS[activation](y)
+    if impl != "xla":
+        return _flat(x, lambda x2: fp16_matmul(
+            x2.astype(matmul), kernel.astype(matmul), bias, activation=activation, out_dtype=compute, impl=impl))
+    x, kernel = x.astype(compute), kernel.astype(compute)
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    if bias is not None:
+        y = y + jnp.reshape(bias.astype(compute), (1,) * (y.ndim - 1) + (-1,))
+    return ACTIVATIONS[activation](y)
+
+
+def _flat(x: jax.Array, matmul: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Applies a matrix-only ``matmul`` to ``x`` of shape ``(..., K)`` by flattening the leading axes."""
+    y = matmul(x.reshape(-1, x.shape[-1]))
+    return y.reshape(x.shape[:-1] + y.shape[-1:])
+
+
+class Dense(nn.Module):
+    """``flax.linen.Dense`` with a policy-driven matmul (see :func:`policy_dense`) and an optional fused activation.
+
+    Parameters are named ``kernel`` ``(K, N)`` and ``bias`` ``(N,)`` as in Flax and stored in
+    ``policy.param_dtype``, so parameter trees and checkpoints are interchangeable with ``flax.linen.Dense``.
+
+    Attributes:
+      features: output width ``N``.
+      policy: a :class:`lpjax.precision.Policy` or a name for :func:`lpjax.precision.get_policy`.
+      impl: ``"xla"`` (default; the only sensible choice on a CPU), ``"pallas"`` or ``"reference"``.
+      activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``.
+      use_bias: whether to add a bias.
+      kernel_init, bias_init: initializers (Flax's defaults).
+    """
+
+    features: int
+    policy: Policy | str = "fp32"
+    impl: str = "xla"
+    activation: str = "none"
+    use_bias: bool = True
+    kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+    bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        policy = get_policy(self.policy)
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), policy.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), policy.param_dtype) if self.use_bias else None
+        return policy_dense(x, kernel, bias, policy=policy, impl=self.impl, activation=self.activation)
