@@ -1,0 +1,39 @@
+"""benchmarks/kernels.py: the roofline model's arithmetic, and a run that writes complete results."""
+
+import json
+
+import pytest
+
+from benchmarks import kernels as bench
+
+
+def test_model_counts_flops_bytes_and_bounds():
+    entry = bench.model_entry("fp16_matmul[bf16]", (1024, 1024, 1024))
+    assert entry["flops"] == 2 * 1024 ** 3
+    # bf16 x and w read once, bf16 output written once, fp32 bias
+    assert entry["bytes"]["compulsory"] == 2 * 1024 * 1024 * 3 + 4 * 1024
+    # 64x64 tiles: x is re-read once per N block (16), w once per M block (16)
+    assert entry["bytes"]["tiled"] == 2 * 1024 * 1024 * 16 * 2 + 2 * 1024 * 1024 + 4 * 1024
+    h100 = entry["roofline"]["H100"]["compulsory"]
+    assert h100["bound"] == "compute"
+    assert h100["time_lower_bound_us"] == pytest.approx(entry["flops"] / 990e12 * 1e6)
+    decode = bench.model_entry("fp8_blockwise_matmul", (16, 4096, 4096))["roofline"]["H200"]["compulsory"]
+    assert decode["bound"] == "memory" and decode["attainable_tflops"] < 1580.0
+
+
+def test_fp8_moves_fewer_bytes_than_bf16():
+    fp8 = bench.model_entry("fp8_blockwise_matmul", (4096, 4096, 4096))["bytes"]["compulsory"]
+    bf16 = bench.model_entry("fp16_matmul[bf16]", (4096, 4096, 4096))["bytes"]["compulsory"]
+    assert 0.5 < fp8 / bf16 < 0.7  # operands halve, the bf16 output does not
+
+
+def test_run_records_lowering_and_marks_gpu_timings_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "SHAPES", {"small": (64, 256, 128)})
+    result = bench.main(["--out_dir", str(tmp_path), "--no_cpu_latency"])
+    recorded = json.loads((tmp_path / "kernels.json").read_text())
+    assert (tmp_path / "kernels.png").stat().st_size > 0
+    assert recorded["gpu_timings"] is None and "No GPU" in recorded["gpu_timings_missing"]
+    for name in bench.KERNELS:
+        lowered = recorded["lowers_for_cuda"][name]["small"]
+        assert lowered["ok"] and lowered["triton_calls"] >= 1, lowered
+    assert result["model"]["int8_matmul"]["small"]["flops"] == 2 * 64 * 256 * 128
