@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dmc,brax]'
+	$(PY) -m pip install --quiet -e '.[dev,dmc,brax,distributed]'
 	touch $(STAMP)
 
 venv: $(STAMP)
