@@ -1,4 +1,4 @@
-"""SAC's actor and critic heads (Yarats & Kostrikov's pytorch_sac architecture)."""
+"""Actor and critic heads: SAC's (Yarats & Kostrikov's pytorch_sac architecture) and D4PG's."""
 
 from __future__ import annotations
 
@@ -58,3 +58,48 @@ class DoubleCritic(nn.Module):
         q1 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q1")(x)
         q2 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q2")(x)
         return jnp.stack([q1[..., 0], q2[..., 0]])
+
+
+class DeterministicActor(nn.Module):
+    """A deterministic policy ``mu(s) = tanh(MLP(s))`` in [-1, 1] (DDPG/D4PG; ActorQ: three hidden layers of 2048).
+
+    The MLP shares this module's scope, so the parameters are exactly an :class:`lpjax.nn.MLP`'s,
+    ``{"params": {"Dense_0": ..., ..., "Dense_L": ...}}``: an int8 actor runtime can load them as a plain MLP
+    with a ``tanh`` output (:class:`lpjax.inference.Int8MLP`). Actions are in the policy's compute dtype.
+
+    Attributes:
+      hidden_dims: MLP widths.
+      action_dim: number of action dimensions.
+      policy: precision policy of the MLP.
+      impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
+    """
+
+    hidden_dims: Sequence[int]
+    action_dim: int
+    policy: Policy | str = "fp32"
+    impl: str = "xla"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        mlp = MLP(self.hidden_dims, self.action_dim, self.policy, impl=self.impl)
+        nn.share_scope(self, mlp)
+        return jnp.tanh(mlp(obs))
+
+
+class CategoricalCritic(nn.Module):
+    """A distributional critic: logits of ``Z(s, a)`` over ``num_atoms`` fixed atoms (D4PG, Bellemare et al. 2017).
+
+    One MLP on the concatenation of observation and action (as :class:`DoubleCritic`); returns ``(..., num_atoms)``
+    logits in the policy's compute dtype. The atoms' values are the learner's business
+    (:mod:`lpjax.agents.d4pg`).
+    """
+
+    hidden_dims: Sequence[int]
+    num_atoms: int
+    policy: Policy | str = "fp32"
+    impl: str = "xla"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
+        return MLP(self.hidden_dims, self.num_atoms, self.policy, impl=self.impl)(x)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
-from lpjax.nn.dense import check_dense_options
-from lpjax.precision import Policy, get_policy
+from lpjax.agents.training import LearnerConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
+class SACConfig(LearnerConfig):
     """Hyper-parameters of :mod:`lpjax.agents.sac`. Defaults: Björck et al. (2021), Tables 4 and 5 (states).
 
     Learning: ``gamma``, ``tau`` (target Polyak step), learning rates and Adam's ``b1``/``b2``/``adam_eps`` for
@@ -66,40 +64,15 @@ class SACConfig:
     def __post_init__(self):
         object.__setattr__(self, "hidden_dims", tuple(int(w) for w in self.hidden_dims))
         object.__setattr__(self, "log_std_bounds", tuple(float(b) for b in self.log_std_bounds))
-        check_dense_options(get_policy(self.policy), self.matmul_impl, "none")  # ValueErrors list valid values
-        checks = [
+        self.validate([
             (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
-            (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
             (min(self.actor_lr, self.critic_lr, self.alpha_lr) > 0, "learning rates must be > 0"),
-            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
-            (self.adam_eps >= 0, "adam_eps must be >= 0"),
             (self.init_temperature > 0, "init_temperature must be > 0"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.target_update_period >= 1 and self.actor_update_period >= 1, "update periods must be >= 1"),
+            (self.actor_update_period >= 1, "actor_update_period must be >= 1"),
             (len(self.hidden_dims) >= 1 and min(self.hidden_dims) >= 1, "hidden_dims must be positive widths"),
             (len(self.log_std_bounds) == 2 and self.log_std_bounds[0] < self.log_std_bounds[1],
              "log_std_bounds must be (lo, hi) with lo < hi"),
             (self.sigma_eps >= 0, "sigma_eps must be >= 0"),
-            (self.init_scale >= 1, "init_scale must be >= 1"),
-            (self.growth_interval >= 1, "growth_interval must be >= 1"),
-            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
             (self.augmentation_pad >= 0, "augmentation_pad must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"SACConfig: {message}.")
-
-    @property
-    def precision(self) -> Policy:
-        """The :class:`lpjax.precision.Policy` of the networks."""
-        return get_policy(self.policy)
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "SACConfig":
-        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``."""
-        values = dict(values)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown SAC config keys {unknown}; valid keys: {', '.join(sorted(known))}.")
-        return cls(**values)
+        ])

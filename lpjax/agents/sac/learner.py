@@ -26,9 +26,9 @@ import optax
 
 from lpjax.agents.sac.config import SACConfig
 from lpjax.agents.sac.squashed_gaussian import sample_and_log_prob
-from lpjax.agents.training import Trainable, gradient_step, trainable_init
+from lpjax.agents.training import Trainable, gradient_step, network_optimizer, target_updater, trainable_init
 from lpjax.nn import DoubleCritic, PixelEncoder, TanhGaussianActor
-from lpjax.optim import KahanPolyakState, kahan_polyak, loss_scale_or_one, low_precision_adam
+from lpjax.optim import KahanPolyakState, loss_scale_or_one
 
 
 class SACCritic(nn.Module):
@@ -91,17 +91,8 @@ def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SA
 
 
 def _optimizers(config: SACConfig):
-    def network_tx(lr):
-        return low_precision_adam(lr, config.b1, config.b2, config.adam_eps, hadam=config.hadam,
-                                  loss_scaling=config.loss_scaling, kahan=config.kahan_gradients,
-                                  init_scale=config.init_scale, growth_interval=config.growth_interval)
-
-    return network_tx(config.actor_lr), network_tx(config.critic_lr), optax.adam(config.alpha_lr, config.b1,
-                                                                                 config.b2)
-
-
-def _polyak(config: SACConfig):
-    return kahan_polyak(config.tau, config.kahan_momentum_scale) if config.kahan_momentum else None
+    return (network_optimizer(config.actor_lr, config), network_optimizer(config.critic_lr, config),
+            optax.adam(config.alpha_lr, config.b1, config.b2))
 
 
 def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACConfig) -> SACState:
@@ -125,13 +116,12 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACCon
     critic_params = critic_net.init(critic_key, obs, jnp.zeros((1, action_dim), jnp.float32))
     features = critic_net.apply(critic_params, obs, method=SACCritic.encode)
     actor_params = actor_net.init(actor_key, features)
-    polyak = _polyak(config)
     log_alpha = jnp.log(jnp.asarray(config.init_temperature, jnp.float32))
     return SACState(
         config=config, action_dim=int(action_dim), step=jnp.zeros([], jnp.int32), key=key,
         actor=trainable_init(actor_params, actor_tx), critic=trainable_init(critic_params, critic_tx),
         target_critic=jax.tree.map(jnp.copy, critic_params),  # own buffers: the state is donated to update
-        target_compensation=polyak.init(critic_params) if polyak else None,
+        target_compensation=target_updater(config).init(critic_params),
         temperature=trainable_init(log_alpha, temperature_tx))
 
 
@@ -206,17 +196,9 @@ def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
                                                     jax.lax.stop_gradient(next_features), critic_key)
     state = state.replace(critic=critic)
 
-    polyak = _polyak(config)
-    update_target = state.step % config.target_update_period == 0
-    if polyak is None:
-        new_target, compensation = optax.incremental_update(critic.params, state.target_critic, config.tau), None
-    else:
-        new_target, compensation = polyak.update(critic.params, state.target_critic, state.target_compensation)
-        compensation = jax.tree.map(lambda n, o: jnp.where(update_target, n, o), compensation,
-                                    state.target_compensation)
-    state = state.replace(
-        target_critic=jax.tree.map(lambda n, o: jnp.where(update_target, n, o), new_target, state.target_critic),
-        target_compensation=compensation)
+    target_critic, compensation = target_updater(config).update(critic.params, state.target_critic,
+                                                                state.target_compensation, state.step)
+    state = state.replace(target_critic=target_critic, target_compensation=compensation)
 
     features = jax.lax.stop_gradient(critic_net.apply(critic.params, actor_obs, method=SACCritic.encode))
     target_entropy = -float(state.action_dim) if config.target_entropy is None else config.target_entropy
