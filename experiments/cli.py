@@ -1,13 +1,17 @@
-"""What the experiments' entry points share: resolving ``--config=NAME`` and naming run directories."""
+"""What the experiments' entry points share: their flags, resolving ``--config=NAME``, naming run directories,
+and the ``main`` that trains (or resumes) a run and prints its summary."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import pathlib
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from absl import app
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -57,3 +61,49 @@ def run_app(main: Callable, config_dir: pathlib.Path) -> None:
         if exit_.code == 1 and any(arg in HELP_FLAGS for arg in sys.argv[1:]):
             sys.exit(0)
         raise
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentFlags:
+    """The flags every entry point defines: ``--config``, ``--run_dir``, ``--resume``, ``--progress``."""
+
+    kind: str
+    config: Any
+    run_dir: Any
+    resume: Any
+    progress: Any
+
+
+def define_experiment_flags(kind: str, example: str) -> ExperimentFlags:
+    """Defines the shared flags for ``python -m experiments.<kind>`` (call once, at import)."""
+    config = config_flags.DEFINE_config_file(
+        "config", None, f"{kind.upper()} config: a file, or a name in experiments/configs/{kind} (e.g. {example}).",
+        lock_config=True)
+    run_dir = flags.DEFINE_string("run_dir", None, f"Run directory (default: a new one under runs/{kind}/).")
+    resume = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its latest checkpoint.")
+    progress = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+    flags.mark_flag_as_required("config")
+    return ExperimentFlags(kind, config, run_dir, resume, progress)
+
+
+def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Callable[..., dict]]) -> Callable:
+    """The absl ``main``: ``train_for(config)`` picks the training function (imported lazily so ``--help`` stays
+    fast); config errors (``ValueError``) become usage errors without a traceback; the summary is printed."""
+
+    def main(argv):
+        del argv
+        if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint step at INFO
+            logging.set_verbosity(logging.WARNING)
+        config = experiment.config.value
+        if experiment.resume.value and experiment.run_dir.value is None:
+            raise app.UsageError("--resume needs --run_dir (the run to continue).")
+        run_dir = experiment.run_dir.value or default_run_dir(
+            experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)
+        try:
+            summary = train_for(config)(config, run_dir, resume=experiment.resume.value,
+                                        progress=experiment.progress.value)
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
+        print(json.dumps(summary, indent=2))
+
+    return main

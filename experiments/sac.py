@@ -10,44 +10,26 @@ checkpoint, bit-identically to an uninterrupted run.
 
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from experiments.cli import REPO_ROOT, default_run_dir, run_app  # noqa: E402
+from experiments import cli  # noqa: E402
+from experiments.cli import REPO_ROOT, define_experiment_flags, experiment_main, run_app  # noqa: E402
 
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "SAC config: a file, or a name in experiments/configs/sac (e.g. fp16.py).", lock_config=True)
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "Run directory (default: a new one under runs/sac/).")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its latest checkpoint.")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
-flags.mark_flag_as_required("config")
+FLAGS = define_experiment_flags("sac", "fp16.py")
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags
 
 
-def main(argv):
-    del argv
-    if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint step at INFO
-        logging.set_verbosity(logging.WARNING)
-    from experiments import sac_brax_loop, sac_loop  # imported after flag parsing so --help stays fast
+def train_for(config):
+    """The brax loop for ``brax:`` environments, the dm_control host loop otherwise."""
+    from experiments import sac_brax_loop, sac_loop
 
-    config = _CONFIG.value
-    if _RESUME.value and _RUN_DIR.value is None:
-        raise app.UsageError("--resume needs --run_dir (the run to continue).")
-    run_dir = _RUN_DIR.value or default_run_dir("sac", flags.FLAGS["config"].config_filename, config.env,
-                                                config.seed)
-    try:
-        loop = sac_brax_loop if config.env.startswith("brax:") else sac_loop
-        summary = loop.train(config, run_dir, resume=_RESUME.value, progress=_PROGRESS.value)
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    print(json.dumps(summary, indent=2))
+    return (sac_brax_loop if config.env.startswith("brax:") else sac_loop).train
 
 
 if __name__ == "__main__":
-    run_app(main, CONFIG_DIR)
+    run_app(experiment_main(FLAGS, train_for), CONFIG_DIR)

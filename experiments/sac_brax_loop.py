@@ -52,7 +52,7 @@ from lpjax.checkpoint import Checkpointer
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import RunLogger
 
-EVAL_SEED_OFFSET = 10_000_019
+EVAL_SEED_OFFSET = lpjax.envs.EVAL_SEED_OFFSET
 
 
 class LoopState(NamedTuple):

@@ -27,12 +27,11 @@ import tqdm
 
 import lpjax.envs
 from lpjax.agents import sac
-from lpjax.checkpoint import Checkpointer
+from lpjax.checkpoint import open_run_checkpoints
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import RunLogger, plot_learning_curve, read_metrics
+from lpjax.run_logging import RunLogger, plot_run_curve
 
 EPISODE_SEED_STRIDE = 1_000_003
-EVAL_SEED_OFFSET = 10_000_019
 
 
 class LoopState(NamedTuple):
@@ -91,7 +90,7 @@ def make_envs(config: ml_collections.ConfigDict):
     if config.pixels:
         options["frame_stack"] = config.frame_stack
     return (lpjax.envs.make(config.env, seed=config.seed, **options),
-            lpjax.envs.make(config.env, seed=config.seed + EVAL_SEED_OFFSET, **options))
+            lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET, **options))
 
 
 def init_loop(config: ml_collections.ConfigDict, agent_config: sac.SACConfig, env) -> LoopState:
@@ -129,18 +128,14 @@ def record_and_learn(loop: LoopState, transition: dict, learn: bool, updates: in
 
 def evaluate(loop: LoopState, env, episodes: int) -> dict[str, float]:
     """Mean and standard deviation of the deterministic policy's return over seeded episodes."""
-    returns = []
-    for i in range(episodes):
-        obs, total, done = env.reset(seed=EVAL_SEED_OFFSET + i), 0.0, False
-        while not done:
-            action = np.asarray(sac.act(loop.agent, jnp.asarray(obs)[None], loop.key, deterministic=True)[0])
-            if not np.all(np.isfinite(action)):
-                raise Diverged("the deterministic policy produced non-finite actions during evaluation")
-            obs, reward, terminated, truncated = env.step(action)
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
-    return {"return": float(np.mean(returns)), "return_std": float(np.std(returns))}
+
+    def policy(obs):
+        return sac.act(loop.agent, jnp.asarray(obs)[None], loop.key, deterministic=True)[0]
+
+    try:
+        return lpjax.envs.evaluate_policy(policy, env, episodes)
+    except lpjax.envs.NonFiniteAction as error:
+        raise Diverged(str(error)) from error
 
 
 def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
@@ -152,15 +147,9 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
     """
     agent_config = validate(config)
     run_dir = pathlib.Path(run_dir)
-    checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=2)
-    latest = checkpointer.latest_step()
-    if latest is not None and not resume:
-        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
-                         "it or choose another --run_dir.")
+    checkpointer, latest = open_run_checkpoints(run_dir, resume, config.save_replay)
     env, eval_env = make_envs(config)
     loop = init_loop(config, agent_config, env)
-    if not config.save_replay and resume and latest is not None:
-        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
     logger = RunLogger(run_dir, config=config)
     if resume and latest is not None:
         loop, _ = checkpointer.restore(latest, target=loop)
@@ -232,13 +221,5 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
 def plot_returns(run_dir: pathlib.Path, title: str) -> str | None:
     """Writes ``learning_curve.png``: evaluation returns; for a run that ended (e.g. diverged) before its first
     evaluation, training episode returns or else the critic loss; ``None`` if nothing was logged."""
-    curve = run_dir / "learning_curve.png"
-    try:
-        columns = read_metrics(run_dir)
-    except ValueError:  # no metrics file yet
-        return None
-    for y in ("eval/return", "train/episode_return", "train/critic_loss"):
-        if y in columns and (np.isfinite(columns[y]).any() or y == "train/critic_loss"):  # nan losses are counted
-            plot_learning_curve(run_dir, curve, y=y, title=title)
-            return str(curve)
-    return None
+    return plot_run_curve(run_dir, title, ("eval/return", "train/episode_return", "train/critic_loss"),
+                          plot_nonfinite=("train/critic_loss",))

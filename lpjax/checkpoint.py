@@ -249,3 +249,20 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_run_checkpoints(run_dir: str | os.PathLike, resume: bool, save_replay: bool,
+                         max_to_keep: int = 2) -> tuple[Checkpointer, int | None]:
+    """The checkpointer of a training run in ``run_dir/checkpoints`` and its latest step (``None``: none yet).
+
+    Raises ``ValueError`` before any compute when the run directory holds checkpoints but ``resume`` is False
+    (nothing is overwritten), or when resuming a run whose checkpoints cannot hold the replay buffer.
+    """
+    checkpointer = Checkpointer(pathlib.Path(run_dir) / "checkpoints", max_to_keep=max_to_keep)
+    latest = checkpointer.latest_step()
+    if latest is not None and not resume:
+        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
+                         "it or choose another --run_dir.")
+    if resume and latest is not None and not save_replay:
+        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
+    return checkpointer, latest

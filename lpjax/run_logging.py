@@ -434,3 +434,21 @@ def read_tensorboard_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple
                 if value.HasField("simple_value"):
                     scalars.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))
     return scalars
+
+
+def plot_run_curve(run_dir: str | os.PathLike, title: str, candidates: Sequence[str],
+                   plot_nonfinite: Sequence[str] = ()) -> str | None:
+    """Writes ``run_dir/learning_curve.png`` of the first of ``candidates`` that was logged with a finite value
+    (or at all, for columns in ``plot_nonfinite``, e.g. a loss that went nan); returns its path, or ``None`` if
+    nothing was logged yet."""
+    run_dir = pathlib.Path(run_dir)
+    curve = run_dir / "learning_curve.png"
+    try:
+        columns = read_metrics(run_dir)
+    except ValueError:  # no metrics file yet
+        return None
+    for y in candidates:
+        if y in columns and (np.isfinite(columns[y]).any() or y in plot_nonfinite):
+            plot_learning_curve(run_dir, curve, y=y, title=title)
+            return str(curve)
+    return None

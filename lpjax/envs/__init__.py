@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from lpjax.envs.brax_env import BRAX_BACKENDS, BRAX_ENVS, DEFAULT_BRAX_BACKEND, BraxEnv, make_brax
+from lpjax.envs.evaluation import EVAL_SEED_OFFSET, NonFiniteAction, evaluate_policy
 from lpjax.envs.dmc import DMC_TASKS, PIXEL_ACTION_REPEAT, DMCEnv, default_action_repeat, make_dmc, parse_task
 
 __all__ = [
@@ -27,11 +28,14 @@ __all__ = [
     "BRAX_ENVS",
     "DEFAULT_BRAX_BACKEND",
     "DMC_TASKS",
+    "EVAL_SEED_OFFSET",
     "PIXEL_ACTION_REPEAT",
     "PREFIXES",
     "BraxEnv",
     "DMCEnv",
+    "NonFiniteAction",
     "default_action_repeat",
+    "evaluate_policy",
     "make",
     "make_brax",
     "make_dmc",
