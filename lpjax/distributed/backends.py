@@ -1,0 +1,212 @@
+"""Where actors run: in this process (tests, notebooks) or as Ray actor processes (one machine or a cluster).
+
+Both backends have one interface, used by :class:`lpjax.distributed.ActorLearner`:
+
+* ``publish(version, blob)``: store the packed policy in the parameter server;
+* ``submit(index, num_steps)``: ask actor ``index`` for ``num_steps`` more environment steps;
+* ``wait(timeout)``: the finished jobs as ``(index, ActorResult | ActorFailure)`` pairs (at least one, unless
+  ``timeout`` passes first);
+* ``restart(index)``: replace a failed actor with a fresh one (``incarnation + 1``);
+* ``pending``: the indices with a job in flight; ``server_stats()``; ``shutdown()``.
+
+A crashed actor process surfaces as an :class:`ActorFailure` from ``wait``; the learner restarts it and keeps
+training (the transitions it had already returned are in the replay buffer; only its job in flight is lost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from typing import Any, Callable
+
+from lpjax.distributed.actor import ActorResult, ActorSpec, ActorWorker
+from lpjax.distributed.parameter_server import ParameterServer
+
+
+@dataclasses.dataclass
+class ActorFailure:
+    """An actor's job failed: its process died (Ray) or ``collect`` raised."""
+
+    index: int
+    incarnation: int
+    error: str
+
+
+class InProcessBackend:
+    """Runs the actors one after another in this process; ``wait`` runs the oldest pending job.
+
+    ``kill(index)`` simulates a crash: the actor's next job fails, as a dead Ray actor's would.
+    """
+
+    def __init__(self, specs: list[ActorSpec]):
+        self.specs = list(specs)
+        self.server = ParameterServer()
+        self.incarnations = [0] * len(self.specs)
+        self._workers = [self._make(i) for i in range(len(self.specs))]
+        self._queue: list[tuple[int, int]] = []
+        self._killed: set[int] = set()
+
+    def _make(self, index: int) -> ActorWorker:
+        return ActorWorker(self.specs[index], self.server.pull, self.incarnations[index])
+
+    @property
+    def pending(self) -> set[int]:
+        return {index for index, _ in self._queue}
+
+    def publish(self, version: int, blob: bytes) -> None:
+        self.server.publish(version, blob)
+
+    def submit(self, index: int, num_steps: int) -> None:
+        if index in self.pending:
+            raise ValueError(f"actor {index} already has a job in flight.")
+        self._queue.append((index, num_steps))
+
+    def wait(self, timeout: float | None = None) -> list[tuple[int, ActorResult | ActorFailure]]:
+        del timeout  # jobs run synchronously
+        if not self._queue:
+            return []
+        index, num_steps = self._queue.pop(0)
+        if index in self._killed:
+            return [(index, ActorFailure(index, self.incarnations[index], "killed"))]
+        try:
+            return [(index, self._workers[index].collect(num_steps))]
+        except Exception as error:  # an actor's bug must not take the learner down; it is reported and restarted
+            return [(index, ActorFailure(index, self.incarnations[index], f"{type(error).__name__}: {error}"))]
+
+    def kill(self, index: int) -> None:
+        self._killed.add(index)
+
+    def restart(self, index: int) -> None:
+        self._killed.discard(index)
+        self._queue = [(i, n) for i, n in self._queue if i != index]
+        self.incarnations[index] += 1
+        self._workers[index] = self._make(index)
+
+    def server_stats(self) -> dict[str, int]:
+        return self.server.stats()
+
+    def shutdown(self) -> None:
+        self._queue.clear()
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """Raises ``ValueError`` unless ``host:port`` accepts a TCP connection (``"auto"``/``"local"`` pass)."""
+    if address in ("auto", "local"):
+        return
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"ray_address must be 'host:port' (or 'auto'), got {address!r}.")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ValueError(f"Cannot reach the Ray cluster at {address!r}: {error}. Start one with `ray start --head` "
+                         "or leave ray_address empty to start a local cluster.") from error
+
+
+class _RayActorProcess:
+    """The Ray actor wrapping an :class:`ActorWorker`; it pulls from the parameter-server actor."""
+
+    def __init__(self, spec: ActorSpec, server: Any, incarnation: int):
+        import ray
+
+        self.worker = ActorWorker(spec, lambda: ray.get(server.pull.remote()), incarnation)
+
+    def collect(self, num_steps: int) -> ActorResult:
+        return self.worker.collect(num_steps)
+
+    def pid(self) -> int:
+        return self.worker.pid()
+
+
+class RayBackend:
+    """Actors as Ray actor processes (one CPU each), the parameter server as a Ray actor.
+
+    ``address=None`` starts a local Ray cluster on this machine (``ray.init()``); ``"host:port"`` joins a running
+    one (checked for reachability first, so a wrong address is a clear error, not a hang).
+    """
+
+    def __init__(self, specs: list[ActorSpec], address: str | None = None, num_cpus: int | None = None,
+                 actor_env: dict[str, str] | None = None):
+        import ray
+
+        if address:
+            check_ray_address(address)
+        self._ray = ray
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                ray.init(num_cpus=num_cpus or max(2, len(specs)), **kwargs)
+        self.specs = list(specs)
+        self.incarnations = [0] * len(self.specs)
+        env_vars = {"JAX_PLATFORMS": "cpu", "MUJOCO_GL": "egl"} | dict(actor_env or {})
+        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(_RayActorProcess).options(
+            runtime_env={"env_vars": env_vars})
+        self.server = ray.remote(num_cpus=0)(ParameterServer).remote()
+        self._actors = [self._make(i) for i in range(len(self.specs))]
+        self._futures: dict[Any, int] = {}
+
+    def _make(self, index: int) -> Any:
+        return self._actor_cls.remote(self.specs[index], self.server, self.incarnations[index])
+
+    @property
+    def pending(self) -> set[int]:
+        return set(self._futures.values())
+
+    def publish(self, version: int, blob: bytes) -> None:
+        self._ray.get(self.server.publish.remote(version, blob))
+
+    def submit(self, index: int, num_steps: int) -> None:
+        if index in self.pending:
+            raise ValueError(f"actor {index} already has a job in flight.")
+        self._futures[self._actors[index].collect.remote(num_steps)] = index
+
+    def wait(self, timeout: float | None = None) -> list[tuple[int, ActorResult | ActorFailure]]:
+        if not self._futures:
+            return []
+        ready, _ = self._ray.wait(list(self._futures), num_returns=1, timeout=timeout)
+        done = []
+        for ref in ready:
+            index = self._futures.pop(ref)
+            try:
+                done.append((index, self._ray.get(ref)))
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.RayTaskError) as error:
+                done.append((index, ActorFailure(index, self.incarnations[index], f"{type(error).__name__}: "
+                                                 f"{str(error).splitlines()[0]}")))
+        return done
+
+    def actor_pid(self, index: int) -> int:
+        return self._ray.get(self._actors[index].pid.remote())
+
+    def restart(self, index: int) -> None:
+        self._futures = {ref: i for ref, i in self._futures.items() if i != index}
+        self._ray.kill(self._actors[index], no_restart=True)
+        self.incarnations[index] += 1
+        self._actors[index] = self._make(index)
+
+    def server_stats(self) -> dict[str, int]:
+        return self._ray.get(self.server.stats.remote())
+
+    def shutdown(self) -> None:
+        for actor in self._actors:
+            self._ray.kill(actor, no_restart=True)
+        self._ray.kill(self.server, no_restart=True)
+        self._futures.clear()
+
+
+BACKENDS: dict[str, Callable[..., Any]] = {"inprocess": InProcessBackend, "ray": RayBackend}
+"""Backend names accepted by :func:`make_backend` and the configs."""
+
+
+def make_backend(name: str, specs: list[ActorSpec], **options: Any) -> InProcessBackend | RayBackend:
+    """``"inprocess"`` or ``"ray"`` (``options``: ``address``, ``num_cpus``, ``actor_env``)."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}.")
+    if not specs:
+        raise ValueError("The actor-learner needs at least one actor (num_actors >= 1).")
+    if name == "inprocess":
+        return InProcessBackend(specs)
+    return RayBackend(specs, **options)
