@@ -1,0 +1,70 @@
+"""python -m experiments.d4pg: --help, config errors before any compute, a short in-process ActorQ run with
+evaluation, throughput record and plot, and --resume continuing it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import d4pg_loop
+from experiments.cli import REPO_ROOT
+from experiments.configs.d4pg import demo
+from lpjax.run_logging import read_metrics
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.d4pg", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _tiny(**overrides):
+    config = demo.get_config()
+    config.total_env_steps = 1200
+    config.min_replay_size = 200
+    config.eval_every = 600
+    config.eval_episodes = 1
+    config.checkpoint_every = 600
+    config.agent.update(actor_hidden=(32, 32), critic_hidden=(32, 32), batch_size=32, num_atoms=11)
+    config.update(overrides)
+    return config
+
+
+def test_help_lists_the_flags():
+    result = _cli("--help")
+    assert result.returncode == 0
+    for flag in ("--config", "--run_dir", "--resume", "--[no]progress"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_actors=0), "num_actors"), (dict(pull_every=0), "pull_every"),
+    (dict(env="brax:ant"), "dm_control"), (dict(env="dmc:cartpole-fly"), "cartpole"),
+    (dict(actor_runtime="int4"), "actor_runtime"), (dict(backend="mpi"), "backend"),
+    (dict(min_replay_size=8), "min_replay_size"),
+])
+def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        d4pg_loop.train(_tiny(**overrides), tmp_path, progress=False)
+
+
+def test_unreachable_ray_address_is_a_usage_error(tmp_path):
+    result = _cli("--config=demo.py", "--config.backend=ray", "--config.ray_address=127.0.0.1:9",
+                  f"--run_dir={tmp_path}", "--noprogress")
+    assert result.returncode != 0 and "Cannot reach the Ray cluster" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
+    summary = d4pg_loop.train(_tiny(), tmp_path, progress=False)
+    assert summary["env_steps"] >= 1200 and summary["updates"] > 0 and summary["restarts"] == 0
+    metrics = read_metrics(tmp_path)
+    assert (metrics["eval/return"] >= 0).sum() == 2
+    assert (tmp_path / "learning_curve.png").stat().st_size > 0
+    record = json.loads((tmp_path / "actor_learner.json").read_text())
+    assert len(record["actors"]) == 2 and record["broadcast_bytes"] > 0
+    assert set(record["actors"][0]["time_split"]) == {"env", "inference", "pull", "deserialize", "load"}
+    with pytest.raises(ValueError, match="--resume"):
+        d4pg_loop.train(_tiny(), tmp_path, progress=False)
+    resumed = d4pg_loop.train(_tiny(total_env_steps=1800), tmp_path, resume=True, progress=False)
+    assert resumed["env_steps"] >= 1800 and resumed["updates"] > summary["updates"]
