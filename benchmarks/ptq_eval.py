@@ -1,0 +1,335 @@
+"""Post-training quantization of a trained SAC policy, in the style of QuaRL's Table 1 (ActorQ Table 2).
+
+**What is measured.** The latest checkpoint of a SAC run directory written by ``python -m experiments.sac``
+(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop`` (``validate``, ``make_envs``,
+``init_loop``, :class:`lpjax.checkpoint.Checkpointer`). Its actor's weights are then quantized and dequantized
+with :func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params` ("quantize, then dequantize
+to simulate the quantization error", as in the papers), at each precision:
+
+* ``fp32``: the trained policy (the reference);
+* ``fp16``: weights rounded to float16 (biases kept, as for the integer rows);
+* ``fp16_act``: weights rounded to float16 *and* the actor run in float16 (the ``mixed_fp16`` precision policy:
+  activations, biases and matmuls in fp16), the papers' fp16 setting;
+* ``int<n>`` and ``int<n>_per_channel`` for each ``n`` of ``--bits``: the papers' uniform PTQ
+  ``delta = (|min(W, 0)| + |max(W, 0)|) / 2^n``, ``Q(W) = round(W / delta)``, ``D = delta * Q`` of every
+  kernel, per tensor or per output channel; biases stay fp32 and activations are not quantized.
+
+For each precision:
+
+* ``return``: mean (and std) of the deterministic policy's return over ``--episodes`` evaluation episodes,
+  with ``sac_loop.evaluate`` (the same seeded episodes for every precision, so the rows are paired);
+* ``action_l2``: mean (and max) over a fixed set of states of ``||tanh(mu_q(s)) - tanh(mu_fp32(s))||_2``, the
+  distance between the deterministic actions; the states are all those the fp32 policy visits during its own
+  evaluation episodes;
+* ``kl``: mean (and median, max) over the same states of ``KL(pi_fp32(.|s) || pi_q(.|s))`` between the
+  pre-tanh diagonal Gaussians, in closed form, ``sum_i log(s_q/s_32) + (s_32^2 + (mu_32 - mu_q)^2) / (2 s_q^2)
+  - 1/2`` (tanh is a bijection, so this is also the KL of the squashed policies). It is heavy-tailed: where
+  ``tanh`` saturates, a large shift of the pre-tanh mean barely moves the action but, with the policy's small
+  ``sigma`` (~0.1), costs a KL of ``shift^2 / (2 sigma^2)``; the median is the robust summary;
+* ``weight_rel_error``: ``||W - D(Q(W))||_F / ||W||_F`` over all kernels together.
+
+By construction the fp32 row has zero action distance and zero KL.
+
+**Default input.** ``runs/sac_reproduction/w256_b256_steps100000_seed5000_eval10000x10/fp32/cartpole-swingup/
+seed0`` (a 256x256 SAC actor trained 100k steps by ``benchmarks.sac_reproduction``). Evaluation costs about
+1 ms per environment step here, so the default (10 episodes of 1000 steps for each of fp32, fp16, fp16_act and
+2 x 6 integer rows) took 2 minutes on this machine's 2 busy cores.
+
+Run ``python -m benchmarks.ptq_eval --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from benchmarks.common import command_line, write_results
+from experiments import sac_loop
+from experiments.configs.sac import _base
+from lpjax import quant
+from lpjax.agents import sac
+from lpjax.checkpoint import Checkpointer
+from lpjax.nn import TanhGaussianActor
+from lpjax.run_logging import CONFIG_FILE
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_RUN_DIR = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10" / "fp32"
+                   / "cartpole-swingup" / "seed0")
+DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
+RESULT_NAME = "ptq_eval"
+
+
+# ------------------------------------------------------------------------------------------- the trained run
+
+
+def _merge(base: dict, stored: dict) -> dict:
+    for key, value in stored.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_run(run_dir: pathlib.Path) -> tuple[ml_collections.ConfigDict, sac_loop.LoopState, int]:
+    """``(config, loop, step)``: the run's config (``config.json`` over today's defaults, so fields added since
+    the run keep their defaults) and its latest checkpoint restored into ``sac_loop``'s :class:`LoopState`."""
+    run_dir = pathlib.Path(run_dir)
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} does not exist: --run_dir must be a run directory of "
+                                "`python -m experiments.sac` (config.json + checkpoints/).")
+    stored = json.loads(config_path.read_text())
+    if str(stored.get("env", "")).startswith("brax:"):
+        raise ValueError("ptq_eval evaluates dm_control runs (experiments.sac_loop); this run is on brax.")
+    config = ml_collections.ConfigDict(_merge(_base.get_config().to_dict(), stored))
+    agent_config = sac_loop.validate(config)
+    env, _ = sac_loop.make_envs(config)
+    target = sac_loop.init_loop(config, agent_config, env)
+    if not config.save_replay:  # sac_loop saves the replay buffer only with save_replay
+        target = target._replace(replay=None)
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    step = checkpointer.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}.")
+    loop, _ = checkpointer.restore(step, target=target)
+    checkpointer.close()
+    return config, loop, step
+
+
+# --------------------------------------------------------------------------------------------- the policies
+
+
+def with_actor(loop: sac_loop.LoopState, params: Any, policy: str | None = None) -> sac_loop.LoopState:
+    """``loop`` whose agent acts with the actor ``params`` (and, if given, the precision ``policy``)."""
+    agent = loop.agent.replace(actor=loop.agent.actor._replace(params=params))
+    if policy is not None:
+        agent = agent.replace(config=dataclasses.replace(agent.config, policy=policy))
+    return loop._replace(agent=agent)
+
+
+class RecordingEnv:
+    """Wraps an environment and records every observation the policy acts on (reset and non-final steps)."""
+
+    def __init__(self, env):
+        self.env, self.observations = env, []
+
+    def reset(self, **kwargs):
+        obs = self.env.reset(**kwargs)
+        self.observations.append(np.asarray(obs))
+        return obs
+
+    def step(self, action):
+        obs, reward, terminated, truncated = self.env.step(action)
+        if not (terminated or truncated):
+            self.observations.append(np.asarray(obs))
+        return obs, reward, terminated, truncated
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+@jax.jit
+def gaussian(agent: sac.SACState, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(mean, log_std)`` of the pre-tanh Gaussian of ``agent``'s policy at ``obs``, in float32."""
+    cfg = agent.config
+    actor = TanhGaussianActor(cfg.hidden_dims, agent.action_dim, cfg.log_std_bounds, cfg.policy, cfg.matmul_impl)
+    features = sac.SACCritic(cfg).apply(agent.critic.params, obs, method=sac.SACCritic.encode)
+    mean, log_std = actor.apply(agent.actor.params, features)
+    return mean.astype(jnp.float32), log_std.astype(jnp.float32)
+
+
+def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q) -> np.ndarray:
+    """``KL(N(mean_p, std_p^2) || N(mean_q, std_q^2))`` of diagonal Gaussians, summed over the last axis (float64)."""
+    mean_p, log_std_p, mean_q, log_std_q = (np.asarray(a, np.float64) for a in (mean_p, log_std_p, mean_q, log_std_q))
+    kl = (log_std_q - log_std_p + (np.exp(2 * log_std_p) + np.square(mean_p - mean_q)) / (2 * np.exp(2 * log_std_q))
+          - 0.5)
+    return np.sum(kl, axis=-1)
+
+
+def _kernels(params: Any) -> list[np.ndarray]:
+    return [np.asarray(x, np.float64) for x in jax.tree.leaves(params) if np.ndim(x) >= 2]
+
+
+def precisions(bits: Sequence[int]) -> list[tuple[str, Any, str | None]]:
+    """``(row name, quant spec, precision policy override)`` of every row, fp32 first."""
+    rows = [("fp32", "fp32", None), ("fp16", "fp16", None), ("fp16_act", "fp16", "mixed_fp16")]
+    for n in bits:
+        rows += [(f"int{n}", f"int{n}", None), (f"int{n}_per_channel", f"int{n}_per_channel", None)]
+    return rows
+
+
+def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], progress: bool = True) -> dict:
+    config, loop, step = load_run(run_dir)
+    _, eval_env = sac_loop.make_envs(config)
+    actor_params = loop.agent.actor.params
+    recorder = RecordingEnv(eval_env)
+    rows, reference = [], None
+    for name, spec, policy in precisions(bits):
+        started = time.perf_counter()
+        params = quant.dequantize_params(quant.quantize_params(actor_params, spec))
+        policy_loop = with_actor(loop, params, policy)
+        if reference is None:  # fp32: its evaluation episodes give the fixed set of states
+            evaluation = sac_loop.evaluate(policy_loop, recorder, episodes)
+            states = jnp.asarray(np.stack(recorder.observations))
+            reference = gaussian(policy_loop.agent, states)
+            reference_actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True),
+                                           np.float64)
+        else:
+            evaluation = sac_loop.evaluate(policy_loop, eval_env, episodes)
+        mean, log_std = gaussian(policy_loop.agent, states)
+        actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True), np.float64)
+        distance = np.linalg.norm(actions - reference_actions, axis=-1)
+        kl = gaussian_kl(*reference, mean, log_std)
+        errors = [np.sum(np.square(w - v)) for w, v in zip(_kernels(actor_params), _kernels(params))]
+        norm = sum(np.sum(np.square(w)) for w in _kernels(actor_params))
+        parsed = quant.parse_spec(spec)
+        rows.append({
+            "name": name, "spec": parsed.name, "format": parsed.format, "bits": parsed.bits,
+            "per_channel": parsed.per_channel, "activations": "fp16" if policy else "fp32",
+            "return_mean": evaluation["return"], "return_std": evaluation["return_std"],
+            "action_l2_mean": float(np.mean(distance)), "action_l2_max": float(np.max(distance)),
+            "kl_mean": float(np.mean(kl)), "kl_median": float(np.median(kl)), "kl_max": float(np.max(kl)),
+            "weight_rel_error": float(np.sqrt(sum(errors) / norm)),
+            "seconds": time.perf_counter() - started,
+        })
+        if progress:
+            row = rows[-1]
+            print(f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
+                  f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)", flush=True)
+    fp32_return = rows[0]["return_mean"]
+    for row in rows:
+        row["return_ratio"] = row["return_mean"] / fp32_return if fp32_return else None
+    agent_config = loop.agent.config
+    return {
+        "benchmark": RESULT_NAME,
+        "jax_version": jax.__version__,
+        "run_dir": str(pathlib.Path(run_dir).resolve()),
+        "checkpoint_step": int(step),
+        "env": config.env,
+        "actor": {"hidden_dims": list(agent_config.hidden_dims), "action_dim": int(loop.agent.action_dim),
+                  "policy": agent_config.policy,
+                  "parameters": int(sum(np.size(x) for x in jax.tree.leaves(actor_params)))},
+        "episodes": int(episodes),
+        "states": int(states.shape[0]),
+        "bits": [int(n) for n in bits],
+        "quantizer": "delta = (|min(W,0)| + |max(W,0)|) / 2^n, Q(W) = round(W / delta), D = delta * Q; kernels "
+                     "only (biases fp32), per tensor or per output channel; activations fp32 (fp16 in fp16_act)",
+        "kl": "KL(pi_fp32 || pi_q) of the pre-tanh Gaussians, summed over action dims, mean/median/max over "
+              "states",
+        "rows": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+def format_table(result: dict) -> str:
+    lines = [(f"PTQ of the SAC actor {result['actor']['hidden_dims']} of {result['env']} (step "
+              f"{result['checkpoint_step']}), {result['episodes']} episodes, {result['states']} states"),
+             (f"{'precision':>18} {'return':>16} {'ratio':>6} {'action L2':>10} {'KL mean':>10} "
+              f"{'KL median':>10} {'W rel err':>10}")]
+    for row in result["rows"]:
+        ratio = "" if row["return_ratio"] is None else f"{row['return_ratio']:.3f}"
+        lines.append(f"{row['name']:>18} {row['return_mean']:8.1f} ± {row['return_std']:5.1f} {ratio:>6} "
+                     f"{row['action_l2_mean']:10.2e} {row['kl_mean']:10.2e} {row['kl_median']:10.2e} "
+                     f"{row['weight_rel_error']:10.2e}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {row["name"]: row for row in result["rows"]}
+    bits = sorted(result["bits"])
+    fig, (ax_r, ax_d) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for per_channel, color in ((False, "tab:blue"), (True, "tab:orange")):
+        series = [rows[f"int{n}" + ("_per_channel" if per_channel else "")] for n in bits]
+        label = "int, per channel" if per_channel else "int, per tensor"
+        ax_r.errorbar(bits, [r["return_mean"] for r in series], [r["return_std"] for r in series], fmt="o-",
+                      color=color, capsize=3, label=label)
+        ax_d.plot(bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color,
+                  label=f"action L2, {label}")
+        ax_d.plot(bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6,
+                  label=f"KL, {label}")
+    for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
+        ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
+    for name, color in (("fp16", "tab:green"), ("fp16_act", "tab:olive")):
+        ax_d.axhline(max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":",
+                     label=f"action L2, {name}")
+    ax_r.set_xlabel("bits n")
+    ax_r.set_ylabel(f"mean return ± std ({result['episodes']} episode{'s' * (result['episodes'] > 1)})")
+    ax_r.set_title(f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}",
+                   fontsize=9)
+    ax_r.set_ylim(bottom=0)
+    ax_r.legend(fontsize=7)
+    ax_d.set_yscale("log")
+    ax_d.set_xlabel("bits n")
+    ax_d.set_ylabel("distance to the fp32 policy")
+    ax_d.set_title(f"mean over {result['states']} states visited by the fp32 policy", fontsize=9)
+    ax_d.legend(fontsize=7)
+    for ax in (ax_r, ax_d):
+        ax.set_xticks(bits)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _bits(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--bits takes comma-separated integers, got {text!r}") from None
+    if not values or any(not 2 <= n <= 16 for n in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"--bits takes distinct integers in [2, 16], got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.ptq_eval",
+        description="Post-training quantization of a trained SAC actor (QuaRL Table 1 style): evaluation return, "
+                    "action distance and KL to the fp32 policy at fp32, fp16 and int<n> per tensor / per channel. "
+                    "Writes <out_dir>/<name>.json and .png.")
+    parser.add_argument("--run_dir", type=pathlib.Path, default=DEFAULT_RUN_DIR,
+                        help="SAC run directory of `python -m experiments.sac` (default: the sac_reproduction fp32 "
+                             "cartpole-swingup seed 0 run)")
+    parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
+    parser.add_argument("--bits", type=_bits, default=list(DEFAULT_BITS),
+                        help=f"integer bit widths, comma-separated (default {','.join(map(str, DEFAULT_BITS))})")
+    parser.add_argument("--out_dir", type=pathlib.Path, default=DEFAULT_OUT_DIR,
+                        help="where the json and png go (default benchmarks/results)")
+    parser.add_argument("--name", default=RESULT_NAME, help=f"file name stem (default {RESULT_NAME})")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = run_benchmark(args.run_dir, args.episodes, args.bits)
+    result["command"] = command_line("benchmarks.ptq_eval", argv)
+    write_results(result, format_table(result), args.out_dir, args.name, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
