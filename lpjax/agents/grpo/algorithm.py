@@ -1,0 +1,260 @@
+"""GRPO with token-level truncated importance sampling (TIS), as small pure functions of log-probabilities.
+
+Nothing here knows the model: a learner computes per-token log-probabilities (:func:`sequence_logprobs` turns
+logits into them) and passes them with the rewards, so the same maths serves any policy network.
+
+Shapes and conventions (``B`` sequences, ``T`` token positions, ``B = num_prompts * G``):
+
+* the ``G`` responses to one prompt are **contiguous** rows: sequences ``[g*G, (g+1)*G)`` form group ``g``;
+* a per-token array ``x[b, t]`` refers to ``tokens[b, t]`` (see :func:`sequence_logprobs`), and ``mask[b, t]``
+  is nonzero exactly for the response tokens that enter the loss (not prompt, not padding);
+* three log-probabilities of each sampled token are involved:
+
+  - ``logp_rollout``: under the rollout (inference) engine that sampled it, e.g. fp8 W8A8 or an fp8 KV cache;
+  - ``logp_old``: under the training engine with the parameters *before* this update (no gradient);
+  - ``logp_new``: under the training engine with the parameters being optimised (the gradient flows here).
+
+  Without a precision mismatch ``logp_rollout == logp_old``; at the first minibatch ``logp_new == logp_old``.
+  ``logp_old`` is stopped inside :func:`grpo_loss`, so a single on-policy update may pass ``logp_new`` itself
+  as ``logp_old`` (one training forward pass instead of two).
+
+The objective (token-mean over the ``N = sum(mask)`` response tokens of the whole batch, DAPO-style)::
+
+    r_t   = exp(logp_new_t - logp_old_t)                          PPO ratio
+    w_t   = sg(min(exp(logp_old_t - logp_rollout_t), C))          TIS weight, C = 2 (FP8-RL, token level)
+    pg_t  = -w_t * min(r_t A_b, clip(r_t, 1 - eps_low, 1 + eps_high) A_b)
+    kl_t  = exp(logp_ref_t - logp_new_t) - (logp_ref_t - logp_new_t) - 1       (k3, only if beta > 0)
+    loss  = (1 / N) sum_{b,t} mask_bt (pg_t + beta kl_t)
+
+with ``A_b`` the group-normalised advantage of sequence ``b`` (:func:`group_advantages`) and ``sg`` the stop
+gradient. So ``d loss / d logp_new_t = -w_t r_t A_b / N`` for a token PPO does not clip and ``0`` for one it
+clips (``r_t A_b`` beyond the clipped value).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clipped to ``[-20, 20]`` before ``exp`` (``e^20 ~ 4.9e8``), so no ratio is ``inf`` in float32
+(``exp`` overflows above ~88.7); a token that far off-policy is clipped by PPO (or by TIS) anyway."""
+
+CLIP_HIGHER_EPS = 0.28
+"""DAPO's clip-higher upper clip range ``eps_high`` (with ``eps_low = 0.2``)."""
+
+ADVANTAGE_EPS = 1e-6
+"""``eps`` of ``(r - mean) / (std + eps)``: the DESIGN's value, as in DeepSeekMath's GRPO."""
+
+
+def sequence_logprobs(logits: chex.Array, tokens: chex.Array, *, temperature: float = 1.0) -> chex.Array:
+    """Log-probability of every token given its prefix, aligned with ``tokens``: ``(B, T, V), (B, T) -> (B, T)``.
+
+    Shift convention: the logits at position ``t`` predict the token at position ``t + 1`` (a causal LM run on
+    ``tokens``), so::
+
+        out[b, t] = log_softmax(logits[b, t - 1] / temperature)[tokens[b, t]]    for t >= 1
+        out[b, 0] = 0                                                            (nothing predicts token 0)
+
+    The output is aligned with ``tokens``, so the response mask over ``tokens`` applies to it as it is (token 0
+    is always part of the prompt, so its placeholder never enters a loss). The last position's logits predict
+    beyond the sequence and are unused.
+
+    Computed in float32 whatever the logits' dtype (``log_softmax`` of bf16 logits would round the log-probs to
+    ~3 significant digits, larger than the mismatch TIS corrects). ``temperature`` must be the rollout's
+    sampling temperature, so that training and rollout log-probs describe the same distribution.
+    """
+    chex.assert_rank(logits, 3)
+    chex.assert_rank(tokens, 2)
+    chex.assert_equal_shape_prefix([logits, tokens], 2)
+    logits = logits[:, :-1].astype(jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def group_advantages(rewards: chex.Array, group_size: int, *, eps: float = ADVANTAGE_EPS) -> chex.Array:
+    """GRPO advantages: each reward normalised within its group of ``group_size`` responses to one prompt.
+
+    ``rewards`` is flat ``(N,)`` with ``N = num_prompts * group_size`` and each group contiguous. Per group ``g``::
+
+        A_i = (r_i - mean_g) / (std_g + eps),   std_g = sqrt(mean_g((r - mean_g)^2))
+
+    with the *population* standard deviation (``ddof = 0``, as DeepSeekMath and the DESIGN): a group of two
+    rewards ``{0, 1}`` gives ``{-1, +1}`` (up to ``eps``). A group whose rewards are all equal carries no
+    learning signal and gets advantages of exactly ``0`` (not merely ``~0``: the float mean of equal values
+    may differ from them by an ulp, which ``/ (std + eps)`` would blow up to ~1e-3), never NaN.
+
+    Returns float32 ``(N,)``. Raises ``ValueError`` if ``rewards`` is not 1-D, ``group_size < 1`` or ``N`` is
+    not a multiple of ``group_size`` (shapes are static, so this is checked at trace time).
+    """
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}.")
+    if jnp.ndim(rewards) != 1:
+        raise ValueError(f"rewards must be flat (N,) with groups contiguous, got shape {jnp.shape(rewards)}.")
+    n = jnp.shape(rewards)[0]
+    if n % group_size:
+        raise ValueError(f"The number of rewards ({n}) is not a multiple of group_size ({group_size}).")
+    grouped = jnp.asarray(rewards, jnp.float32).reshape(n // group_size, group_size)
+    mean = jnp.mean(grouped, axis=1, keepdims=True)
+    std = jnp.std(grouped, axis=1, keepdims=True)
+    constant = jnp.max(grouped, axis=1, keepdims=True) == jnp.min(grouped, axis=1, keepdims=True)
+    centred = jnp.where(constant, 0.0, grouped - mean)
+    return (centred / (std + eps)).reshape(n)
+
+
+def tis_weights(logp_train: chex.Array, logp_rollout: chex.Array, cap: float = 2.0) -> chex.Array:
+    """Token-level truncated importance-sampling weights ``w = sg(min(exp(logp_train - logp_rollout), cap))``.
+
+    Reweights each token sampled by the rollout engine (``pi_rollout``, e.g. fp8) towards the training engine's
+    policy (``pi_train``): ``E_{pi_rollout}[w f] ~ E_{pi_train}[f]``, with the ratio truncated at ``cap``
+    (FP8-RL: C = 2) to bound the variance that rare tokens would add. Example: ``p_rollout = [0.20, 0.05, 0.01]``,
+    ``p_train = [0.22, 0.04, 0.03]`` give ratios ``[1.1, 0.8, 3.0]`` and weights ``[1.1, 0.8, 2.0]``.
+
+    The weights are constants of the loss (``jax.lax.stop_gradient``): they correct *which* distribution the
+    samples come from; the gradient flows through the PPO ratio only.
+
+    The exponent is computed as ``exp(min(logp_train - logp_rollout, log(cap)))``, equal to
+    ``min(exp(.), cap)`` but never ``inf`` (a token the rollout gave probability ~0 would overflow ``exp``).
+    Inputs are cast to float32; they must be finite (``-inf - -inf`` is NaN: mask padding before, as
+    :func:`grpo_loss` does).
+    """
+    if isinstance(cap, (int, float)) and not cap > 0:
+        raise ValueError(f"The TIS cap must be > 0, got {cap}.")
+    log_ratio = jnp.asarray(logp_train, jnp.float32) - jnp.asarray(logp_rollout, jnp.float32)
+    return jax.lax.stop_gradient(jnp.exp(jnp.minimum(log_ratio, jnp.log(jnp.float32(cap)))))
+
+
+def _k3(log_ratio: chex.Array) -> chex.Array:
+    """``exp(x) - x - 1 >= 0``; with ``x = log(q/p)`` of a sample of ``p``, an unbiased estimate of KL(p || q)."""
+    x = jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return jnp.expm1(x) - x
+
+
+def grpo_loss(logp_new: chex.Array, logp_old: chex.Array, logp_rollout: chex.Array | None,
+              advantages: chex.Array, mask: chex.Array, *, eps_low: float = 0.2, eps_high: float = 0.2,
+              tis_cap: float | None = 2.0, beta: float = 0.0,
+              logp_ref: chex.Array | None = None) -> tuple[chex.Array, dict[str, chex.Array]]:
+    """GRPO's clipped surrogate with token-level TIS and an optional KL penalty, averaged over response tokens.
+
+    Per token (``b`` the sequence, ``t`` the position; see the module docstring)::
+
+        r_t  = exp(logp_new - logp_old)
+        w_t  = min(exp(logp_old - logp_rollout), tis_cap)       detached; 1 when tis_cap is None
+        pg_t = -w_t min(r_t A_b, clip(r_t, 1 - eps_low, 1 + eps_high) A_b)
+        kl_t = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1
+        loss = sum(mask (pg + beta kl)) / max(sum(mask), 1)
+
+    * TIS uses ``logp_old`` as the training policy (verl's rollout correction): the weight corrects the
+      rollout-vs-training *engine* mismatch of the sampled data and stays fixed over the PPO epochs, while
+      ``r_t`` handles the policy's own change since the rollout. It multiplies the policy-gradient term only;
+      the KL penalty is a regulariser towards the reference, not an expectation under the training policy.
+    * ``eps_high > eps_low`` is DAPO's clip-higher (0.28 vs 0.2): low-probability tokens with positive
+      advantage can grow more before the clip stops their gradient.
+    * KL uses Schulman's k3 estimator of KL(pi_new || pi_ref) (non-negative, unbiased on samples of pi_new,
+      zero with zero gradient when ``logp_ref == logp_new``), as DeepSeekMath's GRPO. It needs ``logp_ref``
+      when ``beta != 0`` (a ``ValueError`` if ``beta`` is a nonzero Python number; a traced ``beta`` without
+      ``logp_ref`` has no term to scale); with ``beta = 0`` a given ``logp_ref`` is only reported (``ref_kl``).
+    * Token-mean over every unmasked token of the batch (DAPO): each token counts equally, so long responses
+      are not down-weighted as by a per-sequence mean.
+
+    Args:
+      logp_new: ``(B, T)`` log-probs under the parameters being optimised (differentiated).
+      logp_old: ``(B, T)`` log-probs under the training engine before this update (treated as constants).
+      logp_rollout: ``(B, T)`` log-probs under the rollout engine, or ``None`` (no mismatch: ``logp_old``).
+      advantages: ``(B,)`` per sequence (broadcast to its tokens) or ``(B, T)`` per token.
+      mask: ``(B, T)``, nonzero for response tokens. Masked positions may hold anything finite or ``-inf``.
+      eps_low, eps_high: PPO clip range ``[1 - eps_low, 1 + eps_high]`` of ``r_t``.
+      tis_cap: TIS truncation ``C`` (> 0), or ``None`` for no importance correction (plain GRPO).
+      beta: KL coefficient (>= 0).
+      logp_ref: ``(B, T)`` log-probs under the reference policy, or ``None``.
+
+    Returns:
+      ``(loss, metrics)``; metrics are float32 scalars, token means over unmasked tokens (0 with no tokens):
+
+      * ``pg_loss``, ``ref_kl`` (k3 to the reference, 0 without ``logp_ref``), ``ppo_clip_frac`` (tokens whose
+        gradient the PPO clip stops), ``ratio_mean`` (of ``r_t``), ``num_tokens``;
+      * ``tis_weight_mean/min/max`` (weights applied: all 1 without TIS) and ``tis_clip_frac`` (tokens with
+        ``exp(logp_old - logp_rollout) > tis_cap``; 0 without TIS);
+      * ``mismatch_kl``: KL(pi_rollout || pi_train) per token by the k3 estimator ``rho - 1 - log rho``,
+        ``rho = exp(logp_old - logp_rollout)``. The tokens are samples of pi_rollout and only their own
+        log-probs are known, so this direction is the one with an unbiased Monte-Carlo estimate
+        (``E_rollout[rho] = 1``); k3 is >= 0 per token and, for close policies, of far lower variance than k1;
+        ``mismatch_kl_k1`` is the plain ``mean(logp_rollout - logp_old)`` (unbiased, may be negative).
+        ``pi_train`` is the pre-update training policy, as for TIS.
+    """
+    if logp_ref is None and isinstance(beta, (int, float)) and beta != 0:
+        raise ValueError("grpo_loss: beta != 0 needs logp_ref (the reference policy's log-probs).")
+    if tis_cap is not None and isinstance(tis_cap, (int, float)) and not tis_cap > 0:
+        raise ValueError(f"grpo_loss: tis_cap must be > 0 or None, got {tis_cap}.")
+    chex.assert_equal_shape([logp_new, logp_old, mask])
+    if logp_rollout is None:
+        logp_rollout = logp_old
+    chex.assert_equal_shape([logp_new, logp_rollout])
+    if logp_ref is not None:
+        chex.assert_equal_shape([logp_new, logp_ref])
+    advantages = jnp.asarray(advantages, jnp.float32)
+    if advantages.ndim == 1:
+        chex.assert_axis_dimension(advantages, 0, logp_new.shape[0])
+        advantages = advantages[:, None]
+    else:
+        chex.assert_equal_shape([advantages, logp_new])
+    advantages = jnp.broadcast_to(advantages, logp_new.shape)
+
+    valid = jnp.asarray(mask) != 0
+    num_tokens = jnp.sum(valid, dtype=jnp.float32)
+    denom = jnp.maximum(num_tokens, 1.0)
+
+    def masked_mean(x):
+        return jnp.sum(jnp.where(valid, x, 0.0)) / denom
+
+    def log_ratio(a, b):  # a - b on valid tokens, 0 elsewhere: padding's -inf gives neither NaN nor NaN grads
+        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+        return jnp.where(valid, a, 0.0) - jnp.where(valid, b, 0.0)
+
+    logp_old = jax.lax.stop_gradient(logp_old)
+    ratio = jnp.exp(jnp.clip(log_ratio(logp_new, logp_old), -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    mismatch = jax.lax.stop_gradient(log_ratio(logp_old, logp_rollout))  # log(pi_train / pi_rollout)
+    if tis_cap is None:
+        weights = jnp.ones_like(ratio)
+        tis_clipped = jnp.zeros_like(ratio, dtype=bool)
+    else:
+        weights = tis_weights(mismatch, 0.0, tis_cap)
+        tis_clipped = mismatch > jnp.log(jnp.float32(tis_cap))
+
+    unclipped_obj = ratio * advantages
+    clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+    pg = -weights * jnp.minimum(unclipped_obj, clipped_obj)
+    pg_loss = masked_mean(pg)
+
+    if logp_ref is None:
+        ref_kl = jnp.zeros((), jnp.float32)
+        loss = pg_loss
+    else:
+        ref_kl = masked_mean(_k3(log_ratio(logp_ref, logp_new)))
+        loss = pg_loss + beta * ref_kl
+
+    def masked_extreme(x, reduce, fill):
+        return jnp.where(num_tokens > 0, reduce(jnp.where(valid, x, fill)), 0.0)
+
+    metrics: dict[str, Any] = {
+        "pg_loss": pg_loss,
+        "ref_kl": ref_kl,
+        "ppo_clip_frac": masked_mean((clipped_obj < unclipped_obj).astype(jnp.float32)),
+        "ratio_mean": masked_mean(ratio),
+        "num_tokens": num_tokens,
+        "tis_weight_mean": masked_mean(weights),
+        "tis_weight_min": masked_extreme(weights, jnp.min, jnp.inf),
+        "tis_weight_max": masked_extreme(weights, jnp.max, -jnp.inf),
+        "tis_clip_frac": masked_mean(tis_clipped.astype(jnp.float32)),
+        "mismatch_kl": masked_mean(_k3(mismatch)),
+        "mismatch_kl_k1": masked_mean(-mismatch),
+    }
+    metrics = jax.tree.map(lambda m: jax.lax.stop_gradient(jnp.asarray(m, jnp.float32)), metrics)
+    return loss, metrics
+
