@@ -222,15 +222,14 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
                 checkpointer.save(step, saved, metadata={"config": config.to_dict(),
                                                          "counters": dataclasses.asdict(coordinator.counters)})
                 next_checkpoint = (step // config.checkpoint_every + 1) * config.checkpoint_every
+        throughput = coordinator.throughput(time.perf_counter() - started)  # before the backend shuts down
+        throughput["restart_log"] = coordinator.restart_log
+        (run_dir / "actor_learner.json").write_text(json.dumps(throughput, indent=2) + "\n")
     finally:
         bar.close()
         backend.shutdown()
         checkpointer.wait()
         logger.close()
-    wall = time.perf_counter() - started
-    throughput = coordinator.throughput(wall)
-    throughput["restart_log"] = coordinator.restart_log
-    (run_dir / "actor_learner.json").write_text(json.dumps(throughput, indent=2) + "\n")
     return {"status": "finished", "env_steps": coordinator.counters.env_steps,
             "updates": coordinator.counters.updates, "final_eval": final, "restarts": coordinator.counters.restarts,
             "run_dir": str(run_dir),
