@@ -18,6 +18,7 @@ from lpjax.agents.grpo.algorithm import (
     tis_weights,
 )
 from lpjax.agents.grpo.config import KV_CACHE_DTYPES, ROLLOUT_PRECISIONS, GRPOConfig
+from lpjax.agents.grpo.learner import GRPOState, init_state, iteration, train_step
 
 __all__ = ["ADVANTAGE_EPS", "CLIP_HIGHER_EPS", "KV_CACHE_DTYPES", "MAX_LOG_RATIO", "ROLLOUT_PRECISIONS", "GRPOConfig",
-           "group_advantages", "grpo_loss", "sequence_logprobs", "tis_weights"]
+           "GRPOState", "group_advantages", "init_state", "iteration", "train_step", "grpo_loss", "sequence_logprobs", "tis_weights"]
