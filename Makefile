@@ -25,10 +25,10 @@ numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.optimizer_overhead

@@ -4,6 +4,10 @@
 * ``run_x64`` fixture: ``run_x64(fn, *args, **kwargs)`` calls ``fn`` with float64 enabled and returns its result.
   It is session-scoped, so it may be used in ``@hypothesis.given`` tests (hypothesis rejects function-scoped
   fixtures there). Equivalent to ``with jax.enable_x64(True): fn(...)``, which tests may also write directly.
+* ``ray_cluster`` fixture: one local Ray cluster (2 CPUs) per test process, started on first use and shut down
+  at the end. Tests that use it are marked ``@pytest.mark.xdist_group("ray")`` and ``make test`` runs
+  ``--dist loadgroup``, so they share one pytest-xdist worker and one cluster: two clusters starting at the same
+  time on 2 cores can time out (the raylet's startup deadline).
 * hypothesis profiles: ``"lpjax"`` has no per-example deadline, since the first example of a test usually pays
   for a ``jax.jit`` compilation; ``"ci"`` also derandomizes the examples and is loaded when ``CI`` is set, so a
   CI run is reproducible. Pick another with ``--hypothesis-profile=NAME``.
@@ -38,3 +42,14 @@ def _run_x64(fn, *args, **kwargs):
 def run_x64():
     """Returns ``run(fn, *args, **kwargs)``: ``fn(*args, **kwargs)`` evaluated with float64 enabled."""
     return _run_x64
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster shared by the tests of this process (see the module docstring)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

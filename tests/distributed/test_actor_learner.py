@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import ray
 
 from lpjax.distributed import (ActorLearner, ActorSpec, ActorWorker, InProcessBackend, ParameterServer,
                                SamplesPerInsertLimiter, encode_policy, exploration_sigmas, make_backend)
@@ -109,8 +108,9 @@ def test_bad_backends_raise():
         check_ray_address("nowhere")
 
 
-def test_ray_actors_train_and_a_killed_actor_is_restarted():
-    backend = make_backend("ray", _specs(2), num_cpus=2)
+@pytest.mark.xdist_group("ray")
+def test_ray_actors_train_and_a_killed_actor_is_restarted(ray_cluster):
+    backend = make_backend("ray", _specs(2))
     try:
         learner = StubLearner()
         limiter = SamplesPerInsertLimiter(samples_per_insert=2.0, batch_size=16, min_size=100, error_buffer=400)
@@ -125,4 +125,3 @@ def test_ray_actors_train_and_a_killed_actor_is_restarted():
         assert loop.throughput(1.0)["server"]["pulls"] >= 3
     finally:
         backend.shutdown()
-        ray.shutdown()

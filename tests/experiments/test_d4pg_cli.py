@@ -70,15 +70,10 @@ def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
     assert resumed["env_steps"] >= 1800 and resumed["updates"] > summary["updates"]
 
 
-def test_short_ray_run_records_both_actors(tmp_path):
+@pytest.mark.xdist_group("ray")
+def test_short_ray_run_records_both_actors(tmp_path, ray_cluster):
     """The same run with 2 Ray actor processes: the throughput record is written before Ray shuts down."""
-    import ray
-
-    try:
-        summary = d4pg_loop.train(_tiny(backend="ray", total_env_steps=800, eval_every=800), tmp_path,
-                                  progress=False)
-    finally:
-        ray.shutdown()
+    summary = d4pg_loop.train(_tiny(backend="ray", total_env_steps=800, eval_every=800), tmp_path, progress=False)
     record = json.loads((tmp_path / "actor_learner.json").read_text())
     assert summary["env_steps"] >= 800 and summary["restarts"] == 0
     assert all(actor["env_steps"] > 0 for actor in record["actors"])
