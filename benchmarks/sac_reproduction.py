@@ -111,6 +111,9 @@ REFERENCE_RETURNS = {  # pytorch_sac, fp32, width 1024 / batch 1024, mean over s
     "finger-spin": [880, 951], "ball_in_cup-catch": [976, 980], "walker-walk": [897, 905]}
 # Fields of config.json that may differ on resume (they do not change what is computed).
 CONFIG_FIELDS_IGNORED = ("checkpoint_every",)
+CONFIG_FIELDS_ADDED = {"agent.matmul_impl": "xla"}
+"""Config fields added after runs started, with the value that reproduces the old behaviour bit for bit: a stored
+config without the field matches a flags config that has it at this value."""
 
 DONE_FILE, ERROR_FILE, SESSIONS_FILE, LOCK_FILE, WORKER_LOG = (
     "done.json", "error.json", "sessions.jsonl", ".lock", "worker.log")
@@ -242,6 +245,8 @@ def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[
         if not prefix and key in CONFIG_FIELDS_IGNORED:
             continue
         a, b = stored.get(key, "<absent>"), expected.get(key, "<absent>")
+        if a == "<absent>" and CONFIG_FIELDS_ADDED.get(f"{prefix}{key}", "<absent>") == b:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             diffs.extend(_config_differences(a, b, f"{prefix}{key}."))
         elif a != b:

@@ -120,3 +120,15 @@ def test_partial_run_is_incomplete_then_resumed(first):
     data = json.loads((tmp_path / "results" / "sac_reproduction.json").read_text())
     assert data["results"][TASK]["fp16"]["status"] == "complete"
     assert data["results"][TASK]["fp32"]["status"] == "incomplete"
+
+
+def test_fields_added_since_a_run_started_match_at_their_old_behaviour():
+    """A run started before ``agent.matmul_impl`` existed still matches configs with the default "xla"."""
+    from benchmarks import sac_reproduction
+
+    stored = {"agent": {"policy": "fp16"}, "seed": 0}
+    assert sac_reproduction._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "xla"},
+                                                         "seed": 0}) == []
+    diffs = sac_reproduction._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "pallas"},
+                                                          "seed": 0})
+    assert diffs == ["agent.matmul_impl: run has '<absent>', flags give 'pallas'"]
