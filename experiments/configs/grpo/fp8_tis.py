@@ -1,0 +1,9 @@
+"""GRPO with FP8 rollouts (blockwise W8A8 E4M3 GEMMs and an fp8 KV cache) and token-level TIS (C = 2)."""
+
+from experiments.configs.grpo import _base as base
+
+
+def get_config():
+    config = base.get_config()
+    config.agent.update(rollout_precision="fp8", kv_cache_dtype="fp8", tis=True)
+    return config
