@@ -39,3 +39,20 @@ def test_short_grpo_run_improves_reward(rollout_policy, kv_dtype):
         assert max(kls) < 1e-5  # same maths in both engines: no mismatch
     else:
         assert 0 < np.mean(kls) < 0.1
+
+
+def test_kl_penalty_uses_the_frozen_warm_start_as_reference():
+    train_model = transformer_causal_lm(LM)
+    params = train_model.init(jax.random.key(0), jnp.zeros((1, TASK.seq_len), jnp.int32))
+    params, _ = warm_start(train_model, params, TASK, steps=1000, target_accuracy=0.3)  # rewards vary: updates
+    new = TASK.seq_len - TASK.prompt_len
+    config = GRPOConfig(group_size=8, num_prompts=8, max_new_tokens=new, learning_rate=1e-3, beta=0.1)
+    engine = RolloutEngine(train_model, SamplingSettings(new, eos_id=2))
+    engine.sync(params, 0, jnp.asarray(TASK.sample_prompts(np.random.default_rng(1), 8)))
+    state, rng, key = init_state(params, config), np.random.default_rng(0), jax.random.key(1)
+    kls = []
+    for i in range(5):
+        state, metrics = iteration(train_model, engine, TASK, config, state, rng, jax.random.fold_in(key, i))
+        kls.append(metrics["ref_kl"])
+    assert kls[0] == 0.0 and kls[-1] > 0.0  # the policy moves away from the frozen reference
+    assert np.array_equal(np.asarray(jax.tree.leaves(state.ref_params)[0]), np.asarray(jax.tree.leaves(params)[0]))

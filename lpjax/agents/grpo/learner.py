@@ -23,11 +23,13 @@ from lpjax.agents.grpo.config import GRPOConfig
 
 
 class GRPOState(NamedTuple):
-    """The learner's parameters, optimizer state and update count."""
+    """The learner's parameters, optimizer state and update count, and the frozen reference parameters of the
+    per-token KL penalty (``None`` when ``beta == 0``)."""
 
     params: Any
     opt_state: Any
     step: jax.Array
+    ref_params: Any = None
 
 
 def optimizer(config: GRPOConfig) -> optax.GradientTransformation:
@@ -40,7 +42,9 @@ def optimizer(config: GRPOConfig) -> optax.GradientTransformation:
 
 
 def init_state(params: Any, config: GRPOConfig) -> GRPOState:
-    return GRPOState(params, optimizer(config).init(params), jnp.zeros([], jnp.int32))
+    """A learner starting from ``params``; with ``beta > 0`` they are also the KL reference policy."""
+    ref = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+    return GRPOState(params, optimizer(config).init(params), jnp.zeros([], jnp.int32), ref)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "config"))
@@ -48,15 +52,20 @@ def train_step(model: Any, config: GRPOConfig, state: GRPOState, tokens: jax.Arr
                logp_rollout: jax.Array, advantages: jax.Array) -> tuple[GRPOState, dict[str, jax.Array]]:
     """One gradient step of :func:`grpo_loss` on ``tokens (B, T)`` with response ``mask (B, T)``."""
 
+    logp_ref = None
+    if state.ref_params is not None:
+        ref_logits = model.logits(state.ref_params, tokens)
+        logp_ref = jax.lax.stop_gradient(sequence_logprobs(ref_logits, tokens, temperature=config.temperature))
+
     def loss_fn(params):
         logits = model.logits(params, tokens)
         logp = sequence_logprobs(logits, tokens, temperature=config.temperature)
-        return grpo_loss(logp, logp, logp_rollout, advantages, mask, **config.loss_kwargs())
+        return grpo_loss(logp, logp, logp_rollout, advantages, mask, logp_ref=logp_ref, **config.loss_kwargs())
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer(config).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    return GRPOState(params, opt_state, state.step + 1), dict(metrics, loss=loss)
+    return GRPOState(params, opt_state, state.step + 1, state.ref_params), dict(metrics, loss=loss)
 
 
 def iteration(train_model: Any, engine: Any, task: Any, config: GRPOConfig, state: GRPOState,
