@@ -43,7 +43,9 @@ def validate(config: ml_collections.ConfigDict) -> tuple[GRPOConfig, Any]:
                         (min(config.eval_every, config.log_every, config.checkpoint_every) >= 1,
                          "eval_every, log_every and checkpoint_every must be >= 1"),
                         (config.eval_prompts >= 1, "eval_prompts must be >= 1"),
-                        (config.warm_start_steps >= 0, "warm_start_steps must be >= 0")]:
+                        (config.warm_start_steps >= 0, "warm_start_steps must be >= 0"),
+                        (agent.ppo_epochs == 1 and agent.num_minibatches == 1,
+                         "this loop takes one update per rollout batch: ppo_epochs and num_minibatches must be 1")]:
         if not ok:
             raise ValueError(f"GRPO run config: {message}.")
     return agent, task

@@ -30,7 +30,7 @@ def test_help_lists_the_flags():
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(env="task:multiply"), "task:<name>"), (dict(iterations=0), "iterations"),
-    (dict(agent={"group_size": 1}), "group_size"),
+    (dict(agent={"group_size": 1}), "group_size"), (dict(agent={"ppo_epochs": 2}), "one update per rollout"),
 ])
 def test_bad_configs_fail_before_compute(overrides, message, tmp_path):
     config = _tiny()
