@@ -179,8 +179,7 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
     learner = D4PGLearner(state, config.actor_runtime)
     bar = tqdm.tqdm(total=config.total_env_steps, initial=counters.env_steps, disable=not progress, unit="step",
                     dynamic_ncols=True)
-    backend = make_backend(config.backend, specs, address=config.ray_address or None) if config.backend == "ray" \
-        else make_backend(config.backend, specs)
+    backend = make_backend(config.backend, specs, address=config.ray_address or None)
     coordinator = ActorLearner(backend, learner, limiter, chunk_steps=config.chunk_steps,
                                publish_every=config.publish_every, log=tqdm.tqdm.write)
     coordinator.restore(counters)

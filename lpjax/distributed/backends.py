@@ -202,7 +202,8 @@ BACKENDS: dict[str, Callable[..., Any]] = {"inprocess": InProcessBackend, "ray":
 
 
 def make_backend(name: str, specs: list[ActorSpec], **options: Any) -> InProcessBackend | RayBackend:
-    """``"inprocess"`` or ``"ray"`` (``options``: ``address``, ``num_cpus``, ``actor_env``)."""
+    """``"inprocess"`` or ``"ray"`` (``options``: ``address``, ``num_cpus``, ``actor_env``; Ray only, the
+    in-process backend needs none and ignores them)."""
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}.")
     if not specs:
