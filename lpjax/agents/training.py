@@ -26,6 +26,7 @@ import optax
 
 from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
+    OPTIMIZER_SCOPE,
     KahanPolyakState,
     kahan_polyak,
     loss_scale_or_one,
@@ -57,7 +58,8 @@ def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
 
     The loss is multiplied by the optimizer's loss scale (1 without a scaler) in float32 before
     differentiation, so the backward pass runs in the network's dtype on scaled cotangents; the scaled
-    gradients go to ``tx`` as they are (compound loss scaling never unscales them).
+    gradients go to ``tx`` as they are (compound loss scaling never unscales them). The optimizer runs under
+    ``jax.named_scope(lpjax.optim.OPTIMIZER_SCOPE)`` (metadata only), so :mod:`lpjax.inspect` can tell it apart.
     """
     scale = loss_scale_or_one(trainable.opt_state)
 
@@ -66,8 +68,10 @@ def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
         return loss.astype(jnp.float32) * scale, (loss, aux)
 
     grads, (loss, aux) = jax.grad(scaled, has_aux=True)(trainable.params)
-    updates, opt_state = tx.update(grads, trainable.opt_state, trainable.params)
-    return Trainable(optax.apply_updates(trainable.params, updates), opt_state), loss, aux
+    with jax.named_scope(OPTIMIZER_SCOPE):
+        updates, opt_state = tx.update(grads, trainable.opt_state, trainable.params)
+        params = optax.apply_updates(trainable.params, updates)
+    return Trainable(params, opt_state), loss, aux
 
 
 def network_optimizer(learning_rate: optax.ScalarOrSchedule, config: Any) -> optax.GradientTransformation:

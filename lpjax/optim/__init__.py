@@ -20,8 +20,12 @@ from lpjax.optim.kahan import (KahanPolyak, KahanPolyakState, KahanSummationStat
 from lpjax.optim.loss_scaling import (PYTORCH_AMP_DEFAULTS, CompoundLossScalingState, compound_loss_scaling,
                                       loss_scale, loss_scale_or_one, rescale_moments)
 
+OPTIMIZER_SCOPE = "optimizer"
+"""``jax.named_scope`` under which lpjax's learners run their optimizer's update (``tx.update`` and
+``optax.apply_updates``); :mod:`lpjax.inspect` attributes operations in it to the optimizer."""
+
 __all__ = [
-    "CompoundLossScalingState", "EpsUnderflowWarning", "KahanPolyak", "KahanPolyakState", "KahanSummationState",
+    "OPTIMIZER_SCOPE", "CompoundLossScalingState", "EpsUnderflowWarning", "KahanPolyak", "KahanPolyakState", "KahanSummationState",
     "PYTORCH_AMP_DEFAULTS", "ScaleByHAdamState", "compound_loss_scaling", "hadam", "kahan_polyak",
     "kahan_summation", "loss_scale", "loss_scale_or_one", "low_precision_adam", "rescale_moments",
     "scale_by_hadam",

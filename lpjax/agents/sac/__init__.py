@@ -6,7 +6,9 @@
 """
 
 from lpjax.agents.sac.config import SACConfig
-from lpjax.agents.sac.learner import SACCritic, SACState, act, init, random_shift, update
+from lpjax.agents.sac.learner import (SACCritic, SACState, act, actor_update, critic_update, init, random_shift,
+                                      update)
 from lpjax.agents.sac.squashed_gaussian import sample_and_log_prob
 
-__all__ = ["SACConfig", "SACCritic", "SACState", "act", "init", "random_shift", "sample_and_log_prob", "update"]
+__all__ = ["SACConfig", "SACCritic", "SACState", "act", "actor_update", "critic_update", "init", "random_shift",
+           "sample_and_log_prob", "update"]

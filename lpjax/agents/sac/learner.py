@@ -177,10 +177,51 @@ def _temperature_loss(log_alpha, log_prob, target_entropy):
     return jnp.mean(jnp.exp(log_alpha) * entropy_gap), None
 
 
+def critic_update(state: SACState, batch: dict, key: jax.Array) -> tuple[SACState, dict]:
+    """The critic's gradient step on ``batch`` (already augmented, for pixels), then the target networks' update.
+
+    Unjitted (:func:`update` jits the whole step). Returns the state and float32 metrics ``critic_loss``, ``q``
+    and ``target_q``. Runs under the name scopes ``critic`` and ``target`` (metadata for :mod:`lpjax.inspect`).
+    """
+    config = state.config
+    _, critic_net = _networks(config, state.action_dim)
+    critic_tx = _optimizers(config)[1]
+    with jax.named_scope("critic"):
+        next_features = critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
+        critic, critic_loss, critic_aux = gradient_step(state.critic, critic_tx, _critic_loss, state, batch,
+                                                        jax.lax.stop_gradient(next_features), key)
+    state = state.replace(critic=critic)
+    with jax.named_scope("target"):
+        target_critic, compensation = target_updater(config).update(critic.params, state.target_critic,
+                                                                    state.target_compensation, state.step)
+    return (state.replace(target_critic=target_critic, target_compensation=compensation),
+            {"critic_loss": critic_loss, **critic_aux})
+
+
+def actor_update(state: SACState, obs: jax.Array, key: jax.Array) -> tuple[SACState, dict]:
+    """The actor's gradient step on observations ``obs`` (features from the critic's encoder, without gradient),
+    then the temperature's step on the actor's log-probabilities.
+
+    Unjitted (:func:`update` jits the whole step). Returns the state and float32 metrics ``actor_loss``,
+    ``temperature_loss`` and ``entropy``. Runs under the name scopes ``actor`` and ``temperature``.
+    """
+    config = state.config
+    _, critic_net = _networks(config, state.action_dim)
+    actor_tx, _, temperature_tx = _optimizers(config)
+    features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, obs, method=SACCritic.encode))
+    target_entropy = -float(state.action_dim) if config.target_entropy is None else config.target_entropy
+    with jax.named_scope("actor"):
+        actor, actor_loss, log_prob = gradient_step(state.actor, actor_tx, _actor_loss, state, features, key)
+    with jax.named_scope("temperature"):
+        temperature, temperature_loss, _ = gradient_step(state.temperature, temperature_tx, _temperature_loss,
+                                                         log_prob, target_entropy)
+    entropy = -jnp.mean(log_prob, dtype=jnp.float32)
+    return (state.replace(actor=actor, temperature=temperature),
+            {"actor_loss": actor_loss, "temperature_loss": temperature_loss, "entropy": entropy})
+
+
 def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
     config = state.config
-    actor_net, critic_net = _networks(config, state.action_dim)
-    actor_tx, critic_tx, temperature_tx = _optimizers(config)
     key, critic_key, actor_key, aug_key = jax.random.split(state.key, 4)
     if config.pixels:  # critic: augmented + original batch (paper appendix G); actor: the augmented half
         obs_key, next_key = jax.random.split(aug_key)
@@ -191,35 +232,19 @@ def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
     else:
         critic_batch, actor_obs = batch, batch["obs"]
 
-    next_features = critic_net.apply(state.critic.params, critic_batch["next_obs"], method=SACCritic.encode)
-    critic, critic_loss, critic_aux = gradient_step(state.critic, critic_tx, _critic_loss, state, critic_batch,
-                                                    jax.lax.stop_gradient(next_features), critic_key)
-    state = state.replace(critic=critic)
-
-    target_critic, compensation = target_updater(config).update(critic.params, state.target_critic,
-                                                                state.target_compensation, state.step)
-    state = state.replace(target_critic=target_critic, target_compensation=compensation)
-
-    features = jax.lax.stop_gradient(critic_net.apply(critic.params, actor_obs, method=SACCritic.encode))
-    target_entropy = -float(state.action_dim) if config.target_entropy is None else config.target_entropy
-
-    def actor_and_temperature(state):
-        actor, actor_loss, log_prob = gradient_step(state.actor, actor_tx, _actor_loss, state, features, actor_key)
-        temperature, temperature_loss, _ = gradient_step(state.temperature, temperature_tx, _temperature_loss,
-                                                         log_prob, target_entropy)
-        entropy = -jnp.mean(log_prob, dtype=jnp.float32)
-        return state.replace(actor=actor, temperature=temperature), (actor_loss, temperature_loss, entropy)
-
+    state, critic_metrics = critic_update(state, critic_batch, critic_key)
     if config.actor_update_period == 1:
-        state, (actor_loss, temperature_loss, entropy) = actor_and_temperature(state)
+        state, actor_metrics = actor_update(state, actor_obs, actor_key)
     else:
-        skipped = (jnp.float32(jnp.nan),) * 3
-        state, (actor_loss, temperature_loss, entropy) = jax.lax.cond(
-            state.step % config.actor_update_period == 0, actor_and_temperature, lambda s: (s, skipped), state)
+        skipped = {name: jnp.float32(jnp.nan) for name in ("actor_loss", "temperature_loss", "entropy")}
+        state, actor_metrics = jax.lax.cond(state.step % config.actor_update_period == 0,
+                                            lambda s: actor_update(s, actor_obs, actor_key),
+                                            lambda s: (s, skipped), state)
 
     metrics = {
-        "critic_loss": critic_loss, "actor_loss": actor_loss, "temperature_loss": temperature_loss,
-        "alpha": jnp.exp(state.temperature.params), "entropy": entropy, **critic_aux,
+        "critic_loss": critic_metrics["critic_loss"], "actor_loss": actor_metrics["actor_loss"],
+        "temperature_loss": actor_metrics["temperature_loss"], "alpha": jnp.exp(state.temperature.params),
+        "entropy": actor_metrics["entropy"], "q": critic_metrics["q"], "target_q": critic_metrics["target_q"],
         "critic_loss_scale": loss_scale_or_one(state.critic.opt_state),
         "actor_loss_scale": loss_scale_or_one(state.actor.opt_state),
     }

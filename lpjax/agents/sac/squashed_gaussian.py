@@ -39,7 +39,9 @@ def sample_and_log_prob(key: jax.Array, mean: jax.Array, log_std: jax.Array, *, 
     is computed in the dtype of ``mean``; the log-probability has shape ``mean.shape[:-1]``.
     """
     dtype = mean.dtype
-    std = jnp.exp(log_std) + jnp.asarray(sigma_eps, dtype)
+    std = jnp.exp(log_std)
+    if sigma_eps:  # no "+ 0": lpjax.inspect flags additions of a literal 0 (what an underflowed eps looks like)
+        std = std + jnp.asarray(sigma_eps, dtype)
     u = mean + std * jax.random.normal(key, mean.shape, dtype)
     log_normal = numerics.normal_log_prob(u, mean, std) if normal_fix else _textbook_normal_log_prob(u, mean, std)
     log_det = numerics.tanh_log_det_jacobian(u) if softplus_fix else _torch_tanh_log_det_jacobian(u)
