@@ -1,0 +1,185 @@
+r"""``python -m lpjax.inspect --config=fp16_naive.py --algo=sac``: the precision report of a learner's update.
+
+Builds the learner of an experiment config (a file, or a bare name in ``experiments/configs/<algo>/``; run from
+the repository root), collects one batch by running its policy in the environment, and prints the precision
+report (:func:`lpjax.inspect.precision_report`) of each phase of one update, every phase from the same state:
+
+* ``critic``: the critic's loss, its gradient, its optimizer step and the target networks' update;
+* ``actor``: the actor's loss, gradient and optimizer step, then the temperature's.
+
+``--checkpoint=RUN_DIR`` inspects the networks of a trained run (its latest checkpoint) instead of a fresh
+initialisation: the environment and network sizes come from the run's ``config.json``, the precision settings
+(policy, the six methods, matmul implementation) from ``--config``, and the parameters are cast to that policy
+(optimizer states start fresh). Failures that appear late in training (a saturated, nearly deterministic
+policy) show up this way. ``--json=PATH`` saves the reports; ``--dtype`` chooses what float32 operations are
+checked as (``auto``: nothing when the config computes in a narrow dtype, float16 otherwise: "what would
+break in fp16?").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from lpjax.inspect.formats import is_narrow  # noqa: E402
+from lpjax.inspect.report import PrecisionReport, precision_report  # noqa: E402
+
+ALGOS = ("sac",)
+DTYPES = ("auto", "none", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+PRECISION_FIELDS = ("policy", "matmul_impl", "hadam", "loss_scaling", "kahan_gradients", "kahan_momentum",
+                    "softplus_fix", "normal_fix")
+"""Agent fields taken from ``--config`` when inspecting a ``--checkpoint`` (the rest come from the run)."""
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config: a file, or a name in experiments/configs/<algo> (e.g. fp16_naive.py).",
+    lock_config=True)
+_ALGO = flags.DEFINE_enum("algo", "sac", ALGOS, "Learner to inspect.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Run directory of a trained run to take the networks from.")
+_DTYPE = flags.DEFINE_enum("dtype", "auto", DTYPES, "Format float32 operations are checked as ('none': not "
+                           "checked; 'auto': none for narrow policies, float16 otherwise).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Batch size (default: the config's agent.batch_size).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the initialisation, the batch collection and the update.")
+_LIMIT = flags.DEFINE_integer("limit", 20, "Rows printed per phase (all flagged rows go to --json).")
+_JSON = flags.DEFINE_string("json", None, "Write the reports (flagged rows) to this JSON file.")
+
+
+def what_if_dtype(choice: str, compute_dtype) -> Any:
+    """The ``dtype`` argument of :func:`precision_report` for a ``--dtype`` choice and the config's compute dtype."""
+    if choice == "auto":
+        return None if is_narrow(compute_dtype) else jnp.float16
+    return None if choice == "none" else jnp.dtype(choice)
+
+
+def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) -> ml_collections.ConfigDict:
+    """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`."""
+    if checkpoint is None:
+        return config
+    path = pathlib.Path(checkpoint) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--checkpoint={checkpoint}: no config.json there (expected a training run directory).")
+    run_config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    with run_config.unlocked():
+        for field in PRECISION_FIELDS:
+            if field in config.agent:
+                run_config.agent[field] = config.agent[field]
+    return run_config
+
+
+def restore_networks(checkpoint: str, state):
+    """``state`` with the actor, critic, target critic and temperature of ``checkpoint``'s latest step, cast to
+    ``state``'s parameter dtypes (optimizer states stay fresh: they depend only on the parameters' shapes)."""
+    from experiments import sac_loop
+    from lpjax.checkpoint import Checkpointer
+
+    run_dir = pathlib.Path(checkpoint)
+    run_config = ml_collections.ConfigDict(json.loads((run_dir / "config.json").read_text()))
+    run_agent = sac_loop.validate(run_config)
+    env = sac_loop.make_envs(run_config)[0]
+    loop = sac_loop.init_loop(run_config, run_agent, env)
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    latest = checkpointer.latest_step()
+    if latest is None:
+        raise ValueError(f"--checkpoint={checkpoint}: no checkpoint in {run_dir / 'checkpoints'}.")
+    target = loop if run_config.save_replay else loop._replace(replay=None)
+    restored, _ = checkpointer.restore(latest, target=target)
+    checkpointer.close()
+    trained = restored.agent
+
+    def cast_like(source, like):
+        return jax.tree.map(lambda s, d: jnp.asarray(s, d.dtype), source, like)
+
+    return state.replace(actor=state.actor._replace(params=cast_like(trained.actor.params, state.actor.params)),
+                         critic=state.critic._replace(params=cast_like(trained.critic.params, state.critic.params)),
+                         target_critic=cast_like(trained.target_critic, state.target_critic),
+                         temperature=state.temperature._replace(params=cast_like(trained.temperature.params,
+                                                                                 state.temperature.params)))
+
+
+def collect_batch(env, state, batch_size: int, seed: int) -> dict[str, jax.Array]:
+    """``batch_size`` consecutive transitions of ``state``'s stochastic policy in ``env``, as a replay batch."""
+    from lpjax.agents import sac
+
+    keys = jax.random.split(jax.random.key(seed), batch_size)
+    columns: dict[str, list] = {name: [] for name in ("obs", "action", "reward", "discount", "next_obs")}
+    obs, episode = env.reset(seed=seed), 0
+    for key in keys:
+        action = np.asarray(sac.act(state, jnp.asarray(obs)[None], key)[0])
+        if not np.all(np.isfinite(action)):
+            raise RuntimeError("the policy produced non-finite actions while collecting the batch; inspect "
+                               "with a policy that runs (e.g. without --checkpoint).")
+        next_obs, reward, terminated, truncated = env.step(action)
+        for name, value in zip(columns, (obs, action, np.float32(reward), np.float32(0.0 if terminated else 1.0),
+                                         next_obs)):
+            columns[name].append(value)
+        obs = next_obs
+        if terminated or truncated:
+            episode += 1
+            obs = env.reset(seed=seed + episode)
+    return {name: jnp.asarray(np.stack(values)) for name, values in columns.items()}
+
+
+def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
+                batch_size: int | None, seed: int) -> dict[str, PrecisionReport]:
+    """The precision reports of SAC's ``critic`` and ``actor`` phases (see the module docstring)."""
+    from experiments import sac_loop
+    from lpjax.agents import sac
+
+    agent_config = sac_loop.validate(config)
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"--batch_size must be >= 1, got {batch_size}.")
+        agent_config = sac.SACConfig.from_mapping({**config.agent.to_dict(), "batch_size": batch_size})
+    env = sac_loop.make_envs(config)[0]
+    init_key, critic_key, actor_key = jax.random.split(jax.random.key(seed), 3)
+    state = sac.init(init_key, jnp.zeros(env.observation_shape, env.observation_dtype), env.action_dim,
+                     agent_config)
+    if checkpoint is not None:
+        state = restore_networks(checkpoint, state)
+    batch = collect_batch(env, state, agent_config.batch_size, seed)
+    if agent_config.pixels:  # the critic sees the augmented and the original batch, as in sac.update
+        batch = jax.tree.map(lambda a: jnp.concatenate([a, a]), batch)
+    dtype = what_if_dtype(dtype_choice, agent_config.precision.compute_dtype)
+    return {"critic": precision_report(sac.critic_update, state, batch, critic_key, dtype=dtype),
+            "actor": precision_report(sac.actor_update, state, batch["obs"], actor_key, dtype=dtype)}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required (e.g. --config=fp16_naive.py).")
+    config = inspected_config(_CONFIG.value, _CHECKPOINT.value)
+    reports = sac_reports(config, _CHECKPOINT.value, _DTYPE.value, _BATCH_SIZE.value, _SEED.value)
+    source = f"the networks of {_CHECKPOINT.value}" if _CHECKPOINT.value else "a fresh initialisation"
+    print(f"{_ALGO.value.upper()} {config.agent.policy} on {config.env}, {source}; one update per phase.")
+    for phase, report in reports.items():
+        print(f"\n=== {phase} ===")
+        print(report.table(limit=_LIMIT.value))
+    if _JSON.value:
+        path = pathlib.Path(_JSON.value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": config.to_dict(), "checkpoint": _CHECKPOINT.value,
+                                    "reports": {phase: r.to_dict() for phase, r in reports.items()}}, indent=1))
+        print(f"\nwrote {path}")
+
+
+def run() -> None:
+    """Entry point: resolves ``--config`` in ``experiments/configs/<algo>`` and runs :func:`main`."""
+    from experiments.cli import REPO_ROOT, run_app
+
+    algo = next((arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("--algo=")), "sac")
+    if algo not in ALGOS:
+        raise SystemExit(f"--algo={algo}: the inspector's CLI supports {', '.join(ALGOS)}.")
+    run_app(main, REPO_ROOT / "experiments" / "configs" / algo)

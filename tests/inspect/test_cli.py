@@ -1,0 +1,91 @@
+"""python -m lpjax.inspect: --help, errors, a real run on naive fp16 SAC, and --checkpoint of a trained run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import sac_loop
+from experiments.cli import REPO_ROOT
+from experiments.configs.sac import fp16_naive, fp32
+from lpjax.agents import sac
+from lpjax.checkpoint import Checkpointer
+from lpjax.inspect import cli
+
+TINY = ("--config.env=dmc:cartpole-swingup", "--config.agent.hidden_dims=32,32", "--batch_size=32")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lpjax.inspect", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, MUJOCO_GL="egl"))
+
+
+def test_help_lists_the_flags_and_explains_the_phases():
+    result = _cli("--help")
+    assert result.returncode == 0, result.stderr
+    for flag in ("--config", "--algo", "--checkpoint", "--dtype", "--json", "--batch_size"):
+        assert flag in result.stdout
+    assert "critic" in result.stdout and "actor" in result.stdout
+
+
+def test_unknown_algo_and_missing_config_fail_clearly():
+    result = _cli("--algo=ppo", "--config=fp16_naive.py")
+    assert result.returncode != 0 and "supports sac" in result.stderr
+    result = _cli()
+    assert result.returncode != 0 and "--config is required" in result.stderr
+
+
+def test_naive_fp16_sac_report_from_the_command_line(tmp_path):
+    out = tmp_path / "report.json"
+    result = _cli("--config=fp16_naive.py", *TINY, f"--json={out}", "--limit=5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "=== critic ===" in result.stdout and "=== actor ===" in result.stdout
+    saved = json.loads(out.read_text())
+    assert saved["config"]["agent"]["policy"] == "fp16" and set(saved["reports"]) == {"critic", "actor"}
+    critic = saved["reports"]["critic"]["flagged"]
+    assert any(row["zero_constant"] and "optimizer" in row["scope"] for row in critic)  # Adam's eps is 0 in fp16
+    assert any(row["primitive"] == "integer_pow" and row["underflow_frac"] > 0 for row in critic)  # g^2
+
+
+def test_dtype_choice_and_config_errors():
+    assert cli.what_if_dtype("auto", jnp.float16) is None
+    assert cli.what_if_dtype("auto", jnp.float32) == jnp.float16
+    assert cli.what_if_dtype("bfloat16", jnp.float32) == jnp.bfloat16 and cli.what_if_dtype("none", "float32") is None
+    config = fp16_naive.get_config()
+    with pytest.raises(ValueError, match="no config.json"):
+        cli.inspected_config(config, "/nonexistent/run")
+    with pytest.raises(ValueError, match="batch_size"):
+        cli.sac_reports(config, None, "auto", 0, 0)
+
+
+def test_checkpoint_networks_are_cast_into_the_inspected_precision(tmp_path):
+    config = fp32.get_config()
+    config.unlock()
+    config.update(env="dmc:cartpole-swingup", action_repeat=4, total_steps=300, seed_steps=100,
+                  replay_capacity=400, eval_every=300, eval_episodes=1, log_every=100, checkpoint_every=300)
+    config.agent.update(hidden_dims=(32, 32), batch_size=32)
+    run_dir = tmp_path / "run"
+    assert sac_loop.train(config, run_dir, progress=False)["status"] == "finished"
+
+    inspected = cli.inspected_config(fp16_naive.get_config(), str(run_dir))
+    assert inspected.agent.policy == "fp16" and not inspected.agent.hadam
+    assert tuple(inspected.agent.hidden_dims) == (32, 32) and inspected.action_repeat == 4  # from the run
+
+    env = sac_loop.make_envs(config)[0]
+    fresh = sac.init(jax.random.key(5), jnp.zeros(env.observation_shape), env.action_dim,
+                     sac_loop.validate(inspected))
+    restored = cli.restore_networks(str(run_dir), fresh)
+    trained_loop = sac_loop.init_loop(config, sac_loop.validate(config), env)
+    with Checkpointer(run_dir / "checkpoints") as checkpointer:
+        trained, _ = checkpointer.restore(target=trained_loop if config.save_replay else
+                                          trained_loop._replace(replay=None))
+    for got, want in zip(jax.tree.leaves(restored.actor.params), jax.tree.leaves(trained.agent.actor.params)):
+        assert got.dtype == jnp.float16
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.float16)))
+    np.testing.assert_array_equal(restored.temperature.params, trained.agent.temperature.params)
+    assert jax.tree.structure(restored.actor.opt_state) == jax.tree.structure(fresh.actor.opt_state)
