@@ -11,10 +11,14 @@ which equations are checked against which format.
 
 Severity: ``"error"`` when the row produces nan/inf or overflows; ``"warning"`` when a literal is lost, or at
 least :data:`WARN_FRACTION` of its values underflow or are absorbed; ``"info"`` for smaller fractions; ``"ok"``
-otherwise. Rows are sorted by severity, then by the largest affected
-fraction, then in program order (so among the rows producing nan/inf, the first is where they started). Some flagged rows are *harmless* by construction (for example the additions inside a Kahan summation,
-whose compensation keeps what they drop); they keep their counts, say why in ``harmless``, and sort after the
-rows that are not.
+otherwise. Rows are sorted by severity, then by the largest affected fraction, then in program order (so among
+the rows producing nan/inf, the first is where they started).
+
+Some findings are *harmless* by construction; they keep their counts, say why in ``harmless``, and sort after
+the others: anything inside a Kahan summation (its compensation keeps what the rounding drops), underflow and
+absorption inside :mod:`lpjax.numerics`' fp16-safe forms, a broadcast scalar (an ``eps``) absorbed in an
+addition, and overflow in a backward pass that :func:`lpjax.optim.compound_loss_scaling` guards (the step is
+skipped and the scale lowered).
 """
 
 from __future__ import annotations
@@ -43,10 +47,17 @@ WARN_FRACTION = 1e-3
 
 _TRANSFORM = re.compile(r"\b\w+\(|\)")
 _SUMMARY = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<function>.*)\)$")
-_HARMLESS_SOURCES = {
-    os.path.join("lpjax", "optim", "kahan.py"):
-        "inside Kahan summation: the compensation keeps what the rounding drops",
-}
+_KAHAN = os.path.join("lpjax", "optim", "kahan.py")
+_NUMERICS = os.path.join("lpjax", "numerics.py")
+_LOSS_SCALER = os.path.join("lpjax", "optim", "loss_scaling.py")
+_HARMLESS_SOURCES = (  # (source path, problems, why they are harmless there)
+    (_KAHAN, ("overflow", "underflow", "absorbed", "zero constant"),
+     "inside Kahan summation: the compensation keeps what the rounding drops"),
+    (_NUMERICS, ("underflow", "absorbed"),
+     "inside lpjax.numerics' fp16-safe forms: terms this small vanish next to those they are added to"),
+)
+_LOSS_SCALED = ("handled by dynamic loss scaling: the step with non-finite gradients is skipped and the scale "
+                "lowered (a lower init_scale avoids the skipped steps)")
 _SCALAR_ABSORBED = "a broadcast scalar (an eps or offset) meets values that dwarf it or that it dwarfs, as an eps is meant to"
 
 
@@ -217,14 +228,15 @@ def precision_report(fn: Callable, *args, dtype: Any = jnp.float16, **kwargs) ->
     """
     start = time.perf_counter()
     outputs, interp = evaluate(fn, args, kwargs, what_if=dtype)
-    rows = _merge(interp.records.values())  # in program order (of each row's first equation)
+    loss_scaled = any(_LOSS_SCALER in _source(record.equation)[0] for record in interp.records.values())
+    rows = _merge(interp.records.values(), loss_scaled)  # in program order (of each row's first equation)
     rows.sort(key=lambda row: (SEVERITIES.index(row.severity), row.harmless is not None, -row.score))
     equations = sum(record.stats.calls for record in interp.records.values())
     return PrecisionReport(tuple(rows), None if dtype is None else jnp.dtype(dtype).name, outputs, equations,
                            time.perf_counter() - start)
 
 
-def _merge(records) -> list[Row]:
+def _merge(records, loss_scaled: bool) -> list[Row]:
     groups: dict[tuple, tuple[EquationRecord, OpStatistics, int, bool]] = {}
     for record in records:
         source, function = _source(record.equation)
@@ -235,12 +247,12 @@ def _merge(records) -> list[Row]:
         first, stats, count, power = groups[key]
         stats.merge(record.stats)
         groups[key] = (first, stats, count + 1, power or _is_power(record.equation))
-    return [_row(first, stats, count, power, *key[1:5])
+    return [_row(first, stats, count, power, *key[1:5], loss_scaled=loss_scaled)
             for key, (first, stats, count, power) in groups.items()]
 
 
 def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: bool, source: str, function: str,
-         scope: str, backward: bool) -> Row:
+         scope: str, backward: bool, loss_scaled: bool) -> Row:
     fractions = dict(overflow_frac=stats.fraction(stats.overflow), underflow_frac=stats.fraction(stats.underflow),
                      flushed_frac=stats.fraction(stats.flushed), absorbed_frac=stats.fraction(stats.absorbed))
     if stats.nonfinite:
@@ -264,11 +276,12 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
         severity = "warning"
     else:
         severity = "info" if problem else "ok"
-    harmless = None
-    if problem:
-        harmless = next((reason for path, reason in _HARMLESS_SOURCES.items() if path in source), None)
+    harmless = next((reason for path, problems, reason in _HARMLESS_SOURCES
+                     if path in source and problem in problems), None)
     if problem == "absorbed" and stats.absorbed_scalar:
         harmless = _SCALAR_ABSORBED
+    if problem in ("overflow", "nonfinite") and backward and loss_scaled:
+        harmless = _LOSS_SCALED
     return Row(primitive=record.primitive, source=source, function=function, code=_code(source), scope=scope,
                backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
                calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,

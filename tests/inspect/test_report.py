@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lpjax.inspect import precision_report
-from lpjax.optim import OPTIMIZER_SCOPE
+from lpjax.optim import OPTIMIZER_SCOPE, compound_loss_scaling, hadam, loss_scale
 
 THIS_FILE = os.path.relpath(__file__)
 
@@ -210,3 +210,23 @@ def test_a_clean_function_reports_nothing_and_bad_dtypes_raise():
     assert report.flagged() == [] and "nothing overflows" in report.table()
     with pytest.raises(ValueError, match="floating"):
         precision_report(product, jnp.ones(2), jnp.ones(2), dtype=jnp.int8)
+
+
+def big_loss(w, x):
+    return jnp.sum(jnp.square(x @ w)).astype(jnp.float32)
+
+
+def scaled_step(w, x, opt_state, tx):
+    grads = jax.grad(lambda p: big_loss(p, x) * loss_scale(opt_state))(w)  # scaled gradient
+    return tx.update(grads, opt_state, w)
+
+
+def test_backward_overflow_under_compound_loss_scaling_is_flagged_harmless():
+    w, x = jnp.full((4, 2), 2.0, jnp.float16), jnp.full((3, 4), 2.0, jnp.float16)  # dL/dw = 2 x^T (x w) = 192
+    tx = compound_loss_scaling(hadam(1e-3), init_scale=2.0**15)  # 192 * 2^15 overflows float16
+    report = precision_report(lambda w, x, s: scaled_step(w, x, s, tx), w, x, tx.init(w), dtype=None)
+    backward = [row for row in report.rows if row.backward and row.problem in ("overflow", "nonfinite")]
+    assert backward and all(row.harmless and "loss scaling" in row.harmless for row in backward)
+    assert all(row.severity != "error" for row in report.flagged(include_harmless=False))
+    unguarded = precision_report(lambda w, x: jax.grad(lambda p: big_loss(p, x) * 2.0**15)(w), w, x, dtype=None)
+    assert [row for row in unguarded.flagged(include_harmless=False) if row.backward and row.severity == "error"]
