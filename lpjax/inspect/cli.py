@@ -155,6 +155,27 @@ def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype
             "actor": precision_report(sac.actor_update, state, batch["obs"], actor_key, dtype=dtype)}
 
 
+PAPER_FINDINGS = ("Adam's g^2 underflows", "Adam's eps rounds to 0", "Gaussian variance underflows",
+                  "softplus exp overflows")
+"""The fp16 problems of SAC that Björck et al. (2021) fix (with hAdam, compound loss scaling, normal-fix and
+softplus-fix), as :func:`paper_findings` recognises them."""
+
+
+def paper_findings(reports: dict[str, PrecisionReport]) -> dict[str, list]:
+    """The flagged, not harmless rows of each of :data:`PAPER_FINDINGS` in SAC's phase reports."""
+    rows = [row for report in reports.values() for row in report.flagged(include_harmless=False)]
+    gaussian = os.path.join("lpjax", "agents", "sac", "squashed_gaussian.py")
+    return {
+        PAPER_FINDINGS[0]: [r for r in rows if r.power and "optimizer" in r.scope.split("/")
+                            and r.underflow_frac > 0 and r.source.startswith("optax")],
+        PAPER_FINDINGS[1]: [r for r in rows if r.zero_constant and "optimizer" in r.scope.split("/")],
+        PAPER_FINDINGS[2]: [r for r in rows if r.primitive == "square" and gaussian in r.source
+                            and r.underflow_frac > 0],
+        PAPER_FINDINGS[3]: [r for r in rows if r.primitive == "exp" and gaussian in r.source
+                            and (r.overflow_frac > 0 or r.nonfinite)],
+    }
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -167,6 +188,10 @@ def main(argv):
     for phase, report in reports.items():
         print(f"\n=== {phase} ===")
         print(report.table(limit=_LIMIT.value))
+    print("\nThe fp16 problems Björck et al. (2021) fix:")
+    for name, rows in paper_findings(reports).items():
+        where = ", ".join(sorted({f"{row.source} [{row.scope}]" for row in rows}))
+        print(f"  {name}: {'found at ' + where if rows else 'not found'}")
     if _JSON.value:
         path = pathlib.Path(_JSON.value)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,7 @@ _SUMMARY = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<function>.*)
 _KAHAN = os.path.join("lpjax", "optim", "kahan.py")
 _NUMERICS = os.path.join("lpjax", "numerics.py")
 _LOSS_SCALER = os.path.join("lpjax", "optim", "loss_scaling.py")
+_OPTAX_UPDATES = os.path.join("optax", "_src", "update.py")  # apply_updates, incremental_update (Polyak)
 _HARMLESS_SOURCES = (  # (source path, problems, why they are harmless there)
     (_KAHAN, ("overflow", "underflow", "absorbed", "zero constant"),
      "inside Kahan summation: the compensation keeps what the rounding drops"),
@@ -72,7 +73,8 @@ class Row:
       function: the Python function at ``source``.
       code: the source line's text.
       scope: the name stack without transformation wrappers (the Flax module path inside a module), or ``""``.
-      backward: whether it belongs to a backward pass (its name stack has a ``transpose``).
+      backward: whether it belongs to the transposed (backward) part of a gradient (its name stack has a
+        ``transpose``); derivative factors JAX computes alongside the forward pass (the JVP) count as forward.
       dtype: the dtype it computes in.
       format: the format its values were checked against (``None``: not checked, only nan/inf counted).
       shape: output shape (of the first merged equation).
@@ -83,6 +85,8 @@ class Row:
         underflow (to subnormal or zero), flush to zero, or are absorbed in an addition.
       nonfinite: nan/inf elements produced here from finite inputs.
       zero_constant: adds a literal that is 0 in its dtype (or underflows the checked format).
+      power: the primitive raises to a power of magnitude at least 2 (``square``, ``x * x``, ``integer_pow``
+        with ``|y| >= 2``, ``pow``).
       min_abs, max_abs: the smallest non-zero and largest finite ``|x|`` of the exact values.
       exponents: histogram ``{floor(log2 |x|): count}`` of the exact non-zero values.
       severity: ``"error"``, ``"warning"``, ``"info"`` or ``"ok"``.
@@ -110,6 +114,7 @@ class Row:
     absorbed_frac: float
     nonfinite: int
     zero_constant: bool
+    power: bool
     min_abs: float
     max_abs: float
     exponents: dict[int, int]
@@ -285,17 +290,21 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
     return Row(primitive=record.primitive, source=source, function=function, code=_code(source), scope=scope,
                backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
                calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,
-               zero_constant=stats.zero_constant, min_abs=stats.min_abs, max_abs=stats.max_abs,
+               zero_constant=stats.zero_constant, power=power, min_abs=stats.min_abs, max_abs=stats.max_abs,
                exponents=dict(stats.exponents), severity=severity, problem=problem,
                suggestion=_suggest(problem, record.primitive, record.format or record.dtype, power, backward,
-                                   in_optimizer),
+                                   in_optimizer, accumulation=_OPTAX_UPDATES in source),
                harmless=harmless, **fractions)
 
 
-def _suggest(problem: str, primitive: str, fmt: str, power: bool, backward: bool, in_optimizer: bool) -> str:
+def _suggest(problem: str, primitive: str, fmt: str, power: bool, backward: bool, in_optimizer: bool,
+             accumulation: bool = False) -> str:
     """The fix lpjax offers for a finding (Björck et al., 2021 for the RL methods)."""
     if not problem:
         return ""
+    if accumulation and problem in ("absorbed", "underflow"):
+        return ("a parameter or target-network update loses its small steps: use Kahan summation "
+                "(lpjax.optim.kahan_summation for parameters, lpjax.optim.kahan_polyak for target networks)")
     if problem == "absorbed" and in_optimizer:
         return ("small updates are lost in this sum: use Kahan summation (lpjax.optim.kahan_summation for "
                 "parameter updates, lpjax.optim.kahan_polyak for target networks)")
