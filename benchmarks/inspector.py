@@ -1,0 +1,213 @@
+"""The precision inspector on SAC: what it finds in naive fp16 and with the paper's methods, what a report costs,
+and that it costs nothing when not called.
+
+**What is measured**, in one process:
+
+* **Findings.** For each config of ``--configs`` (default ``fp16_naive`` and ``fp16``, the latter with all six
+  methods of Björck et al., 2021), the reports of ``python -m lpjax.inspect`` (:func:`lpjax.inspect.cli.sac_reports`:
+  one batch collected in the environment, the critic and actor phases of one update from the same state) at
+  width ``--width`` and batch ``--batch`` on ``--env``, from a fresh initialisation and, with ``--checkpoint``
+  (default: the reproduction's fp32 walker-walk seed-0 run; ``none`` to skip), from that trained run's networks
+  cast into the config's precision. Recorded per report: flagged rows by severity, harmless rows, and the rows
+  of the paper's four fp16 problems (:func:`lpjax.inspect.cli.paper_findings`).
+* **Time of a report**: the first report of each config and scenario includes XLA compiling every primitive
+  for its shapes (``cold``); the same report again is ``warm``.
+* **Zero cost when off**: the inspector only reads a jaxpr, so ``sac.update`` is untouched. Recorded: the
+  lowered StableHLO text of the jitted ``sac.update`` before any report and after all of them (identical), and
+  its update steps/s measured before and after, interleaved over ``--rounds`` rounds.
+
+**Plot**: exponent histograms (``floor(log2 |g|)``) of the critic's weight gradients per layer (the backward
+``dot_general`` rows of each ``Dense``), naive fp16 against fp16 with the methods, with float16's smallest
+subnormal, smallest normal and largest exponent marked. Loss scaling shifts the gradients up by
+``log2(init_scale)`` binades, out of the subnormal range.
+
+Run ``python -m benchmarks.inspector --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import command_line, write_results
+from experiments.cli import REPO_ROOT
+
+DEFAULT_CHECKPOINT = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10" / "fp32"
+                      / "walker-walk" / "seed0")
+
+
+def load_config(name: str, env: str, width: int):
+    """The SAC experiment config ``experiments/configs/sac/<name>.py`` on ``env`` with ``width`` x ``width`` networks."""
+    config = importlib.import_module(f"experiments.configs.sac.{name.removesuffix('.py')}").get_config()
+    config.unlock()
+    config.env = env
+    config.agent.hidden_dims = (width, width)
+    return config
+
+
+def summarize(report) -> dict:
+    flagged = report.flagged()
+    counts = collections.Counter(row.severity for row in flagged if row.harmless is None)
+    return {"seconds": report.seconds, "equations": report.equations, "rows": len(report.rows),
+            "errors": counts["error"], "warnings": counts["warning"],
+            "harmless": sum(row.harmless is not None for row in flagged)}
+
+
+def finding_summary(rows) -> list[dict]:
+    return [{"source": row.source, "scope": row.scope, "primitive": row.primitive, "severity": row.severity,
+             "overflow_frac": row.overflow_frac, "underflow_frac": row.underflow_frac,
+             "flushed_frac": row.flushed_frac, "nonfinite": row.nonfinite} for row in rows]
+
+
+def gradient_histograms(report) -> dict[str, dict[str, int]]:
+    """``{layer scope: {exponent: count}}`` of the critic's backward ``dot_general`` rows (weight gradients)."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in report.rows:
+        if row.primitive == "dot_general" and row.backward and "Dense" in row.scope:
+            out[row.scope.split("SACCritic/")[-1]].update(row.exponents)
+    return {scope: {str(k): v for k, v in sorted(counts.items())} for scope, counts in sorted(out.items())}
+
+
+def update_rate(state, batch, seconds: float) -> float:
+    """Jitted ``sac.update`` steps per second over about ``seconds`` (after one warm-up step)."""
+    from lpjax.agents import sac
+
+    state = jax.tree.map(jnp.copy, state)
+    state, _ = sac.update(state, batch)
+    jax.block_until_ready(state)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        state, metrics = sac.update(state, batch)
+        steps += 1
+    jax.block_until_ready(metrics)
+    return steps / (time.perf_counter() - start)
+
+
+def overhead(config, batch_size: int, rounds: int, seconds: float, before_lowering: str | None = None):
+    """``(lowered text, steps/s list)`` of the jitted ``sac.update`` of ``config`` on a random batch."""
+    from experiments import sac_loop
+    from lpjax.agents import sac
+
+    agent = sac_loop.validate(config)
+    env = sac_loop.make_envs(config)[0]
+    state = sac.init(jax.random.key(0), jnp.zeros(env.observation_shape), env.action_dim, agent)
+    keys = jax.random.split(jax.random.key(1), 3)
+    obs = jax.random.normal(keys[0], (batch_size, *env.observation_shape))
+    batch = {"obs": obs, "action": jax.random.uniform(keys[1], (batch_size, env.action_dim), minval=-1, maxval=1),
+             "reward": jax.random.uniform(keys[2], (batch_size,)), "discount": jnp.ones(batch_size),
+             "next_obs": obs[::-1]}
+    lowered = sac.update.lower(state, batch).as_text()
+    return lowered, [update_rate(state, batch, seconds) for _ in range(rounds)]
+
+
+def run(configs: Sequence[str], env: str, width: int, batch: int, checkpoint: str | None, rounds: int,
+        seconds: float) -> dict:
+    from lpjax.inspect import cli
+
+    scenarios = [("fresh", None)] + ([("checkpoint", checkpoint)] if checkpoint else [])
+    overhead_config = load_config(configs[0], env, width)
+    lowered_before, rate_before = overhead(overhead_config, batch, rounds, seconds)
+    results, histograms = {}, {}
+    for name in configs:
+        for scenario, source in scenarios:
+            config = cli.inspected_config(load_config(name, env, width), source)
+            reports = cli.sac_reports(config, source, "auto", batch, seed=0)
+            warm = cli.sac_reports(config, source, "auto", batch, seed=0)
+            results[f"{name}/{scenario}"] = {
+                "env": config.env, "hidden_dims": list(config.agent.hidden_dims),
+                "phases": {phase: {**summarize(reports[phase]), "warm_seconds": warm[phase].seconds}
+                           for phase in reports},
+                "paper_findings": {finding: finding_summary(rows)
+                                   for finding, rows in cli.paper_findings(reports).items()},
+            }
+            if scenario == "fresh":
+                histograms[name] = gradient_histograms(reports["critic"])
+    lowered_after, rate_after = overhead(overhead_config, batch, rounds, seconds)
+    return {"results": results, "gradient_exponents": histograms,
+            "zero_cost_when_off": {"lowering_identical": lowered_before == lowered_after,
+                                   "update_steps_per_s_before": rate_before,
+                                   "update_steps_per_s_after": rate_after}}
+
+
+def table(result: dict) -> str:
+    lines = [f"{'config/scenario':28} {'phase':7} {'cold s':>7} {'warm s':>7} {'eqns':>5} {'err':>4} {'warn':>5} "
+             f"{'harmless':>8}"]
+    for key, entry in result["results"].items():
+        for phase, stats in entry["phases"].items():
+            lines.append(f"{key:28} {phase:7} {stats['seconds']:7.1f} {stats['warm_seconds']:7.1f} "
+                         f"{stats['equations']:5d} {stats['errors']:4d} {stats['warnings']:5d} {stats['harmless']:8d}")
+        found = [name for name, rows in entry["paper_findings"].items() if rows]
+        lines.append(f"{'':28} paper's problems found: {', '.join(found) or 'none'}")
+    off = result["zero_cost_when_off"]
+    lines.append(f"inspector off: lowering identical {off['lowering_identical']}; sac.update steps/s before "
+                 f"{np.median(off['update_steps_per_s_before']):.1f}, after {np.median(off['update_steps_per_s_after']):.1f}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    histograms = result["gradient_exponents"]
+    layers = sorted({layer for per_config in histograms.values() for layer in per_config})
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True, squeeze=False)
+    for ax, layer in zip(axes[0], layers):
+        for name, per_config in histograms.items():
+            counts = per_config.get(layer, {})
+            exponents = np.array([int(k) for k in counts])
+            if exponents.size:
+                ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, label=name)
+        for x, style, label in ((-24, ":", "fp16 smallest subnormal"), (-14, "--", "fp16 smallest normal"),
+                                (15, "-", "fp16 max")):
+            ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label if layer == layers[0] else None)
+        ax.set_title(layer, fontsize=8)
+        ax.set_xlabel("floor(log2 |gradient|)")
+    axes[0][0].set_ylabel("count")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("critic weight-gradient exponents, first update (fresh initialisation)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="fp16_naive,fp16", help="SAC configs (names in experiments/configs/sac)")
+    parser.add_argument("--env", default="dmc:walker-walk")
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
+                        help="trained run directory whose networks are inspected too ('none' to skip)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the update-rate measurement")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per update-rate measurement")
+    parser.add_argument("--out_dir", default=str(REPO_ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default="inspector")
+    args = parser.parse_args(argv)
+    checkpoint = None if args.checkpoint == "none" else args.checkpoint
+    if checkpoint and not (pathlib.Path(checkpoint) / "config.json").is_file():
+        parser.error(f"--checkpoint={checkpoint} is not a training run directory (no config.json); pass "
+                     "--checkpoint=none or train one with python -m benchmarks.sac_reproduction")
+    result = {"command": command_line("benchmarks.inspector", argv), "env": args.env, "width": args.width,
+              "batch": args.batch, "checkpoint": checkpoint, "jax": jax.__version__,
+              **run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds,
+                    args.seconds)}
+    write_results(result, table(result), pathlib.Path(args.out_dir), args.name, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
