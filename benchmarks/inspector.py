@@ -165,20 +165,21 @@ def plot(result: dict, path: pathlib.Path) -> None:
     layers = sorted({layer for per_config in histograms.values() for layer in per_config})
     fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True, squeeze=False)
     for ax, layer in zip(axes[0], layers):
-        for name, per_config in histograms.items():
-            counts = per_config.get(layer, {})
+        for color, (name, per_config) in enumerate(histograms.items()):
+            counts = per_config.get(layer, {})  # empty where every gradient was nan/inf
             exponents = np.array([int(k) for k in counts])
-            if exponents.size:
-                ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, label=name)
-        for x, style, label in ((-24, ":", "fp16 smallest subnormal"), (-14, "--", "fp16 smallest normal"),
-                                (15, "-", "fp16 max")):
-            ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label if layer == layers[0] else None)
+            ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}",
+                   label=name)
+        for x, style, label in ((-24, ":", "fp16 smallest subnormal 2^-24"), (-14, "--", "fp16 smallest normal 2^-14"),
+                                (16, "-", "fp16 max 65504 < 2^16")):
+            ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label)
         ax.set_title(layer, fontsize=8)
         ax.set_xlabel("floor(log2 |gradient|)")
     axes[0][0].set_ylabel("count")
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("critic weight-gradient exponents, first update (fresh initialisation)")
-    fig.tight_layout()
+    labelled = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(labelled.values(), labelled.keys(), fontsize=7, loc="upper right")
+    fig.suptitle("critic weight-gradient exponents, first update (fresh initialisation)", x=0.3)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
