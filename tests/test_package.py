@@ -26,6 +26,7 @@ PUBLIC = {
                           "make_backend"],
     "lpjax.nstep": ["NStepAccumulator"],
     "lpjax.nn": ["Dense", "policy_dense", "MLP"],
+    "lpjax.inspect": ["precision_report", "PrecisionReport", "Row", "number_format", "NumberFormat", "OpStatistics"],
     "kernels": ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul"],
 }
 
