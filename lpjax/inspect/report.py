@@ -19,6 +19,19 @@ the others: anything inside a Kahan summation (its compensation keeps what the r
 absorption inside :mod:`lpjax.numerics`' fp16-safe forms, a broadcast scalar (an ``eps``) absorbed in an
 addition, and overflow in a backward pass that :func:`lpjax.optim.compound_loss_scaling` guards (the step is
 skipped and the scale lowered).
+
+Limitations, by construction:
+
+* Each operation is checked on its actual inputs. In a what-if check (float32 operations checked as float16),
+  rounding does not propagate: the report finds the *causes* (an underflowing ``g^2``, an ``eps`` below the
+  range), not the nan they would lead to downstream.
+* Operations run one by one, as the jaxpr writes them; a compiled program may keep some float16 intermediates
+  in float32 inside fusions and round less often.
+* A Python constant is rounded into the narrow dtype while tracing, so an ``eps`` that rounded to 0 and a
+  deliberate ``+ 0.0`` look alike: both are reported as a zero constant.
+* nan/inf count as *produced* where every input was finite; a nan that passes through a comparison (a count of
+  ``x == max(x)``, say) and comes out as a division by zero is counted again there. Rows producing nan/inf are
+  in program order: the first is where it started.
 """
 
 from __future__ import annotations
