@@ -131,8 +131,9 @@ class Interpreter:
             self.records[path] = record
         stats = record.stats
         stats.calls += 1
-        actual = np.asarray(output)
-        nonfinite = int(actual.size - np.count_nonzero(np.isfinite(actual.astype(np.float32))))
+        actual = np.asarray(output).astype(np.float64 if own == np.float64 else np.float32)
+        nonfinite = int(actual.size - np.count_nonzero(np.isfinite(actual)))
+        stats.add_range(actual)
         inputs_finite = nonfinite == 0 or all(_all_finite(value) for value in invals)
         if nonfinite and inputs_finite:
             stats.add_nonfinite(nonfinite)

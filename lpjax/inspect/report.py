@@ -101,6 +101,8 @@ class Row:
       power: the primitive raises to a power of magnitude at least 2 (``square``, ``x * x``, ``integer_pow``
         with ``|y| >= 2``, ``pow``).
       min_abs, max_abs: the smallest non-zero and largest finite ``|x|`` of the exact values.
+      dynamic_range: ``(smallest non-zero, largest finite)`` ``|y|`` of the actual outputs, in their own dtype
+        (``None`` when there were none).
       exponents: histogram ``{floor(log2 |x|): count}`` of the exact non-zero values.
       severity: ``"error"``, ``"warning"``, ``"info"`` or ``"ok"``.
       problem: what was found (``"overflow"``, ``"underflow"``, ``"absorbed"``, ``"zero constant"``,
@@ -130,6 +132,7 @@ class Row:
     power: bool
     min_abs: float
     max_abs: float
+    dynamic_range: tuple[float, float] | None
     exponents: dict[int, int]
     severity: str
     problem: str
@@ -304,6 +307,7 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
                backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
                calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,
                zero_constant=stats.zero_constant, power=power, min_abs=stats.min_abs, max_abs=stats.max_abs,
+               dynamic_range=(None if math.isinf(stats.own_min_abs) else (stats.own_min_abs, stats.own_max_abs)),
                exponents=dict(stats.exponents), severity=severity, problem=problem,
                suggestion=_suggest(problem, record.primitive, record.format or record.dtype, power, backward,
                                    in_optimizer, accumulation=_OPTAX_UPDATES in source),

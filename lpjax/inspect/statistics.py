@@ -35,7 +35,8 @@ class OpStatistics:
       overflow, underflow, flushed, absorbed, absorbed_scalar, nonfinite: element counts.
       zero_constant: the operation adds a literal that is 0 in its dtype (an ``eps`` that rounded to 0 looks so),
         or a literal that underflows the checked format.
-      min_abs, max_abs: smallest non-zero and largest finite ``|x|`` (``inf`` and 0 before any value).
+      min_abs, max_abs: smallest non-zero and largest finite exact ``|x|`` (``inf`` and 0 before any value).
+      own_min_abs, own_max_abs: the same of the actual output, in the operation's own dtype (its dynamic range).
       exponents: ``{floor(log2 |x|): count}``.
     """
 
@@ -50,6 +51,8 @@ class OpStatistics:
     zero_constant: bool = False
     min_abs: float = math.inf
     max_abs: float = 0.0
+    own_min_abs: float = math.inf
+    own_max_abs: float = 0.0
     exponents: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def add_values(self, exact: np.ndarray, fmt: NumberFormat, inputs_finite: bool) -> None:
@@ -89,6 +92,14 @@ class OpStatistics:
     def add_nonfinite(self, count: int) -> None:
         self.nonfinite += count
 
+    def add_range(self, actual: np.ndarray) -> None:
+        """Widens the dynamic range ``[own_min_abs, own_max_abs]`` with the actual output's non-zero finite values."""
+        magnitude = np.abs(actual[np.isfinite(actual)])
+        magnitude = magnitude[magnitude > 0]
+        if magnitude.size:
+            self.own_min_abs = min(self.own_min_abs, float(magnitude.min()))
+            self.own_max_abs = max(self.own_max_abs, float(magnitude.max()))
+
     def merge(self, other: OpStatistics) -> None:
         """Adds ``other``'s counts into this one."""
         for name in ("calls", "elements", "overflow", "underflow", "flushed", "absorbed", "absorbed_scalar",
@@ -97,6 +108,8 @@ class OpStatistics:
         self.zero_constant |= other.zero_constant
         self.min_abs = min(self.min_abs, other.min_abs)
         self.max_abs = max(self.max_abs, other.max_abs)
+        self.own_min_abs = min(self.own_min_abs, other.own_min_abs)
+        self.own_max_abs = max(self.own_max_abs, other.own_max_abs)
         self.exponents.update(other.exponents)
 
     def fraction(self, count: int) -> float:

@@ -57,6 +57,7 @@ def test_fp16_exp_overflow_is_an_error_with_the_softplus_fix():
     assert row.code == "return jnp.exp(x)  # exp"
     assert row.overflow_frac == 0.5 and row.nonfinite == 2 and row.underflow_frac == 0.0
     assert (row.severity, row.problem) == ("error", "nonfinite")
+    assert row.dynamic_range == (float(jnp.exp(x)[2]), float(jnp.exp(x)[0]))  # finite outputs, in float16
     assert "softplus" in row.suggestion
     assert report.flagged() == [row]
     np.testing.assert_array_equal(report.outputs, jnp.exp(x))
@@ -69,6 +70,8 @@ def test_fp16_underflow_counts_subnormal_and_flushed_values():
     assert row.underflow_frac == 0.5 and row.flushed_frac == 0.25 and row.overflow_frac == 0.0
     assert (row.severity, row.problem) == ("warning", "underflow")
     assert row.min_abs == pytest.approx(1.0002e-8, rel=1e-3)  # the exact product, not the rounded 0
+    assert row.dynamic_range[0] == float(jnp.float16(1e-3) * jnp.float16(1e-2))  # the float16 subnormal
+    assert row.dynamic_range[0] == pytest.approx(1e-5, rel=2e-2) and row.dynamic_range[1] == 1.0
     assert row.exponents == {-27: 1, -17: 1, 0: 1}  # floor(log2 |x|) of the non-zero exact values
 
 
