@@ -211,6 +211,9 @@ def test_rows_sort_by_severity_then_score_then_program_order_and_serialise():
 def test_a_clean_function_reports_nothing_and_bad_dtypes_raise():
     report = precision_report(lambda a, b: a * b + a, jnp.ones(3, jnp.float16), jnp.ones(3, jnp.float16))
     assert report.flagged() == [] and "nothing overflows" in report.table()
+    keywords = precision_report(lambda x, *, y: {"p": x * y}, jnp.ones(2, jnp.float16),
+                                y=jnp.full(2, 1e-5, jnp.float16))  # pytrees and keyword arguments
+    assert keywords.rows[0].underflow_frac == 1.0 and set(keywords.outputs) == {"p"}
     with pytest.raises(ValueError, match="floating"):
         precision_report(product, jnp.ones(2), jnp.ones(2), dtype=jnp.int8)
 
