@@ -236,3 +236,26 @@ def test_backward_overflow_under_compound_loss_scaling_is_flagged_harmless():
     assert all(row.severity != "error" for row in report.flagged(include_harmless=False))
     unguarded = precision_report(lambda w, x: jax.grad(lambda p: big_loss(p, x) * 2.0**15)(w), w, x, dtype=None)
     assert [row for row in unguarded.flagged(include_harmless=False) if row.backward and row.severity == "error"]
+
+
+def naive_fp8_matmul(x, w):
+    x8 = x.astype(jnp.float8_e4m3fn)  # naive x cast
+    w8 = w.astype(jnp.float8_e4m3fn)  # naive w cast
+    return jnp.dot(x8, w8, preferred_element_type=jnp.float32)
+
+
+@pytest.mark.parametrize("impl", ["reference", "pallas"])
+def test_blockwise_fp8_scaling_keeps_e4m3_casts_in_range_where_a_naive_cast_overflows(impl):
+    import kernels
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    x = jax.random.normal(keys[0], (16, 256)) * 1000.0  # activations far beyond e4m3's 448
+    w = jax.random.normal(keys[1], (256, 128)) * 1e-3    # weights mostly below e4m3's smallest normal 2^-6
+    naive = precision_report(naive_fp8_matmul, x, w)
+    casts = {row.source: row for row in naive.find(primitive="convert_element_type")}
+    assert casts[line_of("naive x cast")].overflow_frac > 0.5  # about 64% of |N(0, 1000)| > 464
+    assert casts[line_of("naive w cast")].underflow_frac > 0.9  # about 99% of |N(0, 1e-3)| < 2^-6
+    blockwise = precision_report(lambda x, w: kernels.fp8_blockwise_matmul(x, w, impl=impl), x, w)
+    to_e4m3 = [row for row in blockwise.rows if row.format == "float8_e4m3fn"]
+    assert to_e4m3 and all(row.overflow_frac == 0 and row.nonfinite == 0 for row in to_e4m3)
+    assert all(row.underflow_frac < 0.02 for row in to_e4m3)  # amax/448 scales put values in e4m3's normal range
