@@ -2,12 +2,16 @@ r"""``python -m lpjax.inspect --config=fp16_naive.py --algo=sac``: the precision
 
 Builds the learner of an experiment config (a file, or a bare name in ``experiments/configs/<algo>/``; run from
 the repository root), collects one batch by running its policy in the environment, and prints the precision
-report (:func:`lpjax.inspect.precision_report`) of each phase of one update, every phase from the same state:
+report (:func:`lpjax.inspect.precision_report`) of one update. For ``--algo=sac``, each phase is reported
+separately, every phase from the same state:
 
 * ``critic``: the critic's loss, its gradient, its optimizer step and the target networks' update;
 * ``actor``: the actor's loss, gradient and optimizer step, then the temperature's.
 
-``--checkpoint=RUN_DIR`` inspects the networks of a trained run (its latest checkpoint) instead of a fresh
+For ``--algo=d4pg`` one report covers the update (rows under the scopes ``critic``, ``actor`` and ``target``),
+on n-step transitions of the exploring policy.
+
+``--checkpoint=RUN_DIR`` (SAC) inspects the networks of a trained run (its latest checkpoint) instead of a fresh
 initialisation: the environment and network sizes come from the run's ``config.json``, the precision settings
 (policy, the six methods, matmul implementation) from ``--config``, and the parameters are cast to that policy
 (optimizer states start fresh). Failures that appear late in training (a saturated, nearly deterministic
@@ -36,7 +40,7 @@ from ml_collections import config_flags  # noqa: E402
 from lpjax.inspect.formats import is_narrow  # noqa: E402
 from lpjax.inspect.report import PrecisionReport, precision_report  # noqa: E402
 
-ALGOS = ("sac",)
+ALGOS = ("sac", "d4pg")
 DTYPES = ("auto", "none", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 PRECISION_FIELDS = ("policy", "matmul_impl", "hadam", "loss_scaling", "kahan_gradients", "kahan_momentum",
                     "softplus_fix", "normal_fix")
@@ -107,27 +111,32 @@ def restore_networks(checkpoint: str, state):
                                                                                  state.temperature.params)))
 
 
-def collect_batch(env, state, batch_size: int, seed: int) -> dict[str, jax.Array]:
-    """``batch_size`` consecutive transitions of ``state``'s stochastic policy in ``env``, as a replay batch."""
-    from lpjax.agents import sac
+def collect_batch(env, policy, batch_size: int, seed: int, n_step: int = 1, gamma: float = 1.0) -> dict:
+    """``batch_size`` transitions of ``policy(obs, key) -> action`` in ``env``, as a replay batch.
 
-    keys = jax.random.split(jax.random.key(seed), batch_size)
-    columns: dict[str, list] = {name: [] for name in ("obs", "action", "reward", "discount", "next_obs")}
-    obs, episode = env.reset(seed=seed), 0
-    for key in keys:
-        action = np.asarray(sac.act(state, jnp.asarray(obs)[None], key)[0])
+    Transitions are ``n_step``-step, as :class:`lpjax.nstep.NStepAccumulator` builds them (``n_step=1``,
+    ``gamma=1``: SAC's one-step transitions, ``discount`` 0 only at a terminal).
+    """
+    from lpjax.nstep import NStepAccumulator
+
+    accumulator, transitions = NStepAccumulator(n_step, gamma), []
+    key, episode = jax.random.key(seed), 0
+    obs = env.reset(seed=seed)
+    while len(transitions) < batch_size:
+        key, action_key = jax.random.split(key)
+        action = np.asarray(policy(jnp.asarray(obs), action_key))
         if not np.all(np.isfinite(action)):
             raise RuntimeError("the policy produced non-finite actions while collecting the batch; inspect "
                                "with a policy that runs (e.g. without --checkpoint).")
         next_obs, reward, terminated, truncated = env.step(action)
-        for name, value in zip(columns, (obs, action, np.float32(reward), np.float32(0.0 if terminated else 1.0),
-                                         next_obs)):
-            columns[name].append(value)
+        transitions += accumulator.add(obs, action, reward, 0.0 if terminated else 1.0, next_obs,
+                                       episode_end=terminated or truncated)
         obs = next_obs
         if terminated or truncated:
             episode += 1
             obs = env.reset(seed=seed + episode)
-    return {name: jnp.asarray(np.stack(values)) for name, values in columns.items()}
+    return {name: jnp.asarray(np.stack([t[name] for t in transitions[:batch_size]]))
+            for name in ("obs", "action", "reward", "discount", "next_obs")}
 
 
 def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
@@ -147,7 +156,7 @@ def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype
                      agent_config)
     if checkpoint is not None:
         state = restore_networks(checkpoint, state)
-    batch = collect_batch(env, state, agent_config.batch_size, seed)
+    batch = collect_batch(env, lambda obs, key: sac.act(state, obs[None], key)[0], agent_config.batch_size, seed)
     if agent_config.pixels:  # the critic sees the augmented and the original batch, as in sac.update
         batch = jax.tree.map(lambda a: jnp.concatenate([a, a]), batch)
     dtype = what_if_dtype(dtype_choice, agent_config.precision.compute_dtype)
@@ -176,19 +185,48 @@ def paper_findings(reports: dict[str, PrecisionReport]) -> dict[str, list]:
     }
 
 
+def d4pg_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
+                 batch_size: int | None, seed: int) -> dict[str, PrecisionReport]:
+    """The precision report of one D4PG update (critic, actor and targets, under those name scopes) on a batch of
+    n-step transitions of its exploring policy (sigma ``config.max_sigma``)."""
+    import lpjax.envs
+    from experiments import d4pg_loop
+    from lpjax.agents import d4pg
+
+    if checkpoint is not None:
+        raise ValueError("--checkpoint is implemented for --algo=sac only.")
+    agent_config = d4pg_loop.validate(config)
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"--batch_size must be >= 1, got {batch_size}.")
+        agent_config = d4pg.D4PGConfig.from_mapping({**config.agent.to_dict(), "batch_size": batch_size})
+    env = lpjax.envs.make(config.env, seed=config.seed)
+    state = d4pg.init(jax.random.key(seed), jnp.zeros(env.observation_shape), env.action_dim, agent_config)
+
+    def policy(obs, key):
+        return d4pg.act(state.actor.params, obs[None], key, config.max_sigma, agent_config, env.action_dim)[0]
+
+    batch = collect_batch(env, policy, agent_config.batch_size, seed, agent_config.n_step, agent_config.gamma)
+    dtype = what_if_dtype(dtype_choice, agent_config.precision.compute_dtype)
+    return {"update": precision_report(d4pg.update, state, batch, dtype=dtype)}
+
+
+REPORTS = {"sac": sac_reports, "d4pg": d4pg_reports}
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required (e.g. --config=fp16_naive.py).")
     config = inspected_config(_CONFIG.value, _CHECKPOINT.value)
-    reports = sac_reports(config, _CHECKPOINT.value, _DTYPE.value, _BATCH_SIZE.value, _SEED.value)
+    reports = REPORTS[_ALGO.value](config, _CHECKPOINT.value, _DTYPE.value, _BATCH_SIZE.value, _SEED.value)
     source = f"the networks of {_CHECKPOINT.value}" if _CHECKPOINT.value else "a fresh initialisation"
     print(f"{_ALGO.value.upper()} {config.agent.policy} on {config.env}, {source}; one update per phase.")
     for phase, report in reports.items():
         print(f"\n=== {phase} ===")
         print(report.table(limit=_LIMIT.value))
-    print("\nThe fp16 problems Björck et al. (2021) fix:")
+    print("\nThe fp16 problems Björck et al. (2021) fix (the last two are SAC's Gaussian policy):")
     for name, rows in paper_findings(reports).items():
         where = ", ".join(sorted({f"{row.source} [{row.scope}]" for row in rows}))
         print(f"  {name}: {'found at ' + where if rows else 'not found'}")

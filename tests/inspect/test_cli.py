@@ -89,3 +89,32 @@ def test_checkpoint_networks_are_cast_into_the_inspected_precision(tmp_path):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.float16)))
     np.testing.assert_array_equal(restored.temperature.params, trained.agent.temperature.params)
     assert jax.tree.structure(restored.actor.opt_state) == jax.tree.structure(fresh.actor.opt_state)
+
+
+def test_d4pg_update_report_on_n_step_transitions():
+    from experiments.configs.d4pg import fp16 as d4pg_fp16
+
+    config = d4pg_fp16.get_config()
+    config.unlock()
+    config.env = "dmc:cartpole-balance"
+    config.agent.update(actor_hidden=(16, 16), critic_hidden=(16, 16), hadam=False, loss_scaling=False,
+                        kahan_gradients=False, kahan_momentum=False)
+    reports = cli.d4pg_reports(config, None, "auto", 16, 0)
+    report = reports["update"]
+    assert {row.scope.split("/")[0] for row in report.rows} >= {"critic", "actor", "target"}
+    assert cli.paper_findings(reports)["Adam's eps rounds to 0"]  # plain optax.adam in float16
+    with pytest.raises(ValueError, match="sac only"):
+        cli.d4pg_reports(config, "/some/run", "auto", 16, 0)
+
+
+def test_collect_batch_builds_n_step_transitions():
+    env = sac_loop.make_envs(fp32.get_config())[0]
+    zeros = np.zeros(env.action_dim, np.float32)
+    one_step = cli.collect_batch(env, lambda obs, key: zeros, 8, seed=0)
+    n_step = cli.collect_batch(env, lambda obs, key: zeros, 8, seed=0, n_step=3, gamma=0.5)
+    assert one_step["obs"].shape == (8, *env.observation_shape) and one_step["action"].shape == (8, env.action_dim)
+    np.testing.assert_array_equal(one_step["discount"], 1.0)  # no terminal in 8 steps
+    np.testing.assert_allclose(n_step["discount"], 0.5**3)
+    np.testing.assert_array_equal(n_step["next_obs"][0], one_step["next_obs"][2])  # s_3, three steps later
+    np.testing.assert_allclose(n_step["reward"][0], one_step["reward"][0] + 0.5 * one_step["reward"][1]
+                               + 0.25 * one_step["reward"][2], rtol=1e-6)

@@ -144,14 +144,17 @@ def _actor_loss(actor_params, state: D4PGState, obs):
 
 def _update(state: D4PGState, batch: dict) -> tuple[D4PGState, dict]:
     config = state.config
-    critic, critic_loss, critic_aux = gradient_step(state.critic, network_optimizer(config.critic_lr, config),
-                                                    _critic_loss, state, batch)
+    with jax.named_scope("critic"):  # name scopes (metadata only) label the phases in lpjax.inspect's reports
+        critic, critic_loss, critic_aux = gradient_step(state.critic, network_optimizer(config.critic_lr, config),
+                                                        _critic_loss, state, batch)
     state = state.replace(critic=critic)
-    actor, actor_loss, _ = gradient_step(state.actor, network_optimizer(config.actor_lr, config), _actor_loss,
-                                         state, batch["obs"])
-    (target_actor, target_critic), compensation = target_updater(config).update(
-        (actor.params, critic.params), (state.target_actor, state.target_critic), state.target_compensation,
-        state.step)
+    with jax.named_scope("actor"):
+        actor, actor_loss, _ = gradient_step(state.actor, network_optimizer(config.actor_lr, config), _actor_loss,
+                                             state, batch["obs"])
+    with jax.named_scope("target"):
+        (target_actor, target_critic), compensation = target_updater(config).update(
+            (actor.params, critic.params), (state.target_actor, state.target_critic), state.target_compensation,
+            state.step)
     metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, **critic_aux}
     if config.loss_scaling:
         metrics.update(critic_loss_scale=loss_scale_or_one(critic.opt_state),
