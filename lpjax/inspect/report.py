@@ -17,8 +17,8 @@ the rows producing nan/inf, the first is where they started).
 Some findings are *harmless* by construction; they keep their counts, say why in ``harmless``, and sort after
 the others: anything inside a Kahan summation (its compensation keeps what the rounding drops), underflow and
 absorption inside :mod:`lpjax.numerics`' fp16-safe forms, a broadcast scalar (an ``eps``) absorbed in an
-addition, and overflow in a backward pass that :func:`lpjax.optim.compound_loss_scaling` guards (the step is
-skipped and the scale lowered).
+addition, updated parameters that become subnormal without any flushing to 0, and overflow in a backward pass
+that :func:`lpjax.optim.compound_loss_scaling` guards (the step is skipped and the scale lowered).
 
 Limitations, by construction:
 
@@ -70,6 +70,7 @@ _HARMLESS_SOURCES = (  # (source path, problems, why they are harmless there)
     (_NUMERICS, ("underflow", "absorbed"),
      "inside lpjax.numerics' fp16-safe forms: terms this small vanish next to those they are added to"),
 )
+_SUBNORMAL_PARAMETERS = "updated parameters near 0 become subnormal, none flushed to 0: their absolute precision is kept"
 _LOSS_SCALED = ("handled by dynamic loss scaling: the step with non-finite gradients is skipped and the scale "
                 "lowered (a lower init_scale avoids the skipped steps)")
 _SCALAR_ABSORBED = "a broadcast scalar (an eps or offset) meets values that dwarf it or that it dwarfs, as an eps is meant to"
@@ -274,6 +275,7 @@ def _merge(records, loss_scaled: bool) -> list[Row]:
 
 def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: bool, source: str, function: str,
          scope: str, backward: bool, loss_scaled: bool) -> Row:
+    accumulation = _OPTAX_UPDATES in source
     fractions = dict(overflow_frac=stats.fraction(stats.overflow), underflow_frac=stats.fraction(stats.underflow),
                      flushed_frac=stats.fraction(stats.flushed), absorbed_frac=stats.fraction(stats.absorbed))
     if stats.nonfinite:
@@ -282,8 +284,8 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
         problem = "overflow"
     elif stats.zero_constant:
         problem = "zero constant"
-    elif stats.underflow and stats.underflow >= stats.absorbed:
-        problem = "underflow"
+    elif stats.underflow and (stats.underflow >= stats.absorbed and not (accumulation and stats.absorbed)):
+        problem = "underflow"  # in parameter updates, lost steps (absorbed) matter more than subnormal values
     elif stats.absorbed:
         problem = "absorbed"
     else:
@@ -303,6 +305,8 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
         harmless = _SCALAR_ABSORBED
     if problem in ("overflow", "nonfinite") and backward and loss_scaled:
         harmless = _LOSS_SCALED
+    if problem == "underflow" and accumulation and not stats.flushed:
+        harmless = _SUBNORMAL_PARAMETERS
     return Row(primitive=record.primitive, source=source, function=function, code=_code(source), scope=scope,
                backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
                calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,
@@ -310,7 +314,7 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
                dynamic_range=(None if math.isinf(stats.own_min_abs) else (stats.own_min_abs, stats.own_max_abs)),
                exponents=dict(stats.exponents), severity=severity, problem=problem,
                suggestion=_suggest(problem, record.primitive, record.format or record.dtype, power, backward,
-                                   in_optimizer, accumulation=_OPTAX_UPDATES in source),
+                                   in_optimizer, accumulation=accumulation),
                harmless=harmless, **fractions)
 
 
@@ -319,9 +323,12 @@ def _suggest(problem: str, primitive: str, fmt: str, power: bool, backward: bool
     """The fix lpjax offers for a finding (Björck et al., 2021 for the RL methods)."""
     if not problem:
         return ""
-    if accumulation and problem in ("absorbed", "underflow"):
+    if accumulation and problem == "absorbed":
         return ("a parameter or target-network update loses its small steps: use Kahan summation "
                 "(lpjax.optim.kahan_summation for parameters, lpjax.optim.kahan_polyak for target networks)")
+    if accumulation and problem == "underflow":
+        return (f"parameters this close to 0 are subnormal in {fmt} (absolute precision kept, relative lost); "
+                "keep float32 master weights (lpjax.precision.Policy) if it matters")
     if problem == "absorbed" and in_optimizer:
         return ("small updates are lost in this sum: use Kahan summation (lpjax.optim.kahan_summation for "
                 "parameter updates, lpjax.optim.kahan_polyak for target networks)")

@@ -259,3 +259,17 @@ def test_blockwise_fp8_scaling_keeps_e4m3_casts_in_range_where_a_naive_cast_over
     to_e4m3 = [row for row in blockwise.rows if row.format == "float8_e4m3fn"]
     assert to_e4m3 and all(row.overflow_frac == 0 and row.nonfinite == 0 for row in to_e4m3)
     assert all(row.underflow_frac < 0.02 for row in to_e4m3)  # amax/448 scales put values in e4m3's normal range
+
+
+def test_parameter_updates_absorbed_need_kahan_and_subnormal_parameters_are_harmless():
+    import optax
+
+    params = jnp.array([1.0, 1.0, 1e-4, 2e-5], jnp.float16)
+    updates = jnp.array([1e-4, 1e-2, -9e-5, 1e-6], jnp.float16)  # absorbed, applied, -> subnormal 1e-5, 2.1e-5
+    rows = precision_report(optax.apply_updates, params, updates).find(source="optax/_src/update.py")
+    assert len(rows) == 1 and rows[0].absorbed_frac == 0.25 and rows[0].underflow_frac == 0.5
+    assert (rows[0].problem, rows[0].severity, rows[0].harmless) == ("absorbed", "warning", None)  # lost steps
+    assert "kahan_summation" in rows[0].suggestion
+    subnormal = precision_report(optax.apply_updates, params[2:], updates[2:])  # no step lost, no flush to 0
+    row = subnormal.find(source="optax/_src/update.py", flagged=False)[0]
+    assert row.problem == "underflow" and row.harmless and "subnormal" in row.harmless
