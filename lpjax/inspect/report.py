@@ -87,6 +87,7 @@ class Row:
       function: the Python function at ``source``.
       code: the source line's text.
       scope: the name stack without transformation wrappers (the Flax module path inside a module), or ``""``.
+      name_stack: the raw name stack of the row's first equation (e.g. ``critic/transpose(jvp(SACCritic))/q``).
       backward: whether it belongs to the transposed (backward) part of a gradient (its name stack has a
         ``transpose``); derivative factors JAX computes alongside the forward pass (the JVP) count as forward.
       dtype: the dtype it computes in.
@@ -117,6 +118,7 @@ class Row:
     function: str
     code: str
     scope: str
+    name_stack: str
     backward: bool
     dtype: str
     format: str | None
@@ -308,6 +310,7 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
     if problem == "underflow" and accumulation and not stats.flushed:
         harmless = _SUBNORMAL_PARAMETERS
     return Row(primitive=record.primitive, source=source, function=function, code=_code(source), scope=scope,
+               name_stack=record.name_stack,
                backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
                calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,
                zero_constant=stats.zero_constant, power=power, min_abs=stats.min_abs, max_abs=stats.max_abs,

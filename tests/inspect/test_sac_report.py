@@ -91,6 +91,7 @@ def test_phases_carry_their_scopes_and_the_report_matches_the_update(reports):
     scopes = {row.scope.split("/")[0] for row in critic.rows} | {row.scope.split("/")[0] for row in actor.rows}
     assert {"critic", "target", "actor", "temperature"} <= scopes
     assert any(row.backward and "Dense" in row.scope for row in critic.rows)
+    assert any("transpose(" in row.name_stack and row.backward for row in critic.rows)
     state, data = late_training_state(True), batch()
     expected, _ = sac.critic_update(state, data, jax.random.key(2))
     inspected, _ = precision_report(sac.critic_update, state, data, jax.random.key(2), dtype=None).outputs
