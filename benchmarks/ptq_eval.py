@@ -1,8 +1,7 @@
 """Post-training quantization of a trained SAC policy, in the style of QuaRL's Table 1 (ActorQ Table 2).
 
 **What is measured.** The latest checkpoint of a SAC run directory written by ``python -m experiments.sac``
-(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop`` (``validate``, ``make_envs``,
-``init_loop``, :class:`lpjax.checkpoint.Checkpointer`). Its actor's weights are then quantized and dequantized
+(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop.load_run``. Its actor's weights are then quantized and dequantized
 with :func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params` ("quantize, then dequantize
 to simulate the quantization error", as in the papers), at each precision:
 
@@ -42,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import sys
@@ -54,17 +52,14 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from benchmarks.common import command_line, write_results
 from experiments import sac_loop
-from experiments.configs.sac import _base
+from experiments.sac_loop import load_run
 from lpjax import quant
 from lpjax.agents import sac
-from lpjax.checkpoint import Checkpointer
 from lpjax.nn import TanhGaussianActor
-from lpjax.run_logging import CONFIG_FILE
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RUN_DIR = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10" / "fp32"
@@ -72,44 +67,6 @@ DEFAULT_RUN_DIR = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100
 DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
 RESULT_NAME = "ptq_eval"
-
-
-# ------------------------------------------------------------------------------------------- the trained run
-
-
-def _merge(base: dict, stored: dict) -> dict:
-    for key, value in stored.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def load_run(run_dir: pathlib.Path) -> tuple[ml_collections.ConfigDict, sac_loop.LoopState, int]:
-    """``(config, loop, step)``: the run's config (``config.json`` over today's defaults, so fields added since
-    the run keep their defaults) and its latest checkpoint restored into ``sac_loop``'s :class:`LoopState`."""
-    run_dir = pathlib.Path(run_dir)
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} does not exist: --run_dir must be a run directory of "
-                                "`python -m experiments.sac` (config.json + checkpoints/).")
-    stored = json.loads(config_path.read_text())
-    if str(stored.get("env", "")).startswith("brax:"):
-        raise ValueError("ptq_eval evaluates dm_control runs (experiments.sac_loop); this run is on brax.")
-    config = ml_collections.ConfigDict(_merge(_base.get_config().to_dict(), stored))
-    agent_config = sac_loop.validate(config)
-    env, _ = sac_loop.make_envs(config)
-    target = sac_loop.init_loop(config, agent_config, env)
-    if not config.save_replay:  # sac_loop saves the replay buffer only with save_replay
-        target = target._replace(replay=None)
-    checkpointer = Checkpointer(run_dir / "checkpoints")
-    step = checkpointer.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}.")
-    loop, _ = checkpointer.restore(step, target=target)
-    checkpointer.close()
-    return config, loop, step
 
 
 # --------------------------------------------------------------------------------------------- the policies

@@ -14,6 +14,7 @@ bootstrap, as in pytorch_sac.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import pathlib
 import time
@@ -27,9 +28,10 @@ import tqdm
 
 import lpjax.envs
 from lpjax.agents import sac
-from lpjax.checkpoint import open_run_checkpoints
+from experiments.configs.sac import _base
+from lpjax.checkpoint import Checkpointer, open_run_checkpoints
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import RunLogger, plot_run_curve
+from lpjax.run_logging import CONFIG_FILE, RunLogger, plot_run_curve
 
 EPISODE_SEED_STRIDE = 1_000_003
 
@@ -223,3 +225,43 @@ def plot_returns(run_dir: pathlib.Path, title: str) -> str | None:
     evaluation, training episode returns or else the critic loss; ``None`` if nothing was logged."""
     return plot_run_curve(run_dir, title, ("eval/return", "train/episode_return", "train/critic_loss"),
                           plot_nonfinite=("train/critic_loss",))
+
+
+def _merge(base: dict, stored: dict) -> dict:
+    for key, value in stored.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_run_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
+    """A finished run's config: its ``config.json`` over today's defaults, so fields added since the run keep
+    their defaults. Raises ``FileNotFoundError`` without a ``config.json``, ``ValueError`` for a brax run."""
+    config_path = pathlib.Path(run_dir) / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {run_dir}: expected a run directory of `python -m "
+                                "experiments.sac` (config.json + checkpoints/).")
+    stored = json.loads(config_path.read_text())
+    if str(stored.get("env", "")).startswith("brax:"):
+        raise ValueError(f"{run_dir} is a brax run; this loads dm_control runs (experiments.sac_loop).")
+    return ml_collections.ConfigDict(_merge(_base.get_config().to_dict(), stored))
+
+
+def load_run(run_dir: str | pathlib.Path) -> tuple[ml_collections.ConfigDict, LoopState, int]:
+    """``(config, loop, step)``: :func:`load_run_config` and the run's latest checkpoint restored into a
+    :class:`LoopState` (``replay`` is ``None`` unless the run saved it). Raises ``FileNotFoundError`` without
+    a checkpoint."""
+    run_dir = pathlib.Path(run_dir)
+    config = load_run_config(run_dir)
+    target = init_loop(config, validate(config), make_envs(config)[0])
+    if not config.save_replay:  # the loop saves the replay buffer only with save_replay
+        target = target._replace(replay=None)
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    step = checkpointer.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}.")
+    loop, _ = checkpointer.restore(step, target=target)
+    checkpointer.close()
+    return config, loop, step

@@ -70,14 +70,15 @@ def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) 
     """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`."""
     if checkpoint is None:
         return config
-    path = pathlib.Path(checkpoint) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"--checkpoint={checkpoint}: no config.json there (expected a training run directory).")
-    run_config = ml_collections.ConfigDict(json.loads(path.read_text()))
-    with run_config.unlocked():
-        for field in PRECISION_FIELDS:
-            if field in config.agent:
-                run_config.agent[field] = config.agent[field]
+    from experiments import sac_loop
+
+    try:
+        run_config = sac_loop.load_run_config(checkpoint)
+    except FileNotFoundError as error:
+        raise ValueError(f"--checkpoint={checkpoint}: {error}") from error
+    for field in PRECISION_FIELDS:
+        if field in config.agent:
+            run_config.agent[field] = config.agent[field]
     return run_config
 
 
@@ -85,21 +86,8 @@ def restore_networks(checkpoint: str, state):
     """``state`` with the actor, critic, target critic and temperature of ``checkpoint``'s latest step, cast to
     ``state``'s parameter dtypes (optimizer states stay fresh: they depend only on the parameters' shapes)."""
     from experiments import sac_loop
-    from lpjax.checkpoint import Checkpointer
 
-    run_dir = pathlib.Path(checkpoint)
-    run_config = ml_collections.ConfigDict(json.loads((run_dir / "config.json").read_text()))
-    run_agent = sac_loop.validate(run_config)
-    env = sac_loop.make_envs(run_config)[0]
-    loop = sac_loop.init_loop(run_config, run_agent, env)
-    checkpointer = Checkpointer(run_dir / "checkpoints")
-    latest = checkpointer.latest_step()
-    if latest is None:
-        raise ValueError(f"--checkpoint={checkpoint}: no checkpoint in {run_dir / 'checkpoints'}.")
-    target = loop if run_config.save_replay else loop._replace(replay=None)
-    restored, _ = checkpointer.restore(latest, target=target)
-    checkpointer.close()
-    trained = restored.agent
+    trained = sac_loop.load_run(checkpoint)[1].agent
 
     def cast_like(source, like):
         return jax.tree.map(lambda s, d: jnp.asarray(s, d.dtype), source, like)
