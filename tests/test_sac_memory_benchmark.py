@@ -142,3 +142,20 @@ def test_batch_bytes_and_cross_check(recorded):
     for c in check["checks"]:
         assert c["residual_leaf_bytes"] == c["print_saved_residuals_bytes"] > 0
         assert sum(c["print_saved_residuals_by_description"].values()) == c["print_saved_residuals_bytes"]
+
+
+def test_ceiling_bounds_the_ratio_and_halving_everything_else_reaches_it(recorded):
+    rows = _rows(recorded)
+    (comp,) = recorded["comparisons"]
+    t32, t16 = rows["fp32"]["total_bytes"], rows["fp16"]["total_bytes"]
+    s32, s16 = rows["fp32"]["components"]["state"], rows["fp16"]["components"]["state"]
+    # Halve every non-state component of fp32 by hand: that fp16 total reaches the ceiling exactly.
+    halved = s16 + sum(v / 2 for k, v in rows["fp32"]["components"].items() if k != "state")
+    assert comp["total_ratio_ceiling_with_kahan_state"] == pytest.approx(t32 / halved)
+    assert comp["total_ratio"] <= comp["total_ratio_ceiling_with_kahan_state"]  # batch and masks are not halved
+    assert comp["target_reachable_with_kahan_state"] == (comp["total_ratio_ceiling_with_kahan_state"] >= 1.8)
+    # With the Kahan buffers the fp16 state is under 1.4x smaller: bytes per parameter 12 / 8 for the actor
+    # (param, m, v / the same plus its Kahan buffer) and 16 / 12 for a critic (plus the target and its buffer).
+    assert s32 / s16 < 1.4
+    assert comp["paper_table_11_mb"] is None  # the paper measured only 1024/4096 sizes
+    assert comp["total_mb"] == {"fp32": pytest.approx(t32 / 1e6), "fp16": pytest.approx(t16 / 1e6)}
