@@ -2,14 +2,14 @@
 the network optimizer and target-network updater built from the paper's method switches, and the behaviour of
 the learner configs (validation of the method fields, :meth:`LearnerConfig.from_mapping`).
 
-A learner config (:class:`lpjax.agents.sac.SACConfig`, :class:`lpjax.agents.d4pg.D4PGConfig`) is a frozen
-dataclass deriving from :class:`LearnerConfig` and declaring the fields :func:`network_optimizer` and
-:func:`target_updater` read:
+The off-policy learner configs (:class:`lpjax.agents.sac.SACConfig`, :class:`lpjax.agents.d4pg.D4PGConfig`)
+are frozen dataclasses deriving from :class:`OffPolicyConfig`, which declares the fields they share, among them
+those :func:`network_optimizer` and :func:`target_updater` read:
 
 * Adam: ``b1``, ``b2``, ``adam_eps``;
 * methods (Björck et al., 2021): ``hadam``, ``loss_scaling`` (with ``init_scale``, ``growth_interval``),
   ``kahan_gradients``, ``kahan_momentum`` (with ``kahan_momentum_scale``);
-* targets: ``tau``, ``target_update_period``;
+* targets: ``tau`` and ``target_update_period`` (declared by each learner: their defaults differ);
 * precision: ``policy`` and ``matmul_impl`` (see :class:`lpjax.nn.Dense`).
 """
 
@@ -136,8 +136,8 @@ def target_updater(config: Any) -> TargetUpdater:
 class LearnerConfig:
     """Behaviour shared by the learner configs (frozen dataclasses deriving from this class; it adds no fields).
 
-    Subclasses declare the fields listed in this module's docstring, and call :meth:`validate` with their own
-    checks at the end of ``__post_init__``.
+    Subclasses call :meth:`validate` with their own checks at the end of ``__post_init__``. The off-policy
+    learners derive from :class:`OffPolicyConfig`, which adds their shared fields.
     """
 
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
@@ -175,3 +175,32 @@ class LearnerConfig:
             name = cls.__name__.removesuffix("Config")
             raise ValueError(f"Unknown {name} config keys {unknown}; valid keys: {', '.join(sorted(known))}.")
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class OffPolicyConfig(LearnerConfig):
+    """The fields SAC and D4PG share, with the same defaults (Björck et al., 2021, Table 4), checked by
+    :meth:`LearnerConfig.validate`.
+
+    ``gamma``; ``tau`` (target Polyak step); ``actor_lr``, ``critic_lr`` and Adam's ``b1``/``b2``/``adam_eps``;
+    precision: ``policy`` and ``matmul_impl``; the methods, each a switch: ``hadam``, ``loss_scaling`` (with
+    ``init_scale`` and ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with
+    ``kahan_momentum_scale``). Subclasses declare ``batch_size`` and ``target_update_period``.
+    """
+
+    gamma: float = 0.99
+    tau: float = 0.005
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-4
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    policy: str = "fp32"
+    matmul_impl: str = "xla"
+    hadam: bool = False
+    loss_scaling: bool = False
+    init_scale: float = 1e4
+    growth_interval: int = 10_000
+    kahan_gradients: bool = False
+    kahan_momentum: bool = False
+    kahan_momentum_scale: float = 1e4

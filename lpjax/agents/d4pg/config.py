@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from lpjax.agents.training import LearnerConfig
+from lpjax.agents.training import OffPolicyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class D4PGConfig(LearnerConfig):
+class D4PGConfig(OffPolicyConfig):
     """Hyper-parameters of :mod:`lpjax.agents.d4pg`. Defaults: ActorQ (Krishnan, Lam et al.) on Acme's D4PG.
 
     Learning: ``gamma`` and ``n_step`` (read by the actors' :class:`lpjax.nstep.NStepAccumulator`, which folds
@@ -30,30 +30,14 @@ class D4PGConfig(LearnerConfig):
     ``D4PGConfig(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True)``.
     """
 
-    gamma: float = 0.99
     n_step: int = 5
-    tau: float = 0.005
     target_update_period: int = 1
-    actor_lr: float = 1e-4
-    critic_lr: float = 1e-4
-    b1: float = 0.9
-    b2: float = 0.999
-    adam_eps: float = 1e-8
     batch_size: int = 256
     actor_hidden: tuple[int, ...] = (2048, 2048, 2048)
     critic_hidden: tuple[int, ...] = (512, 512, 512)
     num_atoms: int = 51
     v_min: float = -150.0
     v_max: float = 150.0
-    policy: str = "fp32"
-    matmul_impl: str = "xla"
-    hadam: bool = False
-    loss_scaling: bool = False
-    init_scale: float = 1e4
-    growth_interval: int = 10_000
-    kahan_gradients: bool = False
-    kahan_momentum: bool = False
-    kahan_momentum_scale: float = 1e4
 
     def __post_init__(self):
         object.__setattr__(self, "actor_hidden", tuple(int(w) for w in self.actor_hidden))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from lpjax.agents.training import LearnerConfig
+from lpjax.agents.training import OffPolicyConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig(LearnerConfig):
+class SACConfig(OffPolicyConfig):
     """Hyper-parameters of :mod:`lpjax.agents.sac`. Defaults: Björck et al. (2021), Tables 4 and 5 (states).
 
     Learning: ``gamma``, ``tau`` (target Polyak step), learning rates and Adam's ``b1``/``b2``/``adam_eps`` for
@@ -28,14 +28,7 @@ class SACConfig(LearnerConfig):
     ``softplus_fix``, ``normal_fix``, ``weight_standardization`` and ``encoder_clip`` (pixels).
     """
 
-    gamma: float = 0.99
-    tau: float = 0.005
-    actor_lr: float = 1e-4
-    critic_lr: float = 1e-4
     alpha_lr: float = 1e-4
-    b1: float = 0.9
-    b2: float = 0.999
-    adam_eps: float = 1e-8
     init_temperature: float = 0.1
     target_entropy: float | None = None
     batch_size: int = 1024
@@ -47,15 +40,6 @@ class SACConfig(LearnerConfig):
     pixels: bool = False
     encoder_features: int = 50
     augmentation_pad: int = 4
-    policy: str = "fp32"
-    matmul_impl: str = "xla"
-    hadam: bool = False
-    loss_scaling: bool = False
-    init_scale: float = 1e4
-    growth_interval: int = 10_000
-    kahan_gradients: bool = False
-    kahan_momentum: bool = False
-    kahan_momentum_scale: float = 1e4
     softplus_fix: bool = False
     normal_fix: bool = False
     weight_standardization: bool = False
