@@ -48,7 +48,7 @@ import tqdm
 import lpjax.envs
 from experiments.sac_loop import Diverged, plot_returns
 from lpjax.agents import sac
-from lpjax.checkpoint import Checkpointer
+from lpjax.checkpoint import open_run_checkpoints, save_if_due
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import RunLogger
 
@@ -318,15 +318,7 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
     agent_config = validate(config)
     settings = settings_of(config, agent_config)
     run_dir = pathlib.Path(run_dir)
-    checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=2)
-    latest = checkpointer.latest_step()
-    if latest is not None and not resume:
-        checkpointer.close()
-        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
-                         "it or choose another --run_dir.")
-    if not config.save_replay and resume and latest is not None:
-        checkpointer.close()
-        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
+    checkpointer, latest = open_run_checkpoints(run_dir, resume, config.save_replay)
     compile_s, chunk_steps = 0.0, config.log_every
 
     def timed(function, *args):  # what function returns, adding the seconds it took to compile_s
@@ -382,11 +374,8 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
                 logger.log(step, eval_result, prefix="eval")
                 tqdm.tqdm.write(f"step {step}: eval return {eval_result['return']:.1f} ± "
                                 f"{eval_result['return_std']:.1f}")
-            checkpoint_due = step // config.checkpoint_every > (latest or 0) // config.checkpoint_every
-            if checkpoint_due or step >= config.total_steps:
-                saved = loop if config.save_replay else loop._replace(replay=None)
-                checkpointer.save(step, saved, metadata={"config": config.to_dict()})
-                latest = step
+            latest = save_if_due(checkpointer, step, latest, config.checkpoint_every, step >= config.total_steps,
+                                 loop, config.save_replay, metadata={"config": config.to_dict()})
     except Diverged as error:
         status = f"diverged: {error}"
         tqdm.tqdm.write(f"stopping: {status}")

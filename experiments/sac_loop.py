@@ -29,7 +29,7 @@ import tqdm
 import lpjax.envs
 from lpjax.agents import sac
 from experiments.configs.sac import _base
-from lpjax.checkpoint import Checkpointer, open_run_checkpoints
+from lpjax.checkpoint import Checkpointer, open_run_checkpoints, save_if_due
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import CONFIG_FILE, RunLogger, plot_run_curve
 
@@ -202,11 +202,8 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
             loop = loop._replace(episodes=loop.episodes + 1)
             logger.log(step, {"episode_return": episode_return, "episode": int(loop.episodes)},
                        prefix="train")
-            checkpoint_due = step // config.checkpoint_every > (latest or 0) // config.checkpoint_every
-            if checkpoint_due or step >= config.total_steps:
-                saved = loop if config.save_replay else loop._replace(replay=None)
-                checkpointer.save(step, saved, metadata={"config": config.to_dict()})
-                latest = step
+            latest = save_if_due(checkpointer, step, latest, config.checkpoint_every, step >= config.total_steps,
+                                 loop, config.save_replay, metadata={"config": config.to_dict()})
     except Diverged as error:
         status = f"diverged: {error}"
         tqdm.tqdm.write(f"stopping: {status}")

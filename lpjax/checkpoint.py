@@ -260,9 +260,27 @@ def open_run_checkpoints(run_dir: str | os.PathLike, resume: bool, save_replay: 
     """
     checkpointer = Checkpointer(pathlib.Path(run_dir) / "checkpoints", max_to_keep=max_to_keep)
     latest = checkpointer.latest_step()
+    error = None
     if latest is not None and not resume:
-        raise ValueError(f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue "
-                         "it or choose another --run_dir.")
-    if resume and latest is not None and not save_replay:
-        raise ValueError("Resuming needs the replay buffer in the checkpoint (config.save_replay=True).")
+        error = (f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue it or "
+                 "choose another --run_dir.")
+    elif resume and latest is not None and not save_replay:
+        error = "Resuming needs the replay buffer in the checkpoint (config.save_replay=True)."
+    if error:
+        checkpointer.close()
+        raise ValueError(error)
     return checkpointer, latest
+
+
+def save_if_due(checkpointer: Checkpointer, step: int, latest: int | None, every: int, final: bool, loop: Any,
+                save_replay: bool, metadata: dict | None = None) -> int | None:
+    """Checkpoints a training loop's state when due; returns the step of the latest checkpoint.
+
+    Due when ``final``, or when a multiple of ``every`` lies in ``(latest, step]`` (``latest=None``: 0), so a
+    loop that advances by episodes or chunks saves at the first step past each multiple. ``loop`` is a
+    ``NamedTuple`` with a ``replay`` field, saved as ``None`` unless ``save_replay``.
+    """
+    if not (final or step // every > (latest or 0) // every):
+        return latest
+    checkpointer.save(step, loop if save_replay else loop._replace(replay=None), metadata=metadata)
+    return step

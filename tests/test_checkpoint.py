@@ -218,3 +218,38 @@ def test_a_process_killed_mid_save_leaves_the_last_complete_checkpoint(tmp_path)
         assert ckpt.all_steps() == [last, last + 1]
         assert_bit_identical(ckpt.restore(target=make_state(0))[0], make_state(last + 1))
     assert not [p.name for p in directory.iterdir() if "tmp" in p.name]
+
+
+class _Loop(NamedTuple):
+    step: jax.Array
+    replay: jax.Array | None
+
+
+def test_save_if_due_saves_past_each_multiple_and_at_the_end_without_replay_unless_asked(tmp_path):
+    from lpjax.checkpoint import open_run_checkpoints, save_if_due
+    checkpointer, latest = open_run_checkpoints(tmp_path, resume=False, save_replay=False, max_to_keep=10)
+    assert latest is None
+    saved = []
+    for step in (3, 7, 9, 12, 14, 19, 20, 21):  # episode ends; every 10 steps, total 21
+        loop = _Loop(jnp.asarray(step), jnp.arange(4.0))
+        latest = save_if_due(checkpointer, step, latest, 10, step >= 21, loop, save_replay=False)
+        saved.append(latest)
+    checkpointer.wait()
+    assert saved == [None, None, None, 12, 12, 12, 20, 21]
+    assert checkpointer.all_steps() == [12, 20, 21]
+    restored, _ = checkpointer.restore(20)
+    assert int(restored["step"]) == 20 and restored["replay"] is None  # the stored tree, as a dict
+    checkpointer.close()
+    # A resumed run with the replay buffer saves it, and refuses to resume checkpoints that lack it.
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        open_run_checkpoints(tmp_path, resume=False, save_replay=False)
+    with pytest.raises(ValueError, match="needs the replay buffer"):
+        open_run_checkpoints(tmp_path, resume=True, save_replay=False)
+    checkpointer, latest = open_run_checkpoints(tmp_path, resume=True, save_replay=True, max_to_keep=10)
+    assert latest == 21
+    assert save_if_due(checkpointer, 25, latest, 10, False, _Loop(jnp.asarray(25), jnp.ones(3)), True) == 21
+    assert save_if_due(checkpointer, 31, latest, 10, False, _Loop(jnp.asarray(31), jnp.ones(3)), True) == 31
+    checkpointer.wait()
+    restored, _ = checkpointer.restore(31, target=_Loop(jnp.asarray(0), jnp.zeros(3)))
+    np.testing.assert_array_equal(restored.replay, np.ones(3))
+    checkpointer.close()
