@@ -22,6 +22,7 @@ break in fp16?").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -127,17 +128,22 @@ def collect_batch(env, policy, batch_size: int, seed: int, n_step: int = 1, gamm
             for name in ("obs", "action", "reward", "discount", "next_obs")}
 
 
+def with_batch_size(agent_config, batch_size: int | None):
+    """``agent_config`` with ``--batch_size`` in place of its own (``None``: unchanged)."""
+    if batch_size is None:
+        return agent_config
+    if batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {batch_size}.")
+    return dataclasses.replace(agent_config, batch_size=batch_size)
+
+
 def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
                 batch_size: int | None, seed: int) -> dict[str, PrecisionReport]:
     """The precision reports of SAC's ``critic`` and ``actor`` phases (see the module docstring)."""
     from experiments import sac_loop
     from lpjax.agents import sac
 
-    agent_config = sac_loop.validate(config)
-    if batch_size is not None:
-        if batch_size < 1:
-            raise ValueError(f"--batch_size must be >= 1, got {batch_size}.")
-        agent_config = sac.SACConfig.from_mapping({**config.agent.to_dict(), "batch_size": batch_size})
+    agent_config = with_batch_size(sac_loop.validate(config), batch_size)
     env = sac_loop.make_envs(config)[0]
     init_key, critic_key, actor_key = jax.random.split(jax.random.key(seed), 3)
     state = sac.init(init_key, jnp.zeros(env.observation_shape, env.observation_dtype), env.action_dim,
@@ -183,11 +189,7 @@ def d4pg_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtyp
 
     if checkpoint is not None:
         raise ValueError("--checkpoint is implemented for --algo=sac only.")
-    agent_config = d4pg_loop.validate(config)
-    if batch_size is not None:
-        if batch_size < 1:
-            raise ValueError(f"--batch_size must be >= 1, got {batch_size}.")
-        agent_config = d4pg.D4PGConfig.from_mapping({**config.agent.to_dict(), "batch_size": batch_size})
+    agent_config = with_batch_size(d4pg_loop.validate(config), batch_size)
     env = lpjax.envs.make(config.env, seed=config.seed)
     state = d4pg.init(jax.random.key(seed), jnp.zeros(env.observation_shape), env.action_dim, agent_config)
 
