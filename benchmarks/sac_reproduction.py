@@ -579,6 +579,23 @@ def _done(cell: dict) -> bool:
     return cell["status"] in ("complete", "diverged")
 
 
+def _same_seeds_reference(cell: dict, reference: dict | None) -> dict:
+    """fp16 (all methods) on the seeds ``cell`` finished, and ``cell``'s mean over them relative to it.
+
+    Seed noise is large at this scale, so an ablation row with fewer seeds than fp16 is compared on its own
+    seeds: ``fp16_same_seeds_mean`` and ``ratio_to_fp16_same_seeds`` (``None`` without a shared finished seed).
+    """
+    ours = {s: r for s, r in cell["final_return_per_seed"].items() if r is not None}
+    theirs = {} if reference is None else reference["final_return_per_seed"]
+    shared = sorted(s for s in ours if theirs.get(s) is not None)
+    if not shared:
+        return {"fp16_same_seeds": [], "fp16_same_seeds_mean": None, "ratio_to_fp16_same_seeds": None}
+    ref = float(np.mean([theirs[s] for s in shared]))
+    mean = float(np.mean([ours[s] for s in shared]))
+    return {"fp16_same_seeds": [int(s) for s in shared], "fp16_same_seeds_mean": ref,
+            "ratio_to_fp16_same_seeds": mean / ref if ref else None}
+
+
 def _ratio(num: dict, den: dict) -> float | None:
     if num["mean"] is None or den["mean"] is None or den["mean"] == 0:
         return None
@@ -653,7 +670,8 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
                     "all" if config == "fp16_naive" else None), "mean": cell["mean"], "std": cell["std"],
                     "seeds_final": cell["seeds_final"], "seeds_planned": cell["seeds_planned"],
                     "seeds_diverged": cell["seeds_diverged"], "status": cell["status"],
-                    "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None})
+                    "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
+                    **_same_seeds_reference(cell, reference)})
             ablation[task] = rows
     statuses = [r["status"] for r in runs.values()]
     final_runs = [r for r in runs.values() if r["final"]]
@@ -804,10 +822,13 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
             if not done:
                 text += f"\n{row['status']}"
             axes.text(x, height, text, ha="center", va="bottom", fontsize="x-small")
+            if row["variant"] != "fp16" and row["fp16_same_seeds_mean"] is not None:
+                axes.plot([x - 0.4, x + 0.4], [row["fp16_same_seeds_mean"]] * 2, color="tab:green", linewidth=2)
         axes.set_xticks(xs, [r["variant"].replace(ABLATION_PREFIX, "no ") for r in rows], rotation=20,
                         fontsize="small")
         axes.set_ylabel("final eval return (mean ± std over finished seeds)")
-        axes.set_title(f"Ablation on {task}: fp16 with one method removed (paper Fig. 7); hatched = incomplete")
+        axes.set_title(f"Ablation on {task}: fp16 with one method removed (paper Fig. 7); hatched = incomplete; "
+                       "green line: fp16 with all methods on the bar's seeds")
         axes.grid(True, axis="y", alpha=0.3)
     figure.suptitle(f"SAC fp32 vs fp16 at {result['scale']['tag']}"
                     + ("" if result["complete"] else "  [INCOMPLETE: see the json]"))

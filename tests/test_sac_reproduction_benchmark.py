@@ -132,3 +132,16 @@ def test_fields_added_since_a_run_started_match_at_their_old_behaviour():
     diffs = sac_reproduction._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "pallas"},
                                                           "seed": 0})
     assert diffs == ["agent.matmul_impl: run has '<absent>', flags give 'pallas'"]
+
+
+def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():
+    fp16 = {"final_return_per_seed": {"0": 400.0, "1": 300.0, "2": 200.0}}
+    one_seed = {"final_return_per_seed": {"0": 200.0}}
+    ref = bench._same_seeds_reference(one_seed, fp16)
+    assert ref == {"fp16_same_seeds": [0], "fp16_same_seeds_mean": 400.0, "ratio_to_fp16_same_seeds": 0.5}
+    # A diverged seed (None) is not a shared finished seed; the mean over seeds 1 and 2 is 250.
+    two = {"final_return_per_seed": {"0": None, "1": 150.0, "2": 100.0}}
+    assert bench._same_seeds_reference(two, fp16) == {
+        "fp16_same_seeds": [1, 2], "fp16_same_seeds_mean": 250.0, "ratio_to_fp16_same_seeds": 0.5}
+    assert bench._same_seeds_reference(one_seed, None)["ratio_to_fp16_same_seeds"] is None
+    assert bench._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
