@@ -415,7 +415,7 @@ def run_one(spec: RunSpec, scale: Scale, runs_dir: pathlib.Path, progress: bool 
         session = {"time": _now(), "start_step": start_step, "status": "interrupted"}
         try:
             summary = sac_loop.train(config, run_dir, resume=bool(checkpoints), progress=progress)
-        except Exception as error:  # noqa: BLE001: recorded, the session goes on with the next run
+        except Exception as error:  # noqa: BLE001 (recorded; the session goes on with the next run)
             message = f"{type(error).__name__}: {error}"
             session["status"] = "error"
             (run_dir / ERROR_FILE).write_text(json.dumps(
