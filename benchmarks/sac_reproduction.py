@@ -262,10 +262,10 @@ def _checkpoint_steps(run_dir: pathlib.Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
-    """Steps and returns of the logged evaluations (``None`` for a non-finite return).
+def _logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | None]]:
+    """Steps and values of the rows of ``metrics.csv`` that logged ``column`` (``None`` for a non-finite value).
 
-    Read from ``metrics.csv`` directly: an evaluation row is one whose ``eval/return`` cell is not empty
+    Read from the file directly: a row logged the column when its cell is not empty
     (``lpjax.run_logging.read_metrics`` reads empty and non-finite cells both as nan)."""
     path = run_dir / "metrics.csv"
     if not path.exists():
@@ -274,16 +274,33 @@ def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
     if not text.endswith("\n"):  # a partial last line left by a crash
         text = text[: text.rfind("\n") + 1]
     rows = list(csv.reader(io.StringIO(text)))
-    if not rows or "eval/return" not in rows[0]:
+    if not rows or column not in rows[0]:
         return [], []
-    step_col, return_col = rows[0].index("step"), rows[0].index("eval/return")
-    steps, returns = [], []
+    step_col, value_col = rows[0].index("step"), rows[0].index(column)
+    steps, values = [], []
     for row in rows[1:]:
-        if len(row) > return_col and row[return_col] != "":
-            value = float(row[return_col])
+        if len(row) > value_col and row[value_col] != "":
+            value = float(row[value_col])
             steps.append(int(float(row[step_col])))
-            returns.append(value if math.isfinite(value) else None)
-    return steps, returns
+            values.append(value if math.isfinite(value) else None)
+    return steps, values
+
+
+def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
+    """Steps and returns of the logged evaluations (``None`` for a non-finite return)."""
+    return _logged(run_dir, "eval/return")
+
+
+def _nonfinite_losses_since(run_dir: pathlib.Path) -> int | None:
+    """The first logged step from which every logged critic loss is non-finite (``None``: the last is finite).
+
+    The loss scaler skips every such step, so the networks stop learning while actions stay finite: such a run
+    finishes, with the return of a frozen policy."""
+    steps, losses = _logged(run_dir, "train/critic_loss")
+    if not losses or losses[-1] is not None:
+        return None
+    finite = [i for i, loss in enumerate(losses) if loss is not None]
+    return steps[finite[-1] + 1 if finite else 0]
 
 
 @contextlib.contextmanager
@@ -367,6 +384,7 @@ def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check
     else:
         record["status"] = "error" if error else "partial" if checkpoints else "started"
     if record["status"] == "finished":
+        record["nonfinite_losses_since"] = _nonfinite_losses_since(run_dir)
         if steps and steps[-1] == scale.steps and returns[-1] is not None:
             record["final_return"] = returns[-1]
         elif steps and steps[-1] == scale.steps:
@@ -549,6 +567,8 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
         "incomplete_seeds": partial,
         "seed_status": {str(s): r["status"] for s, r in sorted(records.items())},
         "diverged_at_step": {str(s): records[s]["step"] for s in diverged},
+        "nonfinite_losses_since": {str(s): r["nonfinite_losses_since"] for s, r in sorted(final.items())
+                                   if r.get("nonfinite_losses_since") is not None},
     }
 
 
@@ -640,7 +660,7 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
             final = _done(cells["fp32"]) and _done(fp16)
             ratio = _ratio(fp16, cells["fp32"])
             meets = (ratio is not None and ratio >= TARGET_RATIO and not fp16["seeds_diverged"]
-                     and not fp16["seeds_nonfinite"])
+                     and not fp16["seeds_nonfinite"] and not fp16["nonfinite_losses_since"])
             entry = {"fp32_mean": cells["fp32"]["mean"], "fp16_mean": fp16["mean"], "ratio": ratio,
                      "target_ratio": TARGET_RATIO, "final": final, "meets_target": meets if final else None}
             if not final:
@@ -670,6 +690,7 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
                     "all" if config == "fp16_naive" else None), "mean": cell["mean"], "std": cell["std"],
                     "seeds_final": cell["seeds_final"], "seeds_planned": cell["seeds_planned"],
                     "seeds_diverged": cell["seeds_diverged"], "status": cell["status"],
+                    "nonfinite_losses_since": cell["nonfinite_losses_since"],
                     "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
                     **_same_seeds_reference(cell, reference)})
             ablation[task] = rows
@@ -715,9 +736,11 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
             "`final_return_per_seed` or the means.",
             "mean/std: over finished seeds (population std); diverged seeds are counted in `seeds_diverged`.",
             "comparison.meets_target is null until every planned seed of fp32 and fp16 is final on the task; a "
-            "diverged fp16 seed fails the target.",
+            "diverged fp16 seed fails the target, and so does one whose losses stayed non-finite.",
+            "nonfinite_losses_since (per seed): a finished run whose logged critic losses are non-finite from that "
+            "step to the end; the loss scaler skipped every update, so its final return is a frozen policy's.",
             "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
-            "one task at reduced scale.",
+            "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
         ],
     }
     return _clean(result)
@@ -819,6 +842,8 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
             text = f"{row['seeds_final']}/{row['seeds_planned']}"
             if row["seeds_diverged"]:
                 text += f"\n{len(row['seeds_diverged'])} div."
+            if row["nonfinite_losses_since"]:
+                text += f"\n{len(row['nonfinite_losses_since'])} nan loss"
             if not done:
                 text += f"\n{row['status']}"
             axes.text(x, height, text, ha="center", va="bottom", fontsize="x-small")

@@ -145,3 +145,16 @@ def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():
         "fp16_same_seeds": [1, 2], "fp16_same_seeds_mean": 250.0, "ratio_to_fp16_same_seeds": 0.5}
     assert bench._same_seeds_reference(one_seed, None)["ratio_to_fp16_same_seeds"] is None
     assert bench._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
+
+
+def test_nonfinite_losses_since_finds_where_the_losses_stayed_nan(tmp_path):
+    header = "step,train/critic_loss,eval/return\n"
+    rows = ["1000,1.5,\n", "2000,nan,\n", "2000,,20.0\n", "3000,2.0,\n", "4000,nan,\n", "5000,inf,\n",
+            "5000,,22.9\n", "6000,nan,\n"]
+    (tmp_path / "metrics.csv").write_text(header + "".join(rows))
+    assert bench._nonfinite_losses_since(tmp_path) == 4000  # the nan at 2000 recovered; from 4000 it did not
+    assert bench._eval_curve(tmp_path) == ([2000, 5000], [20.0, 22.9])
+    (tmp_path / "metrics.csv").write_text(header + "".join(rows[:4]))
+    assert bench._nonfinite_losses_since(tmp_path) is None  # the last logged loss is finite
+    (tmp_path / "metrics.csv").write_text(header + "1000,nan,\n2000,nan,\n")
+    assert bench._nonfinite_losses_since(tmp_path) == 1000  # never finite
