@@ -1,9 +1,9 @@
 """Post-training quantization of a trained SAC policy, in the style of QuaRL's Table 1 (ActorQ Table 2).
 
 **What is measured.** The latest checkpoint of a SAC run directory written by ``python -m experiments.sac``
-(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop.load_run``. Its actor's weights are then quantized and dequantized
-with :func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params` ("quantize, then dequantize
-to simulate the quantization error", as in the papers), at each precision:
+(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop.load_run``. Its actor's weights are
+then quantized and dequantized with :func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params`
+("quantize, then dequantize to simulate the quantization error", as in the papers), at each precision:
 
 * ``fp32``: the trained policy (the reference);
 * ``fp16``: weights rounded to float16 (biases kept, as for the integer rows);

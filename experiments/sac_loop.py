@@ -255,10 +255,9 @@ def load_run(run_dir: str | pathlib.Path) -> tuple[ml_collections.ConfigDict, Lo
     target = init_loop(config, validate(config), make_envs(config)[0])
     if not config.save_replay:  # the loop saves the replay buffer only with save_replay
         target = target._replace(replay=None)
-    checkpointer = Checkpointer(run_dir / "checkpoints")
-    step = checkpointer.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}.")
-    loop, _ = checkpointer.restore(step, target=target)
-    checkpointer.close()
+    with Checkpointer(run_dir / "checkpoints") as checkpointer:
+        step = checkpointer.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}.")
+        loop, _ = checkpointer.restore(step, target=target)
     return config, loop, step

@@ -143,20 +143,10 @@ class LearnerConfig:
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
         """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.
 
-        Checks ``policy`` and ``matmul_impl`` first (their errors list the valid values), then ``checks`` (the
-        subclass's own fields), then the fields read by :func:`network_optimizer` and :func:`target_updater`.
+        Checks ``policy`` first (its error lists the valid names), then ``checks`` (the subclass's own fields).
         """
-        check_dense_options(get_policy(self.policy), self.matmul_impl, "none")
-        shared = [
-            (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
-            (self.target_update_period >= 1, "target_update_period must be >= 1"),
-            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
-            (self.adam_eps >= 0, "adam_eps must be >= 0"),
-            (self.init_scale >= 1, "init_scale must be >= 1"),
-            (self.growth_interval >= 1, "growth_interval must be >= 1"),
-            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
-        ]
-        for ok, message in [*checks, *shared]:
+        get_policy(self.policy)
+        for ok, message in checks:
             if not ok:
                 raise ValueError(f"{type(self).__name__}: {message}.")
 
@@ -179,13 +169,13 @@ class LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OffPolicyConfig(LearnerConfig):
-    """The fields SAC and D4PG share, with the same defaults (Björck et al., 2021, Table 4), checked by
-    :meth:`LearnerConfig.validate`.
+    """The fields SAC and D4PG share, with the same defaults (Björck et al., 2021, Table 4), and their checks.
 
     ``gamma``; ``tau`` (target Polyak step); ``actor_lr``, ``critic_lr`` and Adam's ``b1``/``b2``/``adam_eps``;
     precision: ``policy`` and ``matmul_impl``; the methods, each a switch: ``hadam``, ``loss_scaling`` (with
     ``init_scale`` and ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with
-    ``kahan_momentum_scale``). Subclasses declare ``batch_size`` and ``target_update_period``.
+    ``kahan_momentum_scale``). Subclasses declare ``batch_size`` and ``target_update_period``, and call
+    :meth:`validate` at the end of ``__post_init__``.
     """
 
     gamma: float = 0.99
@@ -204,3 +194,21 @@ class OffPolicyConfig(LearnerConfig):
     kahan_gradients: bool = False
     kahan_momentum: bool = False
     kahan_momentum_scale: float = 1e4
+
+    def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
+        """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.
+
+        Checks ``policy`` and ``matmul_impl`` first (their errors list the valid values), then ``checks`` (the
+        subclass's own fields), then the fields read by :func:`network_optimizer` and :func:`target_updater`.
+        """
+        check_dense_options(get_policy(self.policy), self.matmul_impl, "none")
+        super().validate([
+            *checks,
+            (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
+            (self.target_update_period >= 1, "target_update_period must be >= 1"),
+            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
+            (self.adam_eps >= 0, "adam_eps must be >= 0"),
+            (self.init_scale >= 1, "init_scale must be >= 1"),
+            (self.growth_interval >= 1, "growth_interval must be >= 1"),
+            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
+        ])

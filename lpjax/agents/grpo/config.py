@@ -7,7 +7,6 @@ from typing import Any
 
 from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS
 from lpjax.agents.training import LearnerConfig
-from lpjax.precision import get_policy
 
 ROLLOUT_PRECISIONS = ("fp32", "bf16", "fp8", "fp8_kv")
 """Rollout engines: ``fp32``; ``bf16`` (the paper's baseline); ``fp8``: W8A8 blockwise fp8 linear layers (bf16
@@ -98,17 +97,6 @@ class GRPOConfig(LearnerConfig):
              "rollout_precision='fp8_kv' has an fp8 KV cache; kv_cache_dtype must be None or 'fp8'"),
             (_is_int(self.seed), "seed must be an int"),
         ])
-
-    def validate(self, checks: Any) -> None:
-        """Raises ``ValueError("GRPOConfig: <message>.")`` for the first failed check.
-
-        Checks ``policy`` first (its error lists the valid names), then ``checks``. (The shared checks of
-        :meth:`LearnerConfig.validate` concern off-policy learners' targets and loss scaling, which GRPO lacks.)
-        """
-        get_policy(self.policy)
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"{type(self).__name__}: {message}.")
 
     @property
     def batch_size(self) -> int:
