@@ -7,21 +7,13 @@ state. Four optimizers are compared at Adam's usual settings (lr 1e-4, b1 0.9, b
 * ``adam_fp16``  naive ``optax.adam`` on float16 parameters. Its second moment ``v <- 0.999 v + 0.001 g^2`` is 0
   for every ``|g| < 5.5e-3`` (``0.001 g^2`` is below half of float16's smallest subnormal, 6e-8) and ``eps = 1e-8`` is 0 in
   float16 too, so the first update is ``m / 0 = inf`` and the parameters become inf/nan at step 1.
-* ``hadam_fp16`` ``lpjax.optim.hadam`` alone: no ``g^2``, so the second moment is fine, but ``eps = 1e-8`` is
-  still 0 in float16 (lpjax warns; a zero denominator gives a zero update rather than nan), and each update
-  (about ``lr = 1e-4``) is at or below half an ulp of a weight of magnitude >= 0.25 (float16 keeps 11
-  significant bits), so many updates are rounded away and training is slower (seeds 0-2: final loss 1.9-3.7x
-  fp32's after 5000 steps).
+* ``hadam_fp16`` ``lpjax.optim.hadam`` alone: no ``g^2``, so the second moment is fine, but each update (about
+  ``lr = 1e-4``) is at or below half an ulp of a weight of magnitude >= 0.25 (float16 keeps 11 significant bits),
+  so many updates are rounded away and training is slower.
 * ``lpjax_fp16`` the full lpjax chain, ``compound_loss_scaling(hadam(lr))`` then ``kahan_summation()``, with the
-  loss multiplied by ``lpjax.optim.loss_scale(opt_state)``: loss scaling keeps small gradients (and ``eps``)
+  gradients from ``lpjax.optim.scaled_value_and_grad``: loss scaling keeps small gradients (and the moments)
   representable, Kahan summation loses no update.
 * ``adam_fp32`` the float32 ``optax.adam`` reference.
-
-Measured (jax 0.10.2, CPU, lr 1e-4, 5000 steps): naive fp16 Adam is nan from step 1; lpjax_fp16 ends at
-0.87-0.89x fp32's loss on seeds 0-2 (seed 0: 0.00356 vs 0.00410). It ends slightly *below* fp32 because float16
-still rounds hAdam's ``w`` (evaluated in float32, rounded once) down a little more often than up: ``sqrt(b2) w``
-is a relative decrease of 5e-4, about one float16 ulp, and on i.i.d. Gaussian gradients ``w`` settles 2.7% low,
-which makes the steps slightly larger.
 
 The loss curve of each run is the float32 MSE of its parameters on the whole training set after every step.
 
@@ -42,7 +34,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -154,16 +145,13 @@ def run(name: str, steps: int = DEFAULT_STEPS, seed: int = 0, learning_rate: flo
     init_key, data_key = jax.random.split(jax.random.PRNGKey(seed))
     params = init_params(init_key, dtype)
     optimizer = make_optimizer(name, learning_rate)
-    with warnings.catch_warnings():  # hadam_fp16 reproduces eps=1e-8 -> 0 in float16 on purpose.
-        warnings.simplefilter("ignore", lpjax.optim.EpsUnderflowWarning)
-        opt_state = optimizer.init(params)
-    scaled = _uses_loss_scaling(opt_state)
+    opt_state = optimizer.init(params)
 
     def step(carry, key):
         params, opt_state = carry
         idx = jax.random.randint(key, (batch_size,), 0, problem.x.shape[0])
-        scale = lpjax.optim.loss_scale(opt_state).astype(dtype) if scaled else jnp.ones([], dtype)
-        grads = jax.grad(lambda p: mse(p, problem.x[idx], problem.y[idx]) * scale)(params)
+        # The float16 loss times the loss scale (1 without a scaler), multiplied in float32.
+        _, grads = lpjax.optim.scaled_value_and_grad(mse)(opt_state, params, problem.x[idx], problem.y[idx])
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         full_loss = mse(jax.tree.map(lambda p: p.astype(jnp.float32), params), problem.x, problem.y)

@@ -29,8 +29,8 @@ from lpjax.optim import (
     OPTIMIZER_SCOPE,
     KahanPolyakState,
     kahan_polyak,
-    loss_scale_or_one,
     low_precision_adam,
+    scaled_value_and_grad,
 )
 from lpjax.precision import Policy, get_policy
 
@@ -56,18 +56,12 @@ def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
                   loss_fn: Callable[..., tuple[chex.Array, Any]], *args) -> tuple[Trainable, chex.Array, Any]:
     """One optimizer step on ``loss_fn(params, *args) -> (loss, aux)``; returns ``(trainable, loss, aux)``.
 
-    The loss is multiplied by the optimizer's loss scale (1 without a scaler) in float32 before
-    differentiation, so the backward pass runs in the network's dtype on scaled cotangents; the scaled
-    gradients go to ``tx`` as they are (compound loss scaling never unscales them). The optimizer runs under
+    The gradients come from :func:`lpjax.optim.scaled_value_and_grad`: the loss is multiplied in float32 by the
+    optimizer's loss scale (1 without a scaler), so the backward pass runs in the network's dtype on scaled
+    cotangents, and ``tx`` gets the scaled gradients it expects. The optimizer runs under
     ``jax.named_scope(lpjax.optim.OPTIMIZER_SCOPE)`` (metadata only), so :mod:`lpjax.inspect` can tell it apart.
     """
-    scale = loss_scale_or_one(trainable.opt_state)
-
-    def scaled(params):
-        loss, aux = loss_fn(params, *args)
-        return loss.astype(jnp.float32) * scale, (loss, aux)
-
-    grads, (loss, aux) = jax.grad(scaled, has_aux=True)(trainable.params)
+    (loss, aux), grads = scaled_value_and_grad(loss_fn, has_aux=True)(trainable.opt_state, trainable.params, *args)
     with jax.named_scope(OPTIMIZER_SCOPE):
         updates, opt_state = tx.update(grads, trainable.opt_state, trainable.params)
         params = optax.apply_updates(trainable.params, updates)

@@ -1,4 +1,4 @@
-"""Low-precision optax transforms: hAdam, compound loss scaling, Kahan summation and Kahan Polyak averaging.
+"""Low-precision optax transforms: hAdam, loss scaling, Kahan summation and Kahan Polyak averaging.
 
 Everything here is an ``optax.GradientTransformation`` (or a pure init/update pair) and composes with
 ``optax.chain``. A complete pure-fp16 optimizer, as in Björck et al. (2021)::
@@ -8,25 +8,29 @@ Everything here is an ``optax.GradientTransformation`` (or a pure init/update pa
         lpjax.optim.kahan_summation(),
     )
     opt_state = tx.init(params)
-    grads = jax.grad(lambda p: loss(p) * lpjax.optim.loss_scale(opt_state))(params)
+    loss, grads = lpjax.optim.scaled_value_and_grad(loss_fn)(opt_state, params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
+
+:func:`compound_loss_scaling` wraps any optax optimizer: the paper's compound path where the gradients go to
+hAdam (or an injected ``optax.adam``) first, the true gradients everywhere else.
 """
 
-from lpjax.optim.alias import low_precision_adam
-from lpjax.optim.hadam import EpsUnderflowWarning, ScaleByHAdamState, hadam, scale_by_hadam
+from lpjax.optim.alias import inject_hyperparams, low_precision_adam
+from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
 from lpjax.optim.kahan import (KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak,
                                kahan_summation)
-from lpjax.optim.loss_scaling import (PYTORCH_AMP_DEFAULTS, CompoundLossScalingState, compound_loss_scaling,
-                                      loss_scale, loss_scale_or_one, rescale_moments)
+from lpjax.optim.loss_scaling import (PYTORCH_AMP_DEFAULTS, CompoundLossScalingState, all_finite,
+                                      compound_loss_scaling, rescale_moments)
+from lpjax.optim.scaled_grad import loss_scale, loss_scale_or_one, scaled_value_and_grad
 
 OPTIMIZER_SCOPE = "optimizer"
 """``jax.named_scope`` under which lpjax's learners run their optimizer's update (``tx.update`` and
 ``optax.apply_updates``); :mod:`lpjax.inspect` attributes operations in it to the optimizer."""
 
 __all__ = [
-    "OPTIMIZER_SCOPE", "CompoundLossScalingState", "EpsUnderflowWarning", "KahanPolyak", "KahanPolyakState", "KahanSummationState",
-    "PYTORCH_AMP_DEFAULTS", "ScaleByHAdamState", "compound_loss_scaling", "hadam", "kahan_polyak",
-    "kahan_summation", "loss_scale", "loss_scale_or_one", "low_precision_adam", "rescale_moments",
-    "scale_by_hadam",
+    "OPTIMIZER_SCOPE", "PYTORCH_AMP_DEFAULTS", "CompoundLossScalingState", "KahanPolyak", "KahanPolyakState",
+    "KahanSummationState", "ScaleByHAdamState", "all_finite", "compound_loss_scaling", "hadam",
+    "inject_hyperparams", "kahan_polyak", "kahan_summation", "loss_scale", "loss_scale_or_one",
+    "low_precision_adam", "rescale_moments", "scale_by_hadam", "scaled_value_and_grad",
 ]

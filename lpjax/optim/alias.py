@@ -1,23 +1,53 @@
-"""``low_precision_adam``: Adam with each of the paper's optimizer methods as a switch.
+"""Factories: ``low_precision_adam`` (Adam with each of the paper's optimizer methods as a switch) and
+``inject_hyperparams`` (optax's, with float32 hyperparameters).
 
-One factory for every row of the ablations of Björck et al. (2021): plain Adam (the naive baseline), hAdam,
-compound loss scaling and Kahan-gradients, in any combination.
+``low_precision_adam`` builds every row of the ablations of Björck et al. (2021): plain Adam (the naive baseline),
+hAdam, compound loss scaling and Kahan-gradients, in any combination.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from lpjax.optim._hyperparameters import require_wide
 from lpjax.optim.hadam import hadam as _hadam
 from lpjax.optim.kahan import kahan_summation
 from lpjax.optim.loss_scaling import compound_loss_scaling
 
+_DTYPE_ARGUMENTS = ("moment_dtype", "compensation_dtype")
+
+
+def inject_hyperparams(inner_factory: Callable[..., optax.GradientTransformation],
+                       static_args: str | Iterable[str] = (),
+                       hyperparam_dtype: Any = jnp.float32) -> Callable[..., optax.GradientTransformationExtraArgs]:
+    """``optax.inject_hyperparams`` with float32 hyperparameters, whatever the parameters' dtype.
+
+    optax stores injected hyperparameters in the parameters' dtype by default, where a float16 ``eps=1e-8`` is 0
+    and ``init_scale=2**16`` is inf. This wrapper stores them in ``hyperparam_dtype`` (float32), and treats the
+    dtype arguments of lpjax's factories (``moment_dtype``, ``compensation_dtype``) as static, since optax would
+    take a dtype such as ``jnp.float32`` (a callable) for a schedule.
+
+    Example::
+
+        tx = lpjax.optim.inject_hyperparams(lpjax.optim.low_precision_adam)(learning_rate=1e-4)
+        opt_state = tx.init(params)                   # float16 params, float32 hyperparameters
+        opt_state.hyperparams["learning_rate"] = 3e-5  # change it between steps
+    """
+    static = {static_args} if isinstance(static_args, str) else set(static_args)
+    static |= set(_DTYPE_ARGUMENTS) & set(inspect.signature(inner_factory).parameters)
+    return optax.inject_hyperparams(inner_factory, static_args=tuple(sorted(static)),
+                                    hyperparam_dtype=hyperparam_dtype)
+
 
 def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
                        eps: float = 1e-8, *, hadam: bool = True, loss_scaling: bool = True, kahan: bool = True,
-                       init_scale: float = 1e4, growth_interval: int = 10_000) -> optax.GradientTransformation:
+                       init_scale: float = 1e4, growth_interval: int = 10_000,
+                       moment_dtype: Any = None) -> optax.GradientTransformation:
     """Adam, optionally with hAdam, compound loss scaling and Kahan-compensated parameter updates.
 
     Args:
@@ -25,20 +55,24 @@ def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b
       b1, b2, eps: Adam's hyper-parameters.
       hadam: use :func:`lpjax.optim.hadam` (else ``optax.adam``).
       loss_scaling: wrap in :func:`lpjax.optim.compound_loss_scaling`; the caller multiplies its loss by
-        :func:`lpjax.optim.loss_scale` of the state (1 when this is off: :func:`loss_scale_or_one`).
+        :func:`lpjax.optim.loss_scale` of the state (1 when this is off: :func:`loss_scale_or_one`), or uses
+        :func:`lpjax.optim.scaled_value_and_grad`.
       kahan: end the chain with :func:`lpjax.optim.kahan_summation` (apply with ``optax.apply_updates``).
       init_scale, growth_interval: of the loss scaler.
+      moment_dtype: dtype of hAdam's moments (``None``: the parameters'); also optax Adam's ``mu_dtype``.
 
-    With all switches off this is exactly ``optax.adam`` (chained with nothing).
+    With all switches off this is exactly ``optax.adam`` (chained with nothing). Every numeric argument may be
+    injected: ``lpjax.optim.inject_hyperparams(low_precision_adam)(learning_rate=1e-4)``.
     """
+    require_wide("low_precision_adam", "learning_rate", learning_rate)
     if hadam:
-        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps)
+        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype)
     elif loss_scaling:  # optax's Adam must expose eps, in the widest float available, for the scaler to scale it
         widest = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless float64 is enabled
-        inner = optax.inject_hyperparams(optax.adam, hyperparam_dtype=widest)(
-            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps)
+        inner = optax.inject_hyperparams(optax.adam, static_args="mu_dtype", hyperparam_dtype=widest)(
+            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
     else:
-        inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+        inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
     if loss_scaling:
         inner = compound_loss_scaling(inner, init_scale=init_scale, growth_interval=growth_interval)
     return optax.chain(inner, kahan_summation()) if kahan else inner

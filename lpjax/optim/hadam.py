@@ -8,23 +8,33 @@ square root instead,
     w <- hypot(sqrt(b2) w, sqrt(1 - b2) g)                    (= sqrt(b2 w^2 + (1 - b2) g^2))
     u  = -lr * m_hat / (w_hat + eps),  m_hat = m / (1 - b1^t),  w_hat = w / sqrt(1 - b2^t)
 
-and by induction ``w_t = sqrt(v_t)``, so the update is Adam's exactly in exact arithmetic, while every
-stored quantity stays within a few binades of ``|g|``.
+and by induction ``w_t = sqrt(v_t)``, so the update is Adam's exactly in exact arithmetic, while every stored
+quantity stays within a few binades of ``|g|``.
 
-Two implementation choices, both the identity in exact arithmetic:
+Arithmetic. Every value is computed in float32 (float64 for float64 moments or gradients) and rounded **once** to
+its storage dtype: the coefficients ``b1``, ``1 - b1``, ``sqrt(b2)`` and the bias corrections are never rounded to
+float16. The direction is evaluated as
 
-* ``w`` is evaluated in float32 and rounded once to its storage dtype. For float16 storage the squares of the
-  (scaled) operands cannot leave float32's range (``65504^2 = 4.3e9``, ``(6e-8)^2 = 3.6e-15``), so the plain
-  ``sqrt(a^2 + b^2)`` is used, as PyTorch's half-precision kernels compute in float; for wider dtypes (bfloat16,
-  float32, float64) the overflow-free ``hypot`` is used in the promoted dtype.
-* Where ``w_hat + eps`` is 0 (``eps`` rounded to 0 in the moments' dtype and ``w`` underflowed), the update is
-  0, its exact-arithmetic value when ``w = 0`` (all past gradients zero), instead of ``0 / 0 = nan``.
+    m_hat / (w_hat + eps) = (m / (w + eps c2)) * (c2 / c1),   c1 = 1 - b1^t,  c2 = sqrt(1 - b2^t),
+
+which never forms ``m / c1`` or ``w / c2``: those overflow float16 (and, for bfloat16 moments, float32) for
+gradients near the top of the range. Where ``w + eps c2`` is 0 (no gradient yet, ``eps = 0``) the direction is 0,
+its exact-arithmetic value, instead of ``0 / 0``. Consequently, for finite gradients the new moments and the
+direction are finite: ``|m'| <= max(|f m|, |g|)`` and ``w' <= max(f w, |g|)`` (convex combinations, ``f`` below),
+and the ratio ``|m / (w + eps c2)|`` is bounded by a constant of ``b1`` and ``b2`` alone.
+
+Units. The state carries two float32 scalars so that a loss scaler
+(:func:`lpjax.optim.compound_loss_scaling`) can keep the moments in scaled units without ever rounding them
+separately: ``scale`` is the unit of the incoming gradients and of ``eps`` (the update uses ``eps * scale``), and
+``moment_scale`` is the unit the stored ``mu`` and ``nu_sqrt`` are in. An update first multiplies the stored
+moments by ``f = scale / moment_scale`` in float32 and then sets ``moment_scale = scale``; changing ``scale``
+(:func:`lpjax.optim.rescale_moments`) therefore leaves the stored moments bit-identical, and the change of unit is
+exact whenever ``f`` is a power of two, subnormal moments included. Without a scaler both are 1.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -32,9 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-
-class EpsUnderflowWarning(UserWarning):
-    """Adam's ``eps`` rounds to zero in the moments' dtype: tiny second moments are not damped."""
+from lpjax.optim._hyperparameters import require_wide
 
 
 class ScaleByHAdamState(NamedTuple):
@@ -42,29 +50,24 @@ class ScaleByHAdamState(NamedTuple):
 
     Attributes:
       count: int32 step counter ``t`` used for bias correction.
-      mu: first moment ``m``, same structure and dtype as the parameters.
-      nu_sqrt: ``w = sqrt(v)``, the square root of Adam's second moment.
-      eps_scale: float32 multiplier of ``eps``. 1 unless a loss scaler owns this state:
-        :func:`lpjax.optim.compound_loss_scaling` keeps it equal to the loss scale, so ``eps`` lives in the same
-        scaled units as ``mu`` and ``nu_sqrt``.
+      mu: first moment ``m``, in the moment dtype (the parameters' dtype unless ``moment_dtype`` is given),
+        in units of ``moment_scale``.
+      nu_sqrt: ``w = sqrt(v)``, the square root of Adam's second moment, same dtype and units as ``mu``.
+      scale: float32, the unit of the incoming gradients and the multiplier of ``eps``. 1 unless a loss scaler
+        owns this state: :func:`lpjax.optim.compound_loss_scaling` keeps it equal to the loss scale.
+      moment_scale: float32, the unit ``mu`` and ``nu_sqrt`` are stored in; the next update moves them to
+        ``scale`` (see the module docstring).
+      apply: bool, whether the next update is applied. A loss scaler that decides before the update sets it; when
+        it is False the update returns a zero direction and leaves ``count``, ``mu`` and ``nu_sqrt`` bit-identical.
+        Every update returns it True.
     """
 
     count: chex.Array
     mu: optax.Updates
     nu_sqrt: optax.Updates
-    eps_scale: chex.Array
-
-
-def _warn_if_eps_underflows(eps, params: optax.Params) -> None:
-    if not isinstance(eps, (int, float)):  # a traced hyperparameter (optax.inject_hyperparams): nothing to check
-        return
-    dtypes = {np.dtype(leaf.dtype) for leaf in jax.tree.leaves(params) if jnp.issubdtype(leaf.dtype, jnp.floating)}
-    lost = sorted(d.name for d in dtypes if eps > 0 and np.asarray(eps, d) == 0)
-    if lost:
-        warnings.warn(
-            f"hAdam eps={eps:g} rounds to 0 in {', '.join(lost)}: updates of parameters with tiny gradients are "
-            "undamped (about lr * sign(g)) and entries whose w underflows get no update. Wrap the optimizer in lpjax.optim.compound_loss_scaling (which scales eps with the loss scale) or "
-            "raise eps.", EpsUnderflowWarning, stacklevel=3)
+    scale: chex.Array
+    moment_scale: chex.Array
+    apply: chex.Array
 
 
 def _squares_fit(storage, compute) -> bool:
@@ -76,67 +79,116 @@ def _squares_fit(storage, compute) -> bool:
             and float(storage.smallest_subnormal) ** 2 > float(compute.smallest_normal))
 
 
-def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
-    """Rescales updates by hAdam's ``m_hat / (w_hat + eps)`` (no learning rate, no sign flip).
+def _compute_dtype(*dtypes) -> np.dtype:
+    """float32, or float64 when one of ``dtypes`` is float64."""
+    return np.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
 
-    Moments are kept in the dtype of the parameters; the bias corrections ``1 - b1^t`` and ``sqrt(1 - b2^t)``
-    are computed in float32 (float64 for float64 moments) and cast to the moments' dtype.
+
+def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   moment_dtype: Any = None) -> optax.GradientTransformation:
+    """Rescales updates by hAdam's ``m_hat / (w_hat + eps)`` (no learning rate, no sign flip).
 
     Args:
       b1: decay of the first moment.
       b2: decay of the second moment (``w`` decays with ``sqrt(b2)``).
-      eps: term added to ``w_hat`` in the denominator, multiplied by ``state.eps_scale``.
+      eps: term added to ``w_hat`` in the denominator, multiplied by ``state.scale``; added in float32, so it
+        is never lost to a float16 rounding.
+      moment_dtype: dtype of both moments, like ``optax.scale_by_adam``'s ``mu_dtype`` but for ``m`` and ``w``
+        alike; ``None`` stores each in its parameter's dtype (the paper's pure-float16 setting).
 
     Returns:
-      An ``optax.GradientTransformation`` with state :class:`ScaleByHAdamState`.
+      An ``optax.GradientTransformation`` with state :class:`ScaleByHAdamState`. Its updates have the moments'
+      dtype.
     """
+    for name, value in (("b1", b1), ("b2", b2), ("eps", eps)):
+        require_wide("scale_by_hadam", name, value)
+    moment_dtype = None if moment_dtype is None else np.dtype(moment_dtype)
+    if moment_dtype is not None and not jnp.issubdtype(moment_dtype, jnp.floating):
+        raise ValueError(f"moment_dtype must be a floating-point dtype, got {moment_dtype}.")
+
     def init_fn(params):
-        _warn_if_eps_underflows(eps, params)
+        def zeros(p):
+            return jnp.zeros(jnp.shape(p), moment_dtype or jnp.result_type(p))
         # Two separate trees: a state whose moments share buffers cannot be donated to a jitted step.
-        return ScaleByHAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(jnp.zeros_like, params),
-                                 nu_sqrt=jax.tree.map(jnp.zeros_like, params),
-                                 eps_scale=jnp.ones([], jnp.float32))
+        return ScaleByHAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(zeros, params),
+                                 nu_sqrt=jax.tree.map(zeros, params), scale=jnp.ones([], jnp.float32),
+                                 moment_scale=jnp.ones([], jnp.float32), apply=jnp.ones([], jnp.bool_))
 
     def update_fn(updates, state, params=None):
         del params
-        count = optax.safe_increment(state.count)
-        # Coefficients are cast to each moment's dtype (they may be traced float32 hyperparameters) so float16
-        # moments are not promoted.
-        def first_moment(g, m):
-            decay = jnp.asarray(b1, m.dtype)
-            return decay * m + (1 - decay) * g.astype(m.dtype)
+        apply = state.apply
+        count = jnp.where(apply, optax.safe_increment(state.count), state.count)
+        t = count.astype(jnp.float32)
+        unit = state.scale / state.moment_scale  # a power of two under compound_loss_scaling: exact
 
-        def root_second_moment(g, w):
-            dtype = jnp.promote_types(w.dtype, jnp.float32)
-            b2_ = jnp.asarray(b2, dtype)
-            a = jnp.sqrt(b2_) * w.astype(dtype)
-            b = jnp.sqrt(1 - b2_) * g.astype(dtype)
-            root = jnp.sqrt(a * a + b * b) if _squares_fit(w.dtype, dtype) else jnp.hypot(a, b)
-            return root.astype(w.dtype)
+        def moments(g, m, w):
+            dtype = _compute_dtype(g.dtype, m.dtype)
+            g, f = g.astype(dtype), unit.astype(dtype)
+            b1_, b2_ = jnp.asarray(b1, dtype), jnp.asarray(b2, dtype)
+            new_m = b1_ * (f * m.astype(dtype)) + (1 - b1_) * g
+            a = jnp.sqrt(b2_) * (f * w.astype(dtype))
+            b = jnp.sqrt(1 - b2_) * g
+            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(w.dtype, dtype) else jnp.hypot(a, b)
+            return jnp.where(apply, new_m.astype(m.dtype), m), jnp.where(apply, new_w.astype(w.dtype), w)
 
-        mu = jax.tree.map(first_moment, updates, state.mu)
-        nu_sqrt = jax.tree.map(root_second_moment, updates, state.nu_sqrt)
+        pairs = jax.tree.map(moments, updates, state.mu, state.nu_sqrt)
+        mu, nu_sqrt = jax.tree.transpose(jax.tree.structure(state.mu), jax.tree.structure((0, 0)), pairs)
+
         def direction(m, w):
-            # Bias corrections in float32 (float64 for float64 moments), cast to the moments' dtype.
-            dtype = jnp.promote_types(m.dtype, jnp.float32)
-            t = count.astype(dtype)
-            mu_correction = (1 - jnp.power(jnp.asarray(b1, dtype), t)).astype(m.dtype)
-            nu_correction = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t)).astype(w.dtype)
-            scaled_eps = (eps * state.eps_scale.astype(dtype)).astype(w.dtype)
-            denominator = w / nu_correction + scaled_eps
-            safe = jnp.where(denominator == 0, jnp.ones_like(denominator), denominator)
-            return jnp.where(denominator == 0, jnp.zeros_like(m), (m / mu_correction) / safe)
+            dtype = _compute_dtype(m.dtype)
+            c1 = 1 - jnp.power(jnp.asarray(b1, dtype), t.astype(dtype))
+            c2 = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t.astype(dtype)))
+            denominator = w.astype(dtype) + jnp.asarray(eps, dtype) * state.scale.astype(dtype) * c2
+            usable = apply & (denominator != 0)
+            ratio = m.astype(dtype) / jnp.where(usable, denominator, jnp.ones_like(denominator))
+            return jnp.where(usable, ratio * (c2 / c1), jnp.zeros_like(ratio)).astype(m.dtype)
 
+        # The direction reads the moments as stored, after the select on `apply`: the state alone determines the
+        # update, and a compiler reads them back from the state's buffers instead of recomputing them from the old
+        # moments, which it would have to copy first to update them in place.
         updates = jax.tree.map(direction, mu, nu_sqrt)
-        return updates, ScaleByHAdamState(count=count, mu=mu, nu_sqrt=nu_sqrt, eps_scale=state.eps_scale)
+        return updates, ScaleByHAdamState(count=count, mu=mu, nu_sqrt=nu_sqrt, scale=state.scale,
+                                          moment_scale=jnp.where(apply, state.scale, state.moment_scale),
+                                          apply=jnp.ones([], jnp.bool_))
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def hadam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8) -> optax.GradientTransformation:
+def _descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+    """``-learning_rate * u`` multiplied in float32 (or wider) and rounded once to ``u``'s dtype.
+
+    The same as ``optax.scale_by_learning_rate`` (same states: ``EmptyState`` for a number,
+    ``ScaleByScheduleState`` for a schedule), except that a float16 update is not multiplied by a float16-rounded
+    learning rate, and an injected float32 learning rate does not promote the updates to float32.
+    """
+    def descend(u, lr):
+        dtype = jnp.promote_types(u.dtype, jnp.result_type(lr, jnp.float32))
+        return (-jnp.asarray(lr, dtype) * u.astype(dtype)).astype(u.dtype)
+
+    if callable(learning_rate):
+        def init_fn(params):
+            del params
+            return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+        def update_fn(updates, state, params=None):
+            del params
+            lr = learning_rate(state.count)
+            return (jax.tree.map(lambda u: descend(u, lr), updates),
+                    optax.ScaleByScheduleState(count=optax.safe_increment(state.count)))
+
+        return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(lambda params: optax.EmptyState(),
+                                        lambda updates, state, params=None: (
+                                            jax.tree.map(lambda u: descend(u, learning_rate), updates), state))
+
+
+def hadam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          moment_dtype: Any = None) -> optax.GradientTransformation:
     """The hAdam optimizer: :func:`scale_by_hadam` followed by ``-learning_rate`` (a float or an optax schedule).
 
     A drop-in replacement for ``optax.adam(learning_rate, b1, b2, eps)``: identical updates in exact arithmetic.
+    ``moment_dtype`` is the dtype of both moments (default: the parameters'). The learning rate multiplies the
+    direction in float32 and the product is rounded once to the moments' dtype.
     """
-    return optax.chain(scale_by_hadam(b1=b1, b2=b2, eps=eps), optax.scale_by_learning_rate(learning_rate))
+    require_wide("hadam", "learning_rate", learning_rate)
+    return optax.chain(scale_by_hadam(b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype), _descend(learning_rate))

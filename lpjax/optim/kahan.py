@@ -43,12 +43,22 @@ def _map_pair(fn: Callable, tree: Any, *rest: Any) -> tuple[Any, Any]:
 def _kahan_step(p: jax.Array, u: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One compensated addition ``p + u``: returns the increment ``d`` to add to ``p`` and the new compensation.
 
-    ``y`` and ``c`` are computed in the compensation dtype, ``t`` and ``d`` in the parameter dtype.
+    ``y`` and ``c`` are computed in the compensation dtype, ``t`` in the parameter dtype. The increment is taken
+    from the new compensation, ``d = y - c'`` (which is ``t - p`` whenever that is exact), so the parameter's
+    update reads ``y`` and ``c'`` but not the old ``c``: a compiler without multi-output fusion (XLA:CPU) can then
+    write ``c'`` and ``p + d`` in place with ``y`` as the only temporary.
+
+    Where ``p + y`` overflows the parameter's dtype, the element's compensation is reset and ``d = 0``: the
+    parameter stays finite. Where ``y == c`` (a zero update, or one too small to change ``c``) nothing is added:
+    ``c`` is kept and ``d = 0``, even when ``c`` is more than half an ulp of ``p`` (possible after a jump by more
+    than a factor 2).
     """
     y = u.astype(c.dtype) + c
     t = _round_to(p.astype(jnp.promote_types(p.dtype, c.dtype)) + y, p.dtype)
-    d = _round_to(t - p, p.dtype)
-    return d, y - d.astype(c.dtype)
+    new_c = jnp.where(jnp.isfinite(t), y - _round_to(t - p, p.dtype).astype(c.dtype), jnp.zeros_like(c))
+    new_c = jnp.where(y == c, c, new_c)  # nothing to add (u = 0, or absorbed by c): keep c, and so d = 0
+    d = (y - new_c).astype(p.dtype)
+    return jnp.where(jnp.isfinite(_round_to(p + d, p.dtype)), d, jnp.zeros_like(d)), new_c
 
 
 class KahanSummationState(NamedTuple):
@@ -69,7 +79,10 @@ def kahan_summation(compensation_dtype: Any = None) -> optax.GradientTransformat
     increment ``d = fl(p + u + c) - p``, which is exactly representable for every update small against its
     parameter (the case Kahan summation is for), so ``p + d`` equals ``fl(p + u + c)`` bit for bit and the
     compensation ``c = u + c - d`` is exact. When a parameter jumps by more than a factor 2 or changes sign, ``d``
-    is rounded once and the compensation is approximate, as for any floating-point sum.
+    is rounded once and the compensation is approximate, as for any floating-point sum. Where ``p + u + c``
+    overflows the parameter's dtype, ``d = 0`` and that element's compensation is reset: a parameter is never made
+    non-finite. An all-zero update (a step skipped by :func:`lpjax.optim.compound_loss_scaling`) leaves the
+    parameters and the compensation bit-identical.
 
     Args:
       compensation_dtype: dtype of the compensation buffer; ``None`` uses each parameter's dtype (the paper's

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lpjax import optim
 from tests.optim.helpers import max_relative_error, random_tree
@@ -171,3 +173,32 @@ def test_kahan_polyak_jit_matches_eager():
 def test_kahan_polyak_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         optim.kahan_polyak(**kwargs)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(exponents=st.lists(st.integers(-24, 4), min_size=1, max_size=20), seed=st.integers(0, 10 ** 6))
+def test_a_zero_update_after_any_history_leaves_parameters_and_compensation_bit_identical(exponents, seed):
+    # A skipped step hands Kahan all-zero updates: fl(p + c) must be p, whatever updates came before.
+    rng = np.random.default_rng(seed)
+    params = jnp.asarray(rng.normal(0, 1, 16), jnp.float16)
+    tx = optim.kahan_summation()
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for e in exponents:
+        u = jnp.asarray(rng.normal(0, 1, 16) * 2.0 ** e, jnp.float16)
+        d, state = update(u, state, params)
+        params = optax.apply_updates(params, d)
+    d, new_state = update(jnp.zeros(16, jnp.float16), state, params)
+    assert np.asarray(d).tobytes() == np.zeros(16, np.float16).tobytes()
+    assert np.asarray(new_state.compensation).tobytes() == np.asarray(state.compensation).tobytes()
+
+
+def test_an_update_past_the_largest_float16_leaves_the_parameter_finite():
+    params = jnp.asarray([65504.0, -65504.0, 1.0], jnp.float16)
+    tx = optim.kahan_summation()
+    d, state = jax.jit(tx.update)(jnp.asarray([100.0, -100.0, 1e-4], jnp.float16), tx.init(params), params)
+    new = optax.apply_updates(params, d)
+    np.testing.assert_array_equal(np.asarray(new[:2]), [65504.0, -65504.0])
+    assert float(state.compensation[0]) == 0.0 and float(state.compensation[2]) != 0.0
+    naive = jax.jit(lambda p, u: p + u)(params, jnp.asarray([100.0, -100.0, 1e-4], jnp.float16))
+    assert not bool(jnp.all(jnp.isfinite(naive)))
