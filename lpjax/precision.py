@@ -14,9 +14,9 @@ The named policies follow Björck et al. (2021): ``"fp16"`` is *pure* half preci
 gradients and optimizer state all in float16), the setting in which the paper's methods are needed, while
 ``"mixed_fp16"`` is the usual mixed-precision recipe (float32 master weights, float16 compute).
 
->>> policy = get_policy("params=float32,compute=float16,output=float32")
->>> policy.compute_dtype
-dtype('float16')
+>>> policy = get_policy("p=f32,c=f16")          # jmp's syntax: the output follows the compute dtype
+>>> policy.compute_dtype, policy.output_dtype
+(dtype('float16'), dtype('float16'))
 """
 
 from __future__ import annotations
@@ -134,15 +134,27 @@ POLICIES: dict[str, Policy] = {
 ``fp8`` keeps fp32 params and bf16 activations and runs the dense layers' GEMMs as blockwise W8A8 fp8."""
 
 
+_BARE_DTYPES = {name for name, dtype in _DTYPE_ALIASES.items() if np.dtype(dtype).itemsize >= 2}
+
+
 def get_policy(spec: str | Policy) -> Policy:
-    """Returns the :class:`Policy` described by ``spec``.
+    """Returns the :class:`Policy` described by ``spec``, accepting jmp's policy strings with jmp's meaning.
 
     Args:
-      spec: a :class:`Policy` (returned as is), a name from :data:`POLICIES` (``"fp32"``, ``"fp16"``, ``"bf16"``,
-        ``"mixed_fp16"``, ``"mixed_bf16"``, ``"fp8"``), or an explicit ``"params=float32,compute=float16,output=float32"``
-        string (keys ``params``/``p``, ``compute``/``c``, ``output``/``o``, ``matmul``/``m``; omitted keys default
-        to float32, except ``matmul``, which defaults to the compute dtype;
-        dtype names such as ``f16``, ``half``, ``bf16`` are accepted).
+      spec: a :class:`Policy` (returned as is); a name from :data:`POLICIES` (``"fp32"``, ``"fp16"``, ``"bf16"``,
+        ``"mixed_fp16"``, ``"mixed_bf16"``, ``"fp8"``); a dtype name (``"half"``, ``"full"``, ``"f16"``,
+        ``"bfloat16"``, ...), meaning that dtype for parameters, compute and output; or ``key=dtype`` items
+        such as ``"p=f32,c=f16,o=f32"`` or ``"c=f16"`` (keys ``params``/``p``, ``compute``/``c``,
+        ``output``/``o``, ``matmul``/``m``). As in jmp, an omitted ``params`` is float32, an omitted ``compute``
+        follows ``params`` and an omitted ``output`` follows ``compute``: ``"c=f16"`` is
+        ``params=float32,compute=float16,output=float16``. An omitted ``matmul`` follows ``compute``.
+
+    Where lpjax differs from ``jmp.get_policy``:
+
+    * ``"half"`` is float16 on every platform (jmp's is bfloat16 on TPU): a config that says float16 trains in
+      float16 wherever it runs, which is what the fp16 methods are about.
+    * the ``matmul`` key, the fp8 dtype names (``e4m3``, ``float8_e5m2``, ...) and the named policies are
+      lpjax's; a bare fp8 name is not a policy (fp8 parameters and activations are not supported).
 
     Raises:
       ValueError: for an unknown name, an unknown key or dtype, or a repeated key; the message lists valid values.
@@ -154,11 +166,15 @@ def get_policy(spec: str | Policy) -> Policy:
     text = spec.strip()
     if "=" not in text:
         name = text.lower()
-        if name not in POLICIES:
-            raise ValueError(
-                f"Unknown precision policy {spec!r}. Valid names: {', '.join(POLICIES)}; or an explicit "
-                "'params=float32,compute=float16,output=float32' string.")
-        return POLICIES[name]
+        if name in POLICIES:
+            return POLICIES[name]
+        if name in _BARE_DTYPES:
+            dtype = _canonical_dtype(name)
+            return Policy(dtype, dtype, dtype)
+        raise ValueError(
+            f"Unknown precision policy {spec!r}. Valid names: {', '.join(POLICIES)}; a dtype name "
+            f"({', '.join(sorted(_BARE_DTYPES))}); or key=dtype items such as 'params=float32,compute=float16,"
+            "output=float32' or 'p=f32,c=f16'.")
     fields: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -171,4 +187,7 @@ def get_policy(spec: str | Policy) -> Policy:
         if field in fields:
             raise ValueError(f"Policy {spec!r} sets {field} twice.")
         fields[field] = value
+    fields.setdefault("param_dtype", "float32")
+    fields.setdefault("compute_dtype", fields["param_dtype"])
+    fields.setdefault("output_dtype", fields["compute_dtype"])
     return Policy(**fields)

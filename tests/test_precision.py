@@ -53,7 +53,7 @@ def test_get_policy_returns_a_policy_argument_unchanged():
     assert get_policy(policy) is policy
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3", "float16", "mixed", "", "fp16_mixed", "half"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "e4m3", "mixed", "", "fp16_mixed", "float17"])
 def test_unknown_policy_name_raises_value_error_listing_valid_names(name):
     with pytest.raises(ValueError) as info:
         get_policy(name)
@@ -69,6 +69,25 @@ def test_get_policy_rejects_non_string_specs(spec):
         get_policy(spec)
 
 
+# --- jmp's policy strings ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,expected", [
+    ("half", (F16, F16, F16)),        # jmp: every component in the half dtype (lpjax: float16 on every platform)
+    ("full", (F32, F32, F32)),
+    ("f16", (F16, F16, F16)),
+    ("bfloat16", (BF16, BF16, BF16)),
+    ("p=f32,c=f16,o=f32", (F32, F16, F32)),
+    ("c=f16", (F32, F16, F16)),       # params default to float32, output follows compute
+    ("p=f16", (F16, F16, F16)),       # compute follows params
+    ("p=f16,c=bf16", (F16, BF16, BF16)),
+    ("params=half,compute=half,output=full", (F16, F16, F32)),
+])
+def test_jmp_policy_strings_have_jmps_meaning(spec, expected):
+    policy = get_policy(spec)
+    assert dtypes(policy) == expected
+    assert policy.matmul_dtype == policy.compute_dtype
+
+
 # --- explicit strings ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec,expected", [
@@ -76,8 +95,8 @@ def test_get_policy_rejects_non_string_specs(spec):
     ("compute=float16,output=float32,params=float32", (F32, F16, F32)),       # any order
     ("p=f32,c=f16,o=f32", (F32, F16, F32)),                                   # key and dtype abbreviations
     ("param=fp16,compute=half,out=bf16", (F16, F16, BF16)),
-    ("Params = Float16 , Compute = BF16 ", (F16, BF16, F32)),                 # case, blanks; output defaults
-    ("compute=bfloat16", (F32, BF16, F32)),                                   # omitted keys default to float32
+    ("Params = Float16 , Compute = BF16 ", (F16, BF16, BF16)),                # case, blanks; output follows compute
+    ("compute=bfloat16", (F32, BF16, BF16)),                                  # jmp: params float32, output follows
     ("p=single,c=full,o=double", (F32, F32, F64)),
     ("c=e4m3,o=e5m2", (F32, np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))),
 ])
@@ -169,7 +188,7 @@ def test_policy_is_hashable_and_equal_policies_hash_equal():
     table = {get_policy(name): name for name in NAMED}
     assert len(table) == len(NAMED)
     assert table[Policy("float32", "float16", "float32")] == "mixed_fp16"
-    assert table[get_policy("p=f32,c=bf16")] == "mixed_bf16"
+    assert table[get_policy("p=f32,c=bf16,o=f32")] == "mixed_bf16"
     assert get_policy("fp16") != get_policy("mixed_fp16")
 
 
@@ -254,6 +273,6 @@ def test_matmul_dtype_defaults_to_compute_and_parses():
     assert (fp8.param_dtype, fp8.compute_dtype, fp8.matmul_dtype) == (
         np.dtype("float32"), np.dtype(jnp.bfloat16), np.dtype(jnp.float8_e4m3fn))
     assert get_policy(str(fp8)) == fp8 and fp8.is_low_precision
-    assert get_policy("p=f32,c=bf16,m=e4m3") == fp8
+    assert get_policy("p=f32,c=bf16,o=f32,m=e4m3") == fp8
     with pytest.raises(ValueError, match="matmul_dtype twice"):
         get_policy("matmul=e4m3,m=e4m3")
