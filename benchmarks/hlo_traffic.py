@@ -1,0 +1,106 @@
+"""Memory traffic of a compiled XLA program, read off its optimized HLO: what each top-level pass reads and writes.
+
+Every top-level instruction of the ENTRY computation (a fusion, a copy, a reduction) is one pass over memory: it
+reads its operands and writes its result. Summing operand and result bytes gives the traffic of the program when
+nothing stays in cache between passes, which is the regime of a tree of parameters much larger than the cache.
+It is a model, not a measurement: it counts bytes, not time, ignores that a small operand may stay in cache, and
+counts nothing for a ``conditional`` (see ``_NO_TRAFFIC``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+             "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+# A conditional passes its operands by reference; the passes of the branch it takes are not counted (lpjax's
+# conditionals are the rare paths: an exact finiteness re-check, a growth check).
+_NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all", "conditional"}
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
+
+
+class Pass(NamedTuple):
+    """One top-level instruction: its name, opcode, the bytes it reads and writes, and its operands' names."""
+
+    name: str
+    opcode: str
+    read: int
+    written: int
+    operands: tuple[str, ...]
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape such as ``f32[1024,64]{1,0}`` or a tuple of shapes."""
+    total = 0
+    for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
+        count = 1
+        for dim in filter(None, dims.split(",")):
+            count *= int(dim)
+        total += count * _ITEMSIZE.get(dtype, 0)
+    return total
+
+
+def passes(hlo_text: str) -> list[Pass]:
+    """The passes over memory of the ENTRY computation of an optimized HLO module (``compiled.as_text()``)."""
+    entry = hlo_text[hlo_text.index("\nENTRY"):]
+    sizes: dict[str, int] = {}
+    out = []
+    for line in entry.splitlines()[1:]:
+        match = _INSTRUCTION.match(line)
+        if match is None:
+            continue
+        name, shape, opcode, rest = match.groups()
+        sizes[name] = shape_bytes(shape)
+        if opcode in _NO_TRAFFIC:
+            continue
+        operands = tuple(re.findall(r"%([\w.\-]+)", rest.split("), ")[0]))
+        out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name], operands))
+    return out
+
+
+def _outputs(hlo_text: str) -> list[str]:
+    """Names of the instructions the ENTRY computation's ROOT tuple returns, in order."""
+    root = next(line for line in hlo_text[hlo_text.index("\nENTRY"):].splitlines() if "ROOT" in line)
+    return re.findall(r"%([\w.\-]+)", root.split(" tuple(", 1)[1])
+
+
+def by_output(hlo_text: str, output_labels: list[str], tree_bytes: int) -> dict[str, dict]:
+    """Traffic per kind of result, in trees: the passes writing each labelled output, temporaries, reductions.
+
+    ``output_labels[i]`` names the program's ``i``-th output (e.g. ``"first moment"``); passes whose result is
+    not an output are ``"temporary"`` (a tree-sized intermediate), ``"reduction"`` (a scalar or small result,
+    such as a finiteness check) or ``"copy"``.
+    """
+    outputs = _outputs(hlo_text)
+    if len(outputs) != len(output_labels):
+        raise ValueError(f"{len(outputs)} outputs, {len(output_labels)} labels")
+    label_of = dict(zip(outputs, output_labels))
+    table: dict[str, dict] = {}
+    for p in passes(hlo_text):
+        if p.opcode == "copy":
+            label = "copy"
+        elif p.name in label_of:
+            label = label_of[p.name]
+        else:
+            label = "temporary" if p.written * 16 >= tree_bytes else "reduction"
+        row = table.setdefault(label, {"passes": 0, "read_trees": 0.0, "written_trees": 0.0})
+        row["passes"] += 1
+        row["read_trees"] += p.read / tree_bytes
+        row["written_trees"] += p.written / tree_bytes
+    return table
+
+
+def summary(hlo_text: str, tree_bytes: int) -> dict:
+    """Totals of :func:`passes`, also in units of ``tree_bytes`` (the bytes of one parameter-shaped tree)."""
+    found = passes(hlo_text)
+    read, written = sum(p.read for p in found), sum(p.written for p in found)
+    return {
+        "passes": len(found),
+        "copies": sum(p.opcode == "copy" for p in found),
+        "read_bytes": read,
+        "written_bytes": written,
+        "read_trees": read / tree_bytes,
+        "written_trees": written / tree_bytes,
+        "traffic_trees": (read + written) / tree_bytes,
+    }

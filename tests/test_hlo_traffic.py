@@ -1,0 +1,37 @@
+"""benchmarks/hlo_traffic.py: bytes read and written by the passes of a compiled program."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import hlo_traffic
+
+
+def test_shape_bytes():
+    assert hlo_traffic.shape_bytes("f32[1024,64]{1,0}") == 1024 * 64 * 4
+    assert hlo_traffic.shape_bytes("(f16[10], bf16[3,2], pred[])") == 20 + 12 + 1
+    assert hlo_traffic.shape_bytes("f32[]") == 4
+
+
+def test_one_elementwise_pass_reads_its_inputs_and_writes_its_output():
+    x = jnp.ones((1000,), jnp.float32)
+    text = jax.jit(lambda a, b: jnp.tanh(a) * b + 1).lower(x, x).compile().as_text()
+    summary = hlo_traffic.summary(text, tree_bytes=4000)
+    assert summary["read_trees"] == pytest.approx(2.0) and summary["written_trees"] == pytest.approx(1.0)
+    assert summary["copies"] == 0
+
+
+def test_by_output_names_each_output_and_the_temporaries():
+    x = jnp.ones((1000,), jnp.float32)
+
+    def step(a, b):
+        shared = jnp.sqrt(a) / b  # expensive and used twice: materialized once
+        return shared + a, shared * b
+
+    text = jax.jit(step).lower(x, x).compile().as_text()
+    table = hlo_traffic.by_output(text, ["first", "second"], tree_bytes=4000)
+    assert set(table) <= {"first", "second", "temporary"}
+    assert table["first"]["written_trees"] == pytest.approx(1.0)
+    assert table["second"]["written_trees"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="2 outputs, 1 labels"):
+        hlo_traffic.by_output(text, ["first"], tree_bytes=4000)
