@@ -117,8 +117,9 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     def update_fn(updates, state, params=None):
         del params
         apply = state.apply
-        count = jnp.where(apply, optax.safe_increment(state.count), state.count)
-        t = count.astype(jnp.float32)
+        step = optax.safe_increment(state.count)
+        count = jnp.where(apply, step, state.count)
+        t = step.astype(jnp.float32)  # also on a skipped step: no 0 / 0 in the (discarded) direction at t = 0
         unit = state.scale / state.moment_scale  # a power of two under compound_loss_scaling: exact
 
         def moments(g, m, w):

@@ -72,9 +72,14 @@ def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
 
 @pytest.mark.xdist_group("ray")
 def test_short_ray_run_records_both_actors(tmp_path, ray_cluster):
-    """The same run with 2 Ray actor processes: the throughput record is written before Ray shuts down."""
+    """The same run with 2 Ray actor processes: the throughput record is written before Ray shuts down.
+
+    Both actors are recorded; how the 800 steps split between them depends on when each Ray process starts (one
+    may finish the run before the other steps at all), so only their sum is asserted.
+    """
     summary = d4pg_loop.train(_tiny(backend="ray", total_env_steps=800, eval_every=800), tmp_path, progress=False)
     record = json.loads((tmp_path / "actor_learner.json").read_text())
     assert summary["env_steps"] >= 800 and summary["restarts"] == 0
-    assert all(actor["env_steps"] > 0 for actor in record["actors"])
+    assert len(record["actors"]) == 2
+    assert sum(actor["env_steps"] for actor in record["actors"]) == summary["env_steps"]
     assert record["server"]["pulls"] >= 2

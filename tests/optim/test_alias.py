@@ -89,3 +89,16 @@ def test_moment_dtype_switch():
         tx = optim.low_precision_adam(1e-3, hadam=hadam, moment_dtype=jnp.float32)
         moments = [x for x in jax.tree.leaves(tx.init(params)) if x.size > 1]
         assert {x.dtype for x in moments} >= {np.dtype(np.float32)}
+
+
+def test_optax_inject_hyperparams_of_low_precision_adam_runs_jitted_with_float32_params():
+    # The failure: TracerBoolConversionError at the first jitted step (the switches are static, the
+    # scaler's own hyperparameters may be traced).
+    params = random_tree(0, jnp.float32)
+    tx = optax.inject_hyperparams(optim.low_precision_adam)(learning_rate=1e-3, growth_interval=2)
+    grads = [jax.tree.map(lambda g: g * 1e4, random_tree(i, jnp.float32)) for i in range(5)]
+    got, state, _ = run_steps(tx, params, grads)
+    ref, _, _ = run_steps(optim.low_precision_adam(1e-3, growth_interval=2), params, grads)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(optim.loss_scale(state)) > 1e4  # grew under the injected growth_interval
