@@ -13,10 +13,13 @@ For each kernel (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmu
   (dense bf16 990 / 790 TFLOP/s, fp8 and int8 twice that; HBM 3.35 / 4.8 TB/s), the roofline bound
   ``time >= max(flops / peak, bytes / bandwidth)`` and whether the kernel is compute or memory bound there.
 
-It also lowers each kernel for ``platforms=["cuda"]`` with :mod:`jax.export` (Triton) at each shape and records
-whether that worked. With a GPU (``jax.devices()[0].platform == "gpu"``) it times each kernel against
-``jnp.dot`` in the same dtype and records TFLOP/s. On a CPU those timings are recorded as missing (``null``):
-XLA:CPU emulates bf16/fp8 and Pallas runs only in interpret mode, so no CPU number says anything about a GPU.
+It also lowers each kernel for ``platforms=["cuda"]`` with :mod:`jax.export` at each shape, for every
+(backend, architecture) pair of :data:`LOWERING_TARGETS` (Mosaic GPU for an abstract H100; Triton for an
+abstract H100, L4 and A100), and records which (kernel, backend, architecture) triples lower, with the
+``wgmma`` instructions of the Mosaic GPU kernels or the error. With a GPU (``jax.devices()[0].platform ==
+"gpu"``) it times each Pallas backend that runs on it against ``jnp.dot`` in the same dtype and records TFLOP/s.
+On a CPU those timings are recorded as missing (``null``): XLA:CPU emulates bf16/fp8 and Pallas runs only in
+interpret mode, so no CPU number says anything about a GPU.
 What a CPU does measure is recorded separately: the XLA-compiled reference implementations' latency next to an
 fp32 ``jnp.dot`` at the SAC and decode shapes (emulation cost, not kernel speed).
 
@@ -38,7 +41,15 @@ import numpy as np
 
 from benchmarks.common import command_line, write_results
 from kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
-from kernels._common import lower_for_cuda, round_up
+from kernels._common import (
+    GPU_TARGETS,
+    TRITON_AVAILABLE,
+    describe_lowering,
+    is_hopper,
+    lower_for_cuda,
+    round_up,
+    target_device_kind,
+)
 
 SHAPES = {"sac": (1024, 1024, 1024), "llm_prefill": (4096, 4096, 4096), "llm_decode": (16, 4096, 4096)}
 """(M, K, N) per workload."""
@@ -50,6 +61,21 @@ GPUS = {
 """Dense peak throughput and HBM bandwidth, as the issue states them (fp8/int8 = 2x bf16)."""
 
 FP8_BLOCK = 128
+
+LOWERING_TARGETS = (("mosaic_gpu", "sm_90"), ("triton", "sm_90"), ("triton", "sm_89"), ("triton", "sm_80"))
+"""(backend, abstract GPU of :data:`kernels._common.GPU_TARGETS`) pairs each kernel is lowered for."""
+
+LOWERING_NOTES = (
+    "'lowers' means jax.export lowered the kernel for platforms=['cuda'] under an abstract GPU (no GPU, no CUDA "
+    "plugin): Mosaic GPU kernels down to LLVM IR with their PTX (wgmma) inline, Triton kernels to Triton IR. "
+    "PTX-to-SASS compilation and running need the GPU and are not proven here.",
+    "Mosaic GPU kernels use wgmma, an sm_90a instruction: lpjax refuses them for any GPU but a Hopper one.",
+    "Triton IR is the same for every architecture; jax >= 0.11 checks it against the abstract device's compute "
+    "capability (e.g. fp8 casts need sm_89), jax 0.10 against sm_90 whatever the device. XLA compiles it for the "
+    "GPU it runs on.",
+    "fp8_blockwise_matmul on Triton for sm_80: the e4m3 dot lowers to Triton IR, but an A100 has no fp8 tensor "
+    "cores; whether Triton compiles it there is not proven (sm_89 is the first fp8 target).",
+)
 
 
 def _bytes_fp16(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
@@ -130,31 +156,56 @@ def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
     return entry
 
 
-def lowers_for_cuda(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
-    """Whether the Pallas kernel lowers for CUDA (Triton) at this shape, with jax.export on this machine."""
+def lowers_for_cuda(name: str, shape: tuple[int, int, int], backend: str, arch: str) -> dict[str, Any]:
+    """Whether the kernel's ``backend`` lowers for CUDA on the abstract GPU ``arch`` at this shape, with jax.export
+    on this machine, and what the lowered module runs (:func:`kernels._common.describe_lowering`)."""
     m, k, n = shape
     x = jax.ShapeDtypeStruct((m, k), KERNELS[name]["dtype"])
     w = jax.ShapeDtypeStruct((k, n), KERNELS[name]["dtype"])
     try:
-        exported = lower_for_cuda(KERNELS[name]["fn"]("pallas", interpret=False), x, w)
+        exported = lower_for_cuda(KERNELS[name]["fn"](backend, interpret=False), x, w, arch=arch)
     except Exception as error:  # recorded, not raised: the json says which kernel fails to lower and why
         return {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
-    text = exported.mlir_module()
-    return {"ok": True, "triton_calls": text.count("__gpu$xla.gpu.triton"), "mlir_chars": len(text)}
+    return {"ok": True, **describe_lowering(exported), "mlir_chars": len(exported.mlir_module())}
+
+
+def lowering_triples(lowered: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (kernel, backend, architecture) of ``lowered`` (kernel -> shape -> ``backend@arch`` -> result):
+    whether it lowers at every shape, the ``wgmma`` instructions seen and the first error. Mosaic GPU's
+    architecture is named ``sm_90a``, the feature set its ``wgmma`` needs."""
+    rows = []
+    for name, shapes in lowered.items():
+        for backend, arch in LOWERING_TARGETS:
+            results = {s: by_target[f"{backend}@{arch}"] for s, by_target in shapes.items()}
+            errors = [r["error"] for r in results.values() if not r["ok"]]
+            rows.append({"kernel": name, "backend": backend, "arch": (arch + "a") if backend == "mosaic_gpu" else arch,
+                         "device_kind": GPU_TARGETS[arch][0], "lowers": not errors,
+                         "shapes": [s for s, r in results.items() if r["ok"]],
+                         "wgmma": sorted({i for r in results.values() for i in r.get("wgmma", [])}),
+                         "error": errors[0] if errors else None})
+    return rows
+
+
+def gpu_backends() -> list[str]:
+    """The Pallas backends that run on this machine's GPU: Mosaic GPU on a Hopper one, Triton while jax ships it."""
+    return (["mosaic_gpu"] if is_hopper(target_device_kind()) else []) + (["triton"] if TRITON_AVAILABLE else [])
 
 
 def gpu_timings(name: str, shape: tuple[int, int, int], repeats: int) -> dict[str, Any]:
-    """Kernel vs ``jnp.dot`` in the same dtype on a GPU: seconds and TFLOP/s."""
+    """Each Pallas backend of :func:`gpu_backends` vs ``jnp.dot`` in the same dtype on a GPU: seconds and
+    TFLOP/s, and each backend's speedup over ``jnp.dot``."""
     m, k, n = shape
     x, w = _operands(m, k, n, KERNELS[name]["dtype"])
-    kernel = jax.jit(KERNELS[name]["fn"]("pallas"))
-    dot = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
+    calls = {f"kernel[{backend}]": jax.jit(KERNELS[name]["fn"](backend)) for backend in gpu_backends()}
+    calls["jnp_dot"] = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
     flops = 2.0 * m * n * k
     result = {}
-    for label, fn in (("kernel", kernel), ("jnp_dot", dot)):
+    for label, fn in calls.items():
         seconds = _time(lambda: fn(x, w), repeats)
         result[label] = {"seconds": seconds, "tflops": flops / seconds / 1e12}
-    result["speedup_vs_jnp_dot"] = result["jnp_dot"]["seconds"] / result["kernel"]["seconds"]
+    for label in calls:
+        if label != "jnp_dot":
+            result[label]["speedup_vs_jnp_dot"] = result["jnp_dot"]["seconds"] / result[label]["seconds"]
     return result
 
 
@@ -217,8 +268,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "model": {name: {s: model_entry(name, shape) for s, shape in SHAPES.items()} for name in KERNELS},
     }
     if not args.no_export:
-        result["lowers_for_cuda"] = {name: {s: lowers_for_cuda(name, shape) for s, shape in SHAPES.items()}
-                                     for name in KERNELS}
+        result["lowers_for_cuda"] = {
+            name: {s: {f"{backend}@{arch}": lowers_for_cuda(name, shape, backend, arch)
+                       for backend, arch in LOWERING_TARGETS} for s, shape in SHAPES.items()}
+            for name in KERNELS}
+        result["lowering_triples"] = lowering_triples(result["lowers_for_cuda"])
+        result["lowering_notes"] = list(LOWERING_NOTES)
     if on_gpu:
         result["gpu_timings"] = {name: {s: gpu_timings(name, shape, args.repeats) for s, shape in SHAPES.items()}
                                  for name in KERNELS}
@@ -231,14 +286,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                               for s in ("sac", "llm_decode")}
     lines = ["H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles",
              f"{'kernel':24s} {'shape':12s} {'GFLOP':>8s} {'AI compuls.':>11s} {'bound':>8s} {'us':>7s} "
-             f"{'AI tiled':>9s} {'bound':>8s} {'us':>7s} {'cuda':>5s}"]
+             f"{'AI tiled':>9s} {'bound':>8s} {'us':>7s} {'lowers':>6s}"]
     for name, shapes in result["model"].items():
         for s, entry in shapes.items():
             once, tiled = entry["roofline"]["H100"]["compulsory"], entry["roofline"]["H100"]["tiled"]
-            lowered = result.get("lowers_for_cuda", {}).get(name, {}).get(s, {}).get("ok", "-")
+            targets = result.get("lowers_for_cuda", {}).get(name, {}).get(s, {})
+            lowered = f"{sum(r['ok'] for r in targets.values())}/{len(targets)}" if targets else "-"
             lines.append(f"{name:24s} {s:12s} {entry['flops'] / 1e9:8.1f} {entry['intensity_compulsory']:11.1f} "
                          f"{once['bound']:>8s} {once['time_lower_bound_us']:7.1f} {entry['intensity_tiled']:9.1f} "
-                         f"{tiled['bound']:>8s} {tiled['time_lower_bound_us']:7.1f} {str(lowered):>5s}")
+                         f"{tiled['bound']:>8s} {tiled['time_lower_bound_us']:7.1f} {lowered:>6s}")
+    for row in result.get("lowering_triples", []):
+        lines.append(f"lowers for CUDA: {row['kernel']:22s} {row['backend']:10s} {row['arch']:6s} {row['lowers']!s:5s} "
+                     + (" ".join(row["wgmma"]) or (row["error"] or "")))
     if result["gpu_timings"] is None:
         lines.append(result["gpu_timings_missing"])
     for s, latencies in result.get("cpu_reference_latency_ms", {}).items():

@@ -6,8 +6,10 @@
   blocks, 1x128 activation groups) and fp32 promotion of every 128-K slice; straight-through gradients.
 * :func:`int8_matmul`: int8 x int8 -> int32 with per-token and per-channel scales in the epilogue (inference).
 
-On a CPU the Pallas kernels run only in interpret mode (tests); :func:`kernels._common.lower_for_cuda` checks
-their GPU (Triton) lowering without a GPU. Conventions shared by all kernels are in :mod:`kernels._common`.
+Each has two Pallas backends: Mosaic GPU (``wgmma``, the default on Hopper) and Triton (other GPUs, for as long
+as jax ships it). On a CPU the Pallas kernels run only in interpret mode (tests); :func:`kernels._common.lower_for_cuda`
+checks their GPU lowering for an abstract H100, L4 or A100 without a GPU. Conventions shared by all kernels, the
+backend choice included, are in :mod:`kernels._common`.
 """
 
 from kernels.fp8_blockwise_matmul import fp8_blockwise_matmul

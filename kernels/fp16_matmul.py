@@ -1,4 +1,4 @@
-"""Fused half-precision matmul + bias + activation with float32 accumulation, as a Pallas (Triton) kernel.
+"""Fused half-precision matmul + bias + activation with float32 accumulation, as Pallas kernels.
 
 :func:`fp16_matmul` computes, for ``x: (..., K)`` and ``w: (K, N)`` both ``float16`` or both ``bfloat16``::
 
@@ -8,8 +8,11 @@
 
 and is differentiable through a :func:`jax.custom_vjp` whose backward pass runs the same fused kernel (see
 :func:`fp16_matmul` for the exact backward maths). ``impl="reference"`` is the same forward and backward maths in
-plain ``jax.numpy``; it defines what the kernel is tested against. Conventions (``impl``, ``interpret``,
-padding, power-of-two blocks) are those of :mod:`kernels._common`.
+plain ``jax.numpy``; it defines what the kernels are tested against. ``impl="triton"`` is the Pallas kernel
+below (a grid of output tiles, each looping over K with ``jnp.dot``), ``impl="mosaic_gpu"`` the Hopper kernel of
+:mod:`kernels.fp16_matmul_mosaic_gpu` (TMA pipeline, ``wgmma``), and ``impl="pallas"`` picks between them by the
+target GPU. Conventions (``impl``, ``interpret``, padding, power-of-two blocks) are those of
+:mod:`kernels._common`.
 """
 
 from __future__ import annotations
@@ -17,23 +20,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from kernels import fp16_matmul_mosaic_gpu
 from kernels._common import (
     check_block,
     check_dtype,
-    check_impl,
     check_matmul_shapes,
     check_out_dtype,
     compiler_params,
+    fit_block,
     pad_to,
     resolve_interpret,
     round_up,
+    select_backend,
 )
 
 ACTIVATIONS = ("none", "relu", "elu", "tanh")
@@ -48,22 +53,35 @@ OUT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
 MIN_BLOCK = 16
 """Smallest block size: Triton's ``tl.dot`` needs every dimension of its operands to be at least 16."""
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # Activations, in float32.
 
 
-def _activation(z: jax.Array, activation: str) -> jax.Array:
-    """``act(z)`` for a float32 ``z``; also the kernel's epilogue, so only Triton-lowerable ops."""
+def _activation(z: jax.Array, activation: str, expm1: Callable[[jax.Array], jax.Array] = jnp.expm1) -> jax.Array:
+    """``act(z)`` for a float32 ``z``; also the kernels' epilogue, so only Triton- and Mosaic-GPU-lowerable ops.
+
+    ``expm1`` computes the ELU's ``exp(t) - 1`` for ``t <= 0``; Mosaic GPU, which lowers no ``expm1``, passes
+    :func:`_exp_minus_one`.
+    """
     if activation == "none":
         return z
     if activation == "relu":
         return jnp.maximum(z, 0.0)
     if activation == "elu":
-        return jnp.where(z > 0.0, z, jnp.expm1(jnp.minimum(z, 0.0)))
+        return jnp.where(z > 0.0, z, expm1(jnp.minimum(z, 0.0)))
     if activation == "tanh":
         return jnp.tanh(z)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
+
+
+def _exp_minus_one(t: jax.Array) -> jax.Array:
+    """``exp(t) - 1``, within ``2^-22`` of ``expm1(t)`` for ``t <= 0``.
+
+    ``exp(t)`` lies in ``(0, 1]``, where an ``exp`` accurate to 2 ulps (CUDA's ``expf``; XLA's is tighter) errs by
+    at most ``2 * 2^-24``; the subtraction is exact for ``exp(t) >= 1/2`` (Sterbenz) and rounds by at most
+    ``2^-25`` below. The error is absolute: near ``t = 0`` it is large relative to ``expm1(t)`` itself.
+    """
+    return jnp.exp(t) - 1.0
 
 
 def _activation_grad(z: jax.Array, activation: str) -> jax.Array:
@@ -79,12 +97,15 @@ def _activation_grad(z: jax.Array, activation: str) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The Pallas kernel and the reference, on matrices, without autodiff.
+# The Triton kernel and the reference, on matrices, without autodiff.
 
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-    """Static (non-differentiable) arguments of one call; hashable, so usable as a ``nondiff_argnums``."""
+    """Static (non-differentiable) arguments of one call; hashable, so usable as a ``nondiff_argnums``.
+
+    ``impl`` is the resolved backend: ``"triton"``, ``"mosaic_gpu"`` or ``"reference"``.
+    """
 
     activation: str
     out_dtype: np.dtype
@@ -93,14 +114,6 @@ class _Config:
     block_m: int
     block_n: int
     block_k: int
-
-
-def _fit_block(block: int, size: int) -> int:
-    """``block`` shrunk to the smallest power of two >= ``size`` (at least :data:`MIN_BLOCK`).
-
-    A 3-row input then gets a 16-row block rather than a 64-row one: less padding, same result.
-    """
-    return min(block, max(MIN_BLOCK, 1 << max(size - 1, 0).bit_length()))
 
 
 def _matmul_kernel(*refs, has_bias: bool, save_preact: bool, activation: str, block_k: int, num_k: int):
@@ -126,12 +139,11 @@ def _matmul_kernel(*refs, has_bias: bool, save_preact: bool, activation: str, bl
     y_ref[...] = _activation(z, activation).astype(y_ref.dtype)
 
 
-def _pallas_matmul(x, w, b, cfg: _Config, save_preact: bool):
-    """The Pallas path on matrices: pads to the blocks, runs the kernel, slices back. Returns ``y`` or ``(y, z)``."""
+def _triton_matmul(x, w, b, cfg: _Config, save_preact: bool):
+    """The Triton path on matrices: pads to the blocks, runs the kernel, slices back. Returns ``y`` or ``(y, z)``."""
     m, k, n = x.shape[0], x.shape[1], w.shape[1]
-    if m == 0 or n == 0 or k == 0:  # nothing to multiply (Pallas cannot take empty blocks): act(b) or empty
-        return _reference_matmul(x, w, b, cfg, save_preact)
-    bm, bn, bk = _fit_block(cfg.block_m, m), _fit_block(cfg.block_n, n), _fit_block(cfg.block_k, k)
+    bm, bn, bk = (fit_block(cfg.block_m, m, MIN_BLOCK), fit_block(cfg.block_n, n, MIN_BLOCK),
+                  fit_block(cfg.block_k, k, MIN_BLOCK))
     mp, np_, kp = round_up(m, bm), round_up(n, bn), round_up(k, bk)
     # Zero padding is exact: padded K columns/rows contribute 0 * 0 to every dot product, padded M rows and N
     # columns only produce outputs that are sliced off.
@@ -176,9 +188,16 @@ def _reference_matmul(x, w, b, cfg: _Config, save_preact: bool):
 
 
 def _matmul(x, w, b, cfg: _Config, save_preact: bool = False):
-    if cfg.impl == "pallas":
-        return _pallas_matmul(x, w, b, cfg, save_preact)
-    return _reference_matmul(x, w, b, cfg, save_preact)
+    """``cfg.impl``'s path on matrices. Empty operands launch no kernel (Pallas cannot take empty blocks): the
+    reference gives ``act(b)`` or an empty result."""
+    if cfg.impl == "reference" or 0 in (*x.shape, w.shape[1]):
+        return _reference_matmul(x, w, b, cfg, save_preact)
+    if cfg.impl == "triton":
+        return _triton_matmul(x, w, b, cfg, save_preact)
+    return fp16_matmul_mosaic_gpu.matmul(
+        x, w, b, act=functools.partial(_activation, activation=cfg.activation, expm1=_exp_minus_one),
+        out_dtype=cfg.out_dtype, blocks=(cfg.block_m, cfg.block_n, cfg.block_k), interpret=cfg.interpret,
+        save_preact=save_preact)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,16 +258,17 @@ def fp16_matmul(
         y[m, n] = out_dtype(act(z[m, n]))                             # act evaluated in float32
 
     with ``act`` one of ``"none"`` (identity), ``"relu"`` (``max(z, 0)``), ``"elu"`` (``z`` if ``z > 0`` else
-    ``exp(z) - 1``) or ``"tanh"``. ``y`` is rounded once, at the end. The Pallas kernel runs over a grid of
-    ``(M / block_m, N / block_n)`` output tiles (Triton programs, independent); each tile loops over K in
-    ``block_k`` chunks, accumulating ``jnp.dot(..., preferred_element_type=float32)`` products in a float32
-    tile, so only the summation order differs from ``impl="reference"``.
+    ``exp(z) - 1``) or ``"tanh"``. ``y`` is rounded once, at the end. Both Pallas kernels run over a grid of
+    ``(M / block_m, N / block_n)`` output tiles; each tile loops over K in ``block_k`` chunks, accumulating
+    exact products in a float32 tile (Triton: ``jnp.dot(..., preferred_element_type=float32)``; Mosaic GPU:
+    ``wgmma``), so only the summation order differs from ``impl="reference"`` (and, for Mosaic GPU's ELU,
+    ``exp(z) - 1`` in place of ``expm1(z)``: see :mod:`kernels.fp16_matmul_mosaic_gpu`).
 
-    Backward (a :func:`jax.custom_vjp`; the same for both ``impl``), with ``dy`` the cotangent of ``y``::
+    Backward (a :func:`jax.custom_vjp`; the same for every ``impl``), with ``dy`` the cotangent of ``y``::
 
         dz = f32(dy) * act'(z)                   # float32; relu' = [z > 0], elu' = 1 if z > 0 else exp(z),
                                                  # tanh' = 1 - tanh(z)^2
-        dx = x.dtype(dz_h @ w^T)                 # dz_h = x.dtype(dz); the same kernel, f32 accumulation
+        dx = x.dtype(dz_h @ w^T)                 # dz_h = x.dtype(dz); the same backend, f32 accumulation
         dw = w.dtype(x^T @ dz_h)
         db = b.dtype(sum_m dz[m, :])             # float32 sum
 
@@ -269,16 +289,19 @@ def fp16_matmul(
       b: optional bias ``(N,)`` of any float dtype; added in float32. Its cotangent has its dtype.
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``.
       out_dtype: dtype of ``y``: float32, float16 or bfloat16; ``None`` means ``x.dtype``.
-      impl: ``"pallas"`` (the kernel; interpret mode on a CPU) or ``"reference"`` (``jax.numpy``).
+      impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
+        ``"reference"`` (``jax.numpy``); see :mod:`kernels._common`.
       interpret: Pallas interpret mode; ``None`` = interpret iff JAX's default backend is the CPU.
       block_m, block_n, block_k: tile sizes, powers of two >= 16 (Triton's ``tl.dot`` minimum). Each is an
         upper bound: a dimension smaller than its block gets the smallest power of two >= it (and >= 16)
-        instead. M, N and K are zero-padded to multiples of the blocks and the output sliced back.
+        instead. M, N and K are zero-padded to multiples of the blocks and the output sliced back. Mosaic GPU
+        raises ``block_m`` to at least 64 (a warpgroup's ``wgmma``) and needs ``block_n <= 256``.
 
     Returns:
       ``y: (..., N)`` of dtype ``out_dtype``.
     """
-    check_impl(impl)
+    interpret = resolve_interpret(interpret)
+    impl = select_backend(impl, kernel="fp16_matmul", interpret=interpret)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
     for name, size in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
@@ -302,6 +325,6 @@ def fp16_matmul(
         if b.shape != (n,):
             raise ValueError(f"b must have shape (N,) = ({n},), got {b.shape}.")
     out_dtype = check_out_dtype(x.dtype if out_dtype is None else out_dtype, OUT_DTYPES)
-    cfg = _Config(activation, out_dtype, impl, resolve_interpret(interpret), block_m, block_n, block_k)
+    cfg = _Config(activation, out_dtype, impl, interpret, block_m, block_n, block_k)
     y = _fused(x2, w, b, cfg)
     return y.reshape(*batch_shape, n)

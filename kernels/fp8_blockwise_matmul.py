@@ -15,10 +15,16 @@
   Each inner sum has 128 exact products (e4m3 x e4m3 fits float32), and slices are added in increasing ``g``.
 
 ``impl="reference"`` evaluates this in plain ``jax.numpy`` (one fp8 x fp8 -> float32 matmul per slice, in a
-``lax.scan``); it is the definition. ``impl="pallas"`` is a Pallas kernel in the style of DeepSeek-V3's
-``fp8_gemm_kernel``: a grid of ``(M / block_m, N / 128)`` output tiles, each looping over K in 128-slices with
-``lax.fori_loop`` and ``jnp.dot(fp8, fp8, preferred_element_type=float32)``. Compiled, it goes through Triton,
-whose fp8 dot needs an sm_89+ GPU (Ada, Hopper); on a CPU it runs in interpret mode (slow, for tests).
+``lax.scan``); it is the definition. Two Pallas kernels compute it on a grid of ``(M / block_m, N / 128)``
+output tiles, each looping over K in 128-slices:
+
+* ``impl="triton"``: in the style of DeepSeek-V3's ``fp8_gemm_kernel``, with ``lax.fori_loop`` and
+  ``jnp.dot(fp8, fp8, preferred_element_type=float32)``; Triton's fp8 dot needs an sm_89+ GPU (Ada, Hopper);
+* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`kernels.fp8_blockwise_matmul_mosaic_gpu`, in the style of
+  DeepGEMM: TMA pipeline, one fp8 ``wgmma`` per slice into a fresh float32 accumulator, promoted in registers.
+
+``impl="pallas"`` picks between them by the target GPU (:mod:`kernels._common`). On a CPU the kernels run in
+interpret mode (slow, for tests).
 
 Gradients (straight-through): for a high-precision ``w`` both quantizers count as the identity in the backward
 pass (``dx`` uses the fp8 weight of the forward pass), so an fp8 Dense layer can be trained::
@@ -38,16 +44,18 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import fp8_blockwise_matmul_mosaic_gpu
 from kernels._common import (
     bias_operand,
     check_block,
     check_dtype,
-    check_impl,
     check_matmul_shapes,
     check_out_dtype,
+    fit_block,
     output_tiled_call,
     pad_to,
     resolve_interpret,
+    select_backend,
 )
 from lpjax.quant.fp8 import (
     FP8_DTYPE,
@@ -82,15 +90,18 @@ def fp8_blockwise_matmul(x: jax.Array, w: jax.Array | Fp8BlockwiseWeight, *, bia
         tiles; its cotangent is zero).
       bias: optional ``(N,)`` bias, added in float32 before the cast to ``out_dtype``.
       out_dtype: float32, bfloat16 or float16.
-      impl: ``"pallas"`` or ``"reference"``.
+      impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
+        ``"reference"``; see :mod:`kernels._common`.
       interpret: Pallas interpret mode; ``None`` picks it on a CPU backend. Ignored by the reference.
       block_m: rows of ``x`` per kernel tile, a power of two >= 16. It is reduced to the smallest power of two
-        >= max(M, 16) when M is small, so a single token is not padded to 64 rows.
+        >= max(M, 16) when M is small, so a single token is not padded to 64 rows. Mosaic GPU raises it to at
+        least 64 (a warpgroup's ``wgmma``).
 
     Returns:
       ``(M, N)`` array of ``out_dtype``.
     """
-    check_impl(impl)
+    interpret = resolve_interpret(interpret)
+    impl = select_backend(impl, kernel="fp8_blockwise_matmul", interpret=interpret)
     check_block("block_m", block_m)
     if block_m < MIN_BLOCK_M:
         raise ValueError(f"block_m must be >= {MIN_BLOCK_M} (Triton dot tiles), got {block_m}.")
@@ -109,7 +120,7 @@ def fp8_blockwise_matmul(x: jax.Array, w: jax.Array | Fp8BlockwiseWeight, *, bia
         check_dtype("bias", bias, INPUT_DTYPES)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape ({n},), got {bias.shape}.")
-    return _fp8_matmul(x, w, bias, out_dtype, impl, resolve_interpret(interpret), int(block_m))
+    return _fp8_matmul(x, w, bias, out_dtype, impl, interpret, int(block_m))
 
 
 def _check_quantized_weight(w: Fp8BlockwiseWeight) -> None:
@@ -128,7 +139,9 @@ def _forward(x, qw, bias, out_dtype, impl, interpret, block_m):
     qa, sa = quantize_fp8_per_token_group(x, BLOCK)
     if impl == "reference":
         return _reference(qa, sa, qw, bias, out_dtype)
-    return _pallas(qa, sa, qw, bias, out_dtype, interpret, block_m)
+    if impl == "triton":
+        return _triton(qa, sa, qw, bias, out_dtype, interpret, block_m)
+    return fp8_blockwise_matmul_mosaic_gpu.matmul(qa, sa, qw.codes, qw.scales, bias, out_dtype, interpret, block_m)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -201,10 +214,10 @@ def _kernel(qa_ref, sa_ref, qw_ref, sw_ref, *rest, num_slices, has_bias):
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _pallas(qa, sa, qw, bias, out_dtype, interpret, block_m):
+def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
     m = qa.shape[0]
     n = qw.codes.shape[1]
-    block_m = min(block_m, max(MIN_BLOCK_M, pl.next_power_of_2(m)))
+    block_m = fit_block(block_m, m, MIN_BLOCK_M)
     # Zero codes in the padding contribute nothing whatever their scales; padded scales are 0 (activations, rows
     # that are sliced off) and the weight's own scales already cover the padded K and N.
     qa = pad_to(qa, (block_m, BLOCK))

@@ -15,11 +15,15 @@
   :data:`MAX_K` = ``(2^31 - 1) // 127^2``.
 
 ``impl="reference"`` evaluates this with one ``jnp.dot(..., preferred_element_type=int32)``; it is the
-definition. ``impl="pallas"`` is a Pallas kernel: a grid of ``(M / block_m, N / block_n)`` output tiles, each
-looping over K in ``block_k`` slices with ``lax.fori_loop`` and int8 ``jnp.dot`` into an int32 accumulator.
-Both give identical int32 accumulations (integer sums are exact in any order); the float32 epilogue may differ
-by one rounding where XLA fuses the multiply and the bias add into an FMA in one of them.
-Compiled, the kernel goes through Triton (int8 tensor cores, sm_80+); on a CPU it runs in interpret mode.
+definition. Two Pallas kernels compute it on a grid of ``(M / block_m, N / block_n)`` output tiles, each looping
+over K in ``block_k`` slices into an int32 accumulator:
+
+* ``impl="triton"``: ``lax.fori_loop`` and int8 ``jnp.dot`` (int8 tensor cores, sm_80+);
+* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`kernels.int8_matmul_mosaic_gpu` (TMA pipeline, s8 ``wgmma``).
+
+``impl="pallas"`` picks between them by the target GPU (:mod:`kernels._common`); on a CPU they run in interpret
+mode. All give identical int32 accumulations (integer sums are exact in any order); the float32 epilogue may
+differ by one rounding where XLA fuses the multiply and the bias add into an FMA in one of them.
 
 This is an inference kernel: it has no gradient. Differentiating through it raises a ``TypeError``; train with
 a float matmul or :func:`kernels.fp8_blockwise_matmul.fp8_blockwise_matmul` (straight-through gradients).
@@ -33,16 +37,18 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import int8_matmul_mosaic_gpu
 from kernels._common import (
     bias_operand,
     check_block,
     check_dtype,
-    check_impl,
     check_matmul_shapes,
     check_out_dtype,
+    fit_block,
     output_tiled_call,
     pad_to,
     resolve_interpret,
+    select_backend,
 )
 from lpjax.quant.int8 import Int8Weight, quantize_int8_per_token, quantize_int8_weight
 
@@ -72,15 +78,18 @@ def int8_matmul(x: jax.Array | tuple[jax.Array, jax.Array], w: jax.Array | Int8W
         :class:`~lpjax.quant.Int8Weight`.
       bias: optional ``(N,)`` bias, added in float32 before the cast to ``out_dtype``.
       out_dtype: float32, bfloat16 or float16.
-      impl: ``"pallas"`` or ``"reference"``.
+      impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
+        ``"reference"``; see :mod:`kernels._common`.
       interpret: Pallas interpret mode; ``None`` picks it on a CPU backend. Ignored by the reference.
       block_m, block_n, block_k: kernel tile sizes, powers of two >= 16. ``block_m`` is reduced to the smallest
-        power of two >= max(M, 16) when M is small.
+        power of two >= max(M, 16) when M is small. Mosaic GPU raises ``block_m`` to at least 64 and ``block_k``
+        to at least 32 (a warpgroup's 8-bit ``wgmma``) and needs ``block_n <= 256``.
 
     Returns:
       ``(M, N)`` array of ``out_dtype``. Not differentiable (inference only).
     """
-    check_impl(impl)
+    interpret = resolve_interpret(interpret)
+    impl = select_backend(impl, kernel="int8_matmul", interpret=interpret)
     for name, size in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         check_block(name, size)
         if size < MIN_BLOCK:
@@ -126,15 +135,17 @@ def int8_matmul(x: jax.Array | tuple[jax.Array, jax.Array], w: jax.Array | Int8W
         check_dtype("bias", bias, INPUT_DTYPES)
         if bias.shape != (n,):
             raise ValueError(f"bias must have shape ({n},), got {bias.shape}.")
-    return _int8_matmul(qx, sx, qw, sw, bias, out_dtype, impl, resolve_interpret(interpret),
-                        (int(block_m), int(block_n), int(block_k)))
+    return _int8_matmul(qx, sx, qw, sw, bias, out_dtype, impl, interpret, (int(block_m), int(block_n), int(block_k)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def _int8_matmul(qx, sx, qw, sw, bias, out_dtype, impl, interpret, blocks):
     if impl == "reference":
         return _reference(qx, sx, qw, sw, bias, out_dtype)
-    return _pallas(qx, sx, qw, sw, bias, out_dtype, interpret, blocks)
+    if impl == "triton":
+        return _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks)
+    return int8_matmul_mosaic_gpu.matmul(qx, sx, qw, sw, bias, epilogue=_epilogue, out_dtype=out_dtype,
+                                         blocks=blocks, interpret=interpret)
 
 
 def _int8_matmul_fwd(*args):
@@ -175,11 +186,11 @@ def _kernel(qx_ref, sx_ref, qw_ref, sw_ref, *rest, block_k, num_slices, has_bias
     o_ref[...] = y.astype(o_ref.dtype)
 
 
-def _pallas(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
+def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
     block_m, block_n, block_k = blocks
     m = qx.shape[0]
     n = qw.shape[1]
-    block_m = min(block_m, max(MIN_BLOCK, pl.next_power_of_2(m)))
+    block_m = fit_block(block_m, m, MIN_BLOCK)
     # Zero codes in the padding add nothing to the int32 sums; padded rows / columns are sliced off.
     qx = pad_to(qx, (block_m, block_k))
     sx = pad_to(sx, (block_m, 1))

@@ -27,13 +27,35 @@ def test_fp8_moves_fewer_bytes_than_bf16():
     assert 0.5 < fp8 / bf16 < 0.7  # operands halve, the bf16 output does not
 
 
-def test_run_records_lowering_and_marks_gpu_timings_missing(tmp_path, monkeypatch):
+def test_run_records_lowering_triples_and_marks_gpu_timings_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "SHAPES", {"small": (64, 256, 128)})
     result = bench.main(["--out_dir", str(tmp_path), "--no_cpu_latency"])
     recorded = json.loads((tmp_path / "kernels.json").read_text())
     assert (tmp_path / "kernels.png").stat().st_size > 0
     assert recorded["gpu_timings"] is None and "No GPU" in recorded["gpu_timings_missing"]
+    triples = {(r["kernel"], r["backend"], r["arch"]): r for r in recorded["lowering_triples"]}
+    assert len(triples) == len(bench.KERNELS) * len(bench.LOWERING_TARGETS)
+    wgmma_types = {"fp16_matmul[bf16]": ".f32.bf16.bf16", "fp8_blockwise_matmul": ".f32.e4m3.e4m3",
+                   "int8_matmul": ".s32.s8.s8"}
     for name in bench.KERNELS:
-        lowered = recorded["lowers_for_cuda"][name]["small"]
-        assert lowered["ok"] and lowered["triton_calls"] >= 1, lowered
+        mosaic = triples[name, "mosaic_gpu", "sm_90a"]
+        assert mosaic["lowers"] and mosaic["shapes"] == ["small"], mosaic
+        assert [i.endswith(wgmma_types[name]) for i in mosaic["wgmma"]] == [True]
+        assert recorded["lowers_for_cuda"][name]["small"]["mosaic_gpu@sm_90"]["mosaic_gpu_calls"] == 1
+        for arch in ("sm_90", "sm_89", "sm_80"):
+            triton = triples[name, "triton", arch]
+            assert triton["lowers"] and triton["error"] is None and triton["wgmma"] == [], triton
+            assert recorded["lowers_for_cuda"][name]["small"][f"triton@{arch}"]["triton_calls"] == 1
     assert result["model"]["int8_matmul"]["small"]["flops"] == 2 * 64 * 256 * 128
+
+
+def test_triples_record_the_first_error_of_a_target_that_fails():
+    ok = {"ok": True, "wgmma": ["w"]}
+    failed = {"ok": False, "error": "ValueError: boom"}
+    lowered = {"k": {"a": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS},
+                     "b": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS} | {"triton@sm_80": failed}}}
+    rows = {(r["backend"], r["arch"]): r for r in bench.lowering_triples(lowered)}
+    assert rows["triton", "sm_80"] == {
+        "kernel": "k", "backend": "triton", "arch": "sm_80", "device_kind": bench.GPU_TARGETS["sm_80"][0],
+        "lowers": False, "shapes": ["a"], "wgmma": ["w"], "error": "ValueError: boom"}
+    assert rows["mosaic_gpu", "sm_90a"]["lowers"] and rows["mosaic_gpu", "sm_90a"]["shapes"] == ["a", "b"]

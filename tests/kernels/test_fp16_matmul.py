@@ -1,5 +1,5 @@
-"""kernels.fp16_matmul: the Pallas kernel (interpret mode) against its jnp reference and float64, its custom VJP
-against float32 autodiff, its Triton lowering for CUDA, and its argument checks.
+"""kernels.fp16_matmul: the Triton and Mosaic GPU kernels (interpret mode) against the jnp reference and float64,
+the custom VJP against float32 autodiff, the CUDA lowering of both backends for abstract GPUs, and argument checks.
 
 Error bounds are elementwise and derived from the maths (``u = eps / 2`` is a dtype's unit roundoff):
 
@@ -9,10 +9,12 @@ Error bounds are elementwise and derived from the maths (``u = eps / 2`` is a dt
 * relu, elu and tanh are 1-Lipschitz, so they do not amplify that error; their float32 evaluation adds a few
   float32 ulps;
 * rounding to ``out_dtype`` adds at most ``u_out |y|`` (or half the smallest subnormal near zero); two values
-  that differ by ``d`` round to values that differ by at most ``d`` plus one ulp.
+  that differ by ``d`` round to values that differ by at most ``d`` plus one ulp;
+* Mosaic GPU's ELU evaluates ``exp(t) - 1`` rather than ``expm1(t)``: at most ``2^-22`` more, absolute.
 
-Interpret mode is slow (a compile per shape and config), so shapes are small and each parametrized case covers
-several options at once; the file runs in 15-25 s on 2 CPU cores.
+Interpret mode is slow (a compile per shape and config), so shapes are small, each parametrized case covers
+several options at once, and Mosaic GPU's interpreter (slower than Pallas' generic one) runs a subset of the
+cases that still covers every activation, bias and output dtype.
 """
 
 from __future__ import annotations
@@ -24,11 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels._common import TRITON_CUSTOM_CALL, lower_for_cuda
 from kernels.fp16_matmul import ACTIVATIONS, fp16_matmul
+from tests.kernels.helpers import backend_params, lowered, wgmma
 
 F16, BF16, F32 = jnp.float16, jnp.bfloat16, jnp.float32
 EPS32 = float(jnp.finfo(F32).eps)
+EXP_MINUS_ONE_ERR = 2.0 ** -22  # |(exp(t) - 1) - expm1(t)| for t <= 0, Mosaic GPU's ELU
+
+
+def _act_err(impl: str, activation: str) -> float:
+    """Absolute error an implementation's activation may add beyond float32 rounding."""
+    return EXP_MINUS_ONE_ERR if impl == "mosaic_gpu" and activation == "elu" else 0.0
 
 
 def _eps(dtype) -> float:
@@ -80,12 +88,18 @@ FORWARD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape,dtype,activation,out_dtype,bias_dtype,block", FORWARD_CASES)
-def test_pallas_matches_reference_and_float64(shape, dtype, activation, out_dtype, bias_dtype, block):
+# Mosaic GPU: every activation, out dtype and input dtype, with and without bias; blocks 16 and 32 (block_m is
+# raised to 64, a warpgroup) give several N tiles and K steps.
+MOSAIC_GPU_CASES = [FORWARD_CASES[i] for i in (1, 3, 7, 10)]
+
+
+@pytest.mark.parametrize("impl,shape,dtype,activation,out_dtype,bias_dtype,block",
+                         backend_params("triton", FORWARD_CASES) + backend_params("mosaic_gpu", MOSAIC_GPU_CASES))
+def test_pallas_matches_reference_and_float64(impl, shape, dtype, activation, out_dtype, bias_dtype, block):
     m, k, n = shape
     x, w, b = _inputs(m, k, n, dtype, bias_dtype)
     kw = {"activation": activation, "out_dtype": out_dtype, "block_m": block, "block_n": block, "block_k": block}
-    y = fp16_matmul(x, w, b, impl="pallas", interpret=True, **kw)
+    y = fp16_matmul(x, w, b, impl=impl, interpret=True, **kw)
     y_ref = fp16_matmul(x, w, b, impl="reference", **kw)
     out = np.dtype(dtype if out_dtype is None else out_dtype)
     assert y.shape == y_ref.shape == (m, n) and y.dtype == y_ref.dtype == out
@@ -99,14 +113,16 @@ def test_pallas_matches_reference_and_float64(shape, dtype, activation, out_dtyp
     # Pallas vs reference: same exact products, same f32 epilogue; only the summation order differs (<= sum_err
     # between the two z), then each is rounded to out_dtype: at most one out_dtype ulp apart on top (1.01 covers
     # the second-order terms: the ulp is that of the larger of the two values).
-    bound = sum_err + 1.01 * (_eps(out) + 4 * EPS32) * np.abs(y_ref_f) + _subnormal(out)
+    act_err = _act_err(impl, activation)
+    bound = sum_err + act_err + 1.01 * (_eps(out) + 4 * EPS32) * np.abs(y_ref_f) + _subnormal(out)
     err = np.abs(y_f - y_ref_f)
     assert np.all(err <= bound), f"max err {err.max():.3g}, max err/bound {np.max(err / bound):.3g}"
 
     # vs float64 on the same (rounded) inputs: one f32 summation (<= sum_err / 2, bounded by sum_err), a few
     # f32 ulps for the activation, then one rounding to out_dtype (<= u_out |y|, or half a subnormal).
     for got in (y_f, y_ref_f):
-        bound64 = sum_err + 0.5 * _eps(out) * np.abs(y64) + 4 * EPS32 * np.abs(y64) + 0.5 * _subnormal(out)
+        bound64 = (sum_err + act_err + 0.5 * _eps(out) * np.abs(y64) + 4 * EPS32 * np.abs(y64)
+                   + 0.5 * _subnormal(out))
         err64 = np.abs(got - y64)
         assert np.all(err64 <= bound64), f"max err {err64.max():.3g}, max err/bound {np.max(err64 / bound64):.3g}"
 
@@ -115,9 +131,14 @@ def test_pallas_matches_reference_and_float64(shape, dtype, activation, out_dtyp
 GRAD_DTYPES = [(F16, None, F32), (BF16, F32, BF16)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,bias_dtype", GRAD_DTYPES, ids=["f16", "bf16"])
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_gradients_match_float32_autodiff(activation, dtype, out_dtype, bias_dtype):
+GRAD_CASES = [(act, *dtypes) for act in ACTIVATIONS for dtypes in GRAD_DTYPES]
+
+
+# Mosaic GPU: one case (its interpreter is slow) whose backward pass needs the saved pre-activation z.
+@pytest.mark.parametrize("impl,activation,dtype,out_dtype,bias_dtype",
+                         backend_params("triton", GRAD_CASES)
+                         + backend_params("mosaic_gpu", [("elu", *GRAD_DTYPES[0])]))
+def test_gradients_match_float32_autodiff(impl, activation, dtype, out_dtype, bias_dtype):
     m, k, n = 5, 40, 24  # ragged: every one of the three kernels (forward, dx, dw) pads
     x, w, b = _inputs(m, k, n, dtype, bias_dtype, seed=1)
     c = jnp.asarray(np.random.default_rng(2).normal(size=(m, n)), F32)
@@ -149,25 +170,27 @@ def test_gradients_match_float32_autodiff(activation, dtype, out_dtype, bias_dty
         # db = sum(dz) in f32 (dz not rounded to the input dtype), then rounded to b's dtype.
         _eps(bias_dtype) / 2 * np.abs(g32[2]) + 2 * (u_out + m * EPS32) * mags[2],
     ]
-    for impl in ("pallas", "reference"):
-        grads = jax.grad(functools.partial(loss, impl), argnums=(0, 1, 2))(x, w, b)
+    for backend in (impl, "reference"):
+        grads = jax.grad(functools.partial(loss, backend), argnums=(0, 1, 2))(x, w, b)
         assert [g.dtype for g in grads] == [x.dtype, w.dtype, b.dtype]
         for name, g, ref, bound in zip(("dx", "dw", "db"), grads, g32, bounds):
             err = np.abs(_f64(g) - ref)
             assert np.all(np.isfinite(_f64(g)))
-            assert np.all(err <= bound), f"{impl} {name}: max err/bound {np.max(err / bound):.3g}"
+            assert np.all(err <= bound), f"{backend} {name}: max err/bound {np.max(err / bound):.3g}"
 
 
-def test_backward_runs_the_kernel_on_half_precision_operands():
+@pytest.mark.parametrize("impl", backend_params("triton"))
+def test_backward_runs_the_kernel_on_half_precision_operands(impl):
     """The custom VJP is used: 3 kernels (forward + dx + dw), and the backward matmuls take float16 operands
-    (plain autodiff of the reference would multiply the float32 cotangent instead)."""
+    (plain autodiff of the reference would multiply the float32 cotangent instead). Mosaic GPU's backward pass is
+    checked on its lowering (:func:`test_lowers_for_cuda_on_every_backend_and_arch`)."""
     x, w, b = _inputs(3, 20, 5, F16, F32)
 
     def grad_jaxpr(impl):
         f = lambda x, w, b: fp16_matmul(x, w, b, activation="tanh", impl=impl, interpret=True).astype(F32).sum()
         return jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(x, w, b)
 
-    assert str(grad_jaxpr("pallas")).count("pallas_call[") == 3
+    assert str(grad_jaxpr(impl)).count("pallas_call[") == 3
     dots = [e for e in grad_jaxpr("reference").jaxpr.eqns if e.primitive.name == "dot_general"]
     assert len(dots) == 3
     assert all(v.aval.dtype == F16 for e in dots for v in e.invars)
@@ -175,21 +198,36 @@ def test_backward_runs_the_kernel_on_half_precision_operands():
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
-def test_lowers_to_triton_for_cuda(dtype):
-    x, w, b = _inputs(3, 130, 130, dtype, F32)  # K = 130 pads to 192: a non-power-of-two (bm, Kp) ref block
-    fn = functools.partial(fp16_matmul, impl="pallas", interpret=False, activation="relu")
-    assert TRITON_CUSTOM_CALL in lower_for_cuda(fn, x, w, b).mlir_module()
-
+def test_lowers_for_cuda_on_every_backend_and_arch(dtype):
+    """``impl="pallas"`` lowers to one Mosaic GPU kernel of float32-accumulating half-precision ``wgmma`` for an
+    H100 and to one Triton kernel for an L4 or an A100; ``impl="triton"`` still lowers for an H100. The backward
+    pass runs 3 kernels (forward, dx, dw) on the same backend, Mosaic GPU's with half-precision operands only."""
+    x, w, b = _inputs(3, 130, 130, dtype, F32)  # ragged: K = 130 pads to 192, N to 192
+    fn = functools.partial(fp16_matmul, interpret=False, activation="relu")
     grad = jax.grad(lambda x, w, b: fn(x, w, b).astype(F32).sum(), argnums=(0, 1, 2))
-    assert lower_for_cuda(grad, x, w, b).mlir_module().count(TRITON_CUSTOM_CALL) >= 3  # forward, dx, dw
+    op = {F16: "f16", BF16: "bf16"}[dtype]
+    mosaic = {"triton_calls": 0, "mosaic_gpu_calls": 1, "wgmma": [wgmma(64, 64, 16, "f32", op)]}
+    triton = {"triton_calls": 1, "mosaic_gpu_calls": 0, "wgmma": []}
 
-    for act in ("elu", "tanh"):  # expm1 / tanh in the epilogue, and the saved f32 pre-activation
-        fn_act = functools.partial(fp16_matmul, impl="pallas", interpret=False, activation=act, out_dtype=F32)
-        assert TRITON_CUSTOM_CALL in lower_for_cuda(fn_act, x, w, b).mlir_module()
+    assert lowered(fn, x, w, b, arch="sm_90") == mosaic
+    assert lowered(grad, x, w, b, arch="sm_90") == mosaic | {"mosaic_gpu_calls": 3}
+    assert lowered(functools.partial(fn, impl="triton"), x, w, b, arch="sm_90") == triton
+    for arch in ("sm_89", "sm_80"):
+        assert lowered(fn, x, w, b, arch=arch) == triton
+    assert lowered(grad, x, w, b, arch="sm_80") == triton | {"triton_calls": 3}
+    for act in ("elu", "tanh"):  # exp(t) - 1 / expm1 / tanh in the epilogue, and the saved f32 pre-activation
+        fn_act = functools.partial(fp16_matmul, interpret=False, activation=act, out_dtype=F32)
+        assert lowered(fn_act, x, w, b, arch="sm_90") == mosaic
+        assert lowered(fn_act, x, w, b, arch="sm_80") == triton
 
-    for bad in ({"block_m": 48}, {"block_k": 8}, {"block_n": 0}):
-        with pytest.raises(ValueError, match="block"):
-            lower_for_cuda(functools.partial(fn, **bad), x, w, b)
+    for arch in ("sm_90", "sm_80"):
+        for bad in ({"block_m": 48}, {"block_k": 8}, {"block_n": 0}):
+            with pytest.raises(ValueError, match="block"):
+                lowered(functools.partial(fn, **bad), x, w, b, arch=arch)
+    with pytest.raises(ValueError, match="block_n must be <= 256"):
+        lowered(functools.partial(fn, block_n=512), x, w, b, arch="sm_90")
+    with pytest.raises(ValueError, match="needs an sm_90 GPU"):
+        lowered(functools.partial(fn, impl="mosaic_gpu"), x, w, b, arch="sm_80")
 
 
 def test_jit_default_interpret_leading_axes_and_empty_operands():
@@ -222,7 +260,7 @@ def test_bad_inputs_raise_clear_errors():
         ({"b": b[:4]}, "b must have shape"),
         ({"b": b.astype(jnp.int32)}, "b must have a float dtype"),
         ({"activation": "gelu"}, "activation must be one of"),
-        ({"impl": "triton"}, "impl must be one of"),
+        ({"impl": "xla"}, "impl must be one of"),
         ({"out_dtype": jnp.int32}, "out_dtype must be one of"),
         ({"block_m": 48}, "block_m must be a positive power of two"),
     ]

@@ -1,9 +1,12 @@
-"""kernels.fp8_blockwise_matmul: Pallas (interpret mode) vs the jnp reference vs float64 NumPy, and gradients.
+"""kernels.fp8_blockwise_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference vs float64
+NumPy, gradients, and the CUDA lowering of both backends for abstract GPUs.
 
 Bounds asserted (``rel(a, b) = mean|a - b| / mean|b|``):
 
-* Pallas vs reference: element-wise within one ulp of ``out_dtype`` (``rtol = eps``, at least 1e-6 for float32,
-  where only the float32 summation order can differ);
+* either kernel vs reference: element-wise within one ulp of ``out_dtype`` (``rtol = eps``, at least 1e-6 for
+  float32, where only the float32 summation order inside a 128-slice can differ). The data's per-group scales
+  differ within each row and each 128-block column, so a kernel that did not scale each slice's partial sum by
+  its own scales before adding it (DeepGEMM's promotion) would miss this bound by far;
 * vs the dequantized product ``dequant(qa) @ dequant(qw) + bias`` in float32 (vLLM's test): ``rel < 1e-3``, or
   ``< 2^-8`` for a bfloat16 output, whose own rounding (unit roundoff ``2^-8``) is of that size;
 * vs a float64 NumPy implementation of the same formula, with codes from ml_dtypes: ``|ref - C| <= 1e-5 max|C|``
@@ -24,9 +27,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels._common import TRITON_CUSTOM_CALL, lower_for_cuda
+from kernels._common import lower_for_cuda
 from kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
 from lpjax import quant
+from tests.kernels.helpers import backend_params, lowered, wgmma
 
 run = jax.jit(fp8_blockwise_matmul, static_argnames=("out_dtype", "impl", "interpret", "block_m"))
 
@@ -38,6 +42,7 @@ CASES = [
     (70, 129, 300, jnp.float16, jnp.float16, True, 32),
     (70, 129, 300, jnp.float32, jnp.bfloat16, False, 16),
 ]
+MOSAIC_GPU_CASES = [CASES[1], CASES[3]]  # 2 M tiles (block_m is raised to 64), 3 N tiles, 2 K slices, bias
 
 
 def _operands(m, k, n, dtype=jnp.float32, seed=0, positive=False):
@@ -64,11 +69,13 @@ def _dequantized_product(x, w, bias):
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
-@pytest.mark.parametrize("m, k, n, dtype, out_dtype, with_bias, block_m", CASES)
-def test_pallas_matches_reference_and_dequantized_product(m, k, n, dtype, out_dtype, with_bias, block_m):
+@pytest.mark.parametrize("impl, m, k, n, dtype, out_dtype, with_bias, block_m",
+                         backend_params("triton", CASES)
+                         + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True))
+def test_pallas_matches_reference_and_dequantized_product(impl, m, k, n, dtype, out_dtype, with_bias, block_m):
     x, w, b = _operands(m, k, n, dtype)
     bias = b if with_bias else None
-    out = run(x, w, bias=bias, out_dtype=out_dtype, impl="pallas", interpret=True, block_m=block_m)
+    out = run(x, w, bias=bias, out_dtype=out_dtype, impl=impl, interpret=True, block_m=block_m)
     ref = run(x, w, bias=bias, out_dtype=out_dtype, impl="reference")
     assert out.shape == ref.shape == (m, n) and out.dtype == ref.dtype == out_dtype
     eps = max(float(jnp.finfo(out_dtype).eps), 1e-6)
@@ -163,13 +170,26 @@ def test_gradients_have_the_primal_dtypes():
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_lowers_for_cuda_through_triton(block_m):
+def test_lowers_for_cuda_on_every_backend_and_arch(block_m):
+    """For an H100, ``impl="pallas"`` lowers to one Mosaic GPU kernel whose only matmul is the e4m3 ``wgmma`` with a
+    float32 accumulator over a (64 rows, 128 columns, 32 K) step: a warpgroup's rows, one weight block's columns
+    (``block_m`` is raised to 64). For an L4 (sm_89, the first GPU with fp8 tensor cores) it lowers to Triton, as
+    ``impl="triton"`` does for an H100."""
     x = jax.ShapeDtypeStruct((70, 300), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((300, 129), jnp.bfloat16)
     b = jax.ShapeDtypeStruct((129,), jnp.float32)
-    fn = lambda x, w, b: fp8_blockwise_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl="pallas",
-                                              interpret=False, block_m=block_m)
-    assert TRITON_CUSTOM_CALL in lower_for_cuda(fn, x, w, b).mlir_module()
+
+    def fn(x, w, b, impl="pallas"):
+        return fp8_blockwise_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl=impl, interpret=False,
+                                    block_m=block_m)
+
+    triton = {"triton_calls": 1, "mosaic_gpu_calls": 0, "wgmma": []}
+    assert lowered(fn, x, w, b, arch="sm_90") == {"triton_calls": 0, "mosaic_gpu_calls": 1,
+                                                  "wgmma": [wgmma(64, 128, 32, "f32", "e4m3")]}
+    assert lowered(functools.partial(fn, impl="triton"), x, w, b, arch="sm_90") == triton
+    assert lowered(fn, x, w, b, arch="sm_89") == triton
+    with pytest.raises(ValueError, match="needs an sm_90 GPU"):
+        lowered(functools.partial(fn, impl="mosaic_gpu"), x, w, b, arch="sm_89")
 
 
 def test_non_power_of_two_block_m_fails_before_lowering():
@@ -194,7 +214,7 @@ def test_bad_inputs_raise():
         (dict(bias=b[:5]), "bias must have shape"),
         (dict(out_dtype=jnp.int8), "out_dtype"),
         (dict(out_dtype=jnp.float8_e4m3fn), "out_dtype"),
-        (dict(impl="triton"), "impl must be one of"),
+        (dict(impl="xla"), "impl must be one of"),
         (dict(block_m=48), "power of two"),
         (dict(block_m=8), ">= 16"),
     ]

@@ -1,11 +1,12 @@
-"""kernels.int8_matmul: Pallas (interpret mode) vs the jnp reference, exact int32 sums, error bounds.
+"""kernels.int8_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference, exact int32 sums,
+error bounds, and the CUDA lowering of both backends for abstract GPUs.
 
 Bounds asserted:
 
 * int32 accumulations: exactly equal to NumPy's int64 ``q_x @ q_w`` (unit scales, float32 output, sums below
-  2^24 so the float32 result is the integer itself), for both implementations and several block shapes;
-* Pallas vs reference: element-wise within one ulp of ``out_dtype`` (at least 1e-6 for float32: XLA may fuse the
-  epilogue's multiply and bias add into an FMA in one of them);
+  2^24 so the float32 result is the integer itself), for every implementation and several block shapes;
+* either kernel vs reference: element-wise within one ulp of ``out_dtype`` (at least 1e-6 for float32: XLA may
+  fuse the epilogue's multiply and bias add into an FMA in one of them);
 * vs the dequantized product ``dequant(q_x) @ dequant(q_w) + bias`` in float32: ``mean|y - d| / mean|d| <
   max(eps(out_dtype), 1e-5)`` (only the output rounding differs);
 * vs the unquantized ``x @ w + bias``, element-wise and rigorous: with ``|x - x^| <= s_x / 2`` and
@@ -22,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels._common import TRITON_CUSTOM_CALL, lower_for_cuda
+from kernels._common import lower_for_cuda
 from kernels.int8_matmul import MAX_K, int8_matmul
 from lpjax import quant
+from tests.kernels.helpers import backend_params, lowered, wgmma
 
 run = jax.jit(int8_matmul, static_argnames=("out_dtype", "impl", "interpret", "block_m", "block_n", "block_k"))
 
@@ -36,6 +38,7 @@ CASES = [
     (70, 129, 300, jnp.float16, jnp.float16, True, dict(block_m=32, block_k=32)),
     (70, 129, 300, jnp.float32, jnp.bfloat16, False, dict(block_m=16, block_n=16, block_k=16)),
 ]
+MOSAIC_GPU_CASES = [CASES[1], CASES[3]]  # ragged, bias, several N tiles and K steps (block_m is raised to 64)
 
 
 def _operands(m, k, n, dtype=jnp.float32, seed=0):
@@ -50,11 +53,13 @@ def _rel(a, b):
     return float(np.mean(np.abs(a - b)) / np.mean(np.abs(b)))
 
 
-@pytest.mark.parametrize("m, k, n, dtype, out_dtype, with_bias, blocks", CASES)
-def test_pallas_matches_reference_and_error_bounds(m, k, n, dtype, out_dtype, with_bias, blocks):
+@pytest.mark.parametrize("impl, m, k, n, dtype, out_dtype, with_bias, blocks",
+                         backend_params("triton", CASES)
+                         + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True))
+def test_pallas_matches_reference_and_error_bounds(impl, m, k, n, dtype, out_dtype, with_bias, blocks):
     x, w, b = _operands(m, k, n, dtype)
     bias = b if with_bias else None
-    out = run(x, w, bias=bias, out_dtype=out_dtype, impl="pallas", interpret=True, **blocks)
+    out = run(x, w, bias=bias, out_dtype=out_dtype, impl=impl, interpret=True, **blocks)
     ref = run(x, w, bias=bias, out_dtype=out_dtype, impl="reference")
     assert out.shape == ref.shape == (m, n) and out.dtype == ref.dtype == out_dtype
     eps = max(float(jnp.finfo(out_dtype).eps), 1e-6)
@@ -78,8 +83,11 @@ def test_pallas_matches_reference_and_error_bounds(m, k, n, dtype, out_dtype, wi
     assert _rel(out, exact) < 0.02
 
 
-@pytest.mark.parametrize("impl, blocks", [("reference", {}), ("pallas", dict(block_m=32, block_k=32)),
-                                          ("pallas", dict(block_m=16, block_n=128, block_k=128))])
+@pytest.mark.parametrize("impl, blocks",
+                         backend_params("reference", [({},)])
+                         + backend_params("triton", [(dict(block_m=32, block_k=32),),
+                                                     (dict(block_m=16, block_n=128, block_k=128),)])
+                         + backend_params("mosaic_gpu", [(dict(block_n=128, block_k=32),)], eight_bit=True))
 def test_int32_accumulation_is_exact(impl, blocks):
     m, k, n = 70, 300, 129
     rng = np.random.default_rng(0)
@@ -110,14 +118,25 @@ def test_has_no_gradient():
         jax.grad(lambda x: int8_matmul(x, w, impl="reference").sum())(x)
 
 
-@pytest.mark.parametrize("blocks", [{}, dict(block_m=16, block_n=128, block_k=32)])
-def test_lowers_for_cuda_through_triton(blocks):
+@pytest.mark.parametrize("blocks, n_tile", [({}, 64), (dict(block_m=16, block_n=128, block_k=32), 128)])
+def test_lowers_for_cuda_on_every_backend_and_arch(blocks, n_tile):
+    """For an H100, ``impl="pallas"`` lowers to one Mosaic GPU kernel whose only matmul is the s8 ``wgmma`` with
+    an int32 accumulator over a (64 rows, ``block_n`` columns, 32 K) step (``block_m`` is raised to 64, a
+    warpgroup's rows). For an A100 it lowers to Triton, as ``impl="triton"`` does for an H100."""
     x = jax.ShapeDtypeStruct((70, 300), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((300, 129), jnp.bfloat16)
     b = jax.ShapeDtypeStruct((129,), jnp.float32)
-    fn = lambda x, w, b: int8_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl="pallas", interpret=False,
-                                     **blocks)
-    assert TRITON_CUSTOM_CALL in lower_for_cuda(fn, x, w, b).mlir_module()
+
+    def fn(x, w, b, impl="pallas"):
+        return int8_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl=impl, interpret=False, **blocks)
+
+    triton = {"triton_calls": 1, "mosaic_gpu_calls": 0, "wgmma": []}
+    assert lowered(fn, x, w, b, arch="sm_90") == {"triton_calls": 0, "mosaic_gpu_calls": 1,
+                                                  "wgmma": [wgmma(64, n_tile, 32, "s32", "s8")]}
+    assert lowered(functools.partial(fn, impl="triton"), x, w, b, arch="sm_90") == triton
+    assert lowered(fn, x, w, b, arch="sm_80") == triton
+    with pytest.raises(ValueError, match="needs an sm_90 GPU"):
+        lowered(functools.partial(fn, impl="mosaic_gpu"), x, w, b, arch="sm_80")
 
 
 @pytest.mark.parametrize("name", ["block_m", "block_n", "block_k"])
