@@ -112,12 +112,21 @@ def weight_standardize(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:
 
 @jax.custom_jvp
 def hypot(x: jax.Array, y: jax.Array) -> jax.Array:
-    """``sqrt(x^2 + y^2)`` without forming the squares: ``M sqrt(1 + (m/M)^2)``, ``M = max(|x|,|y|)``.
+    """``sqrt(x^2 + y^2)`` without forming the squares: ``M sqrt(1 + (m/M)^2)``, ``M = max(|x|,|y|)``, ``m = min``.
 
     The squares overflow float16 for ``|x| > 256`` and underflow below ``2.4e-4``; the scaled form is exact to a
-    few ulps over the whole range. The derivative ``(x dx + y dy) / hypot`` is defined as 0 at the origin.
+    few ulps over the whole range. It is evaluated in float32 (float64 for float64 inputs) and rounded once, and
+    it is symmetric and sign-blind by construction: ``hypot(x, y) == hypot(-y, x)`` bit for bit. An infinite
+    operand gives ``inf`` (also against a nan), as in IEEE 754. The derivative ``(x dx + y dy) / hypot`` is
+    defined as 0 at the origin.
     """
-    return jnp.hypot(x, y)
+    dtype = jnp.result_type(x, y)
+    wide = jnp.promote_types(dtype, jnp.float32)
+    ax, ay = jnp.abs(jnp.asarray(x, wide)), jnp.abs(jnp.asarray(y, wide))
+    big, small = jnp.maximum(ax, ay), jnp.minimum(ax, ay)
+    ratio = small / jnp.where(big == 0, jnp.ones_like(big), big)
+    h = big * jnp.sqrt(1 + ratio * ratio)
+    return jnp.where(jnp.isinf(ax) | jnp.isinf(ay), jnp.inf, h).astype(dtype)
 
 
 @hypot.defjvp

@@ -381,9 +381,11 @@ def test_tanh_log_det_jacobian_float16_naive_is_minus_inf_beyond_4_5_fix_is_accu
     assert np.all(np.isneginf(f64(naive_tanh_ldj_j(u))))            # tanh rounds to +-1: log(0)
     assert np.all(np.isnan(f64(naive_tanh_ldj_grad_j(u))))
     far = u[np.abs(f64(u)) >= 8.0]
-    naive_eps = f64(naive_tanh_ldj_eps_j(far))                     # the "+ 1e-6" does not rescue it
-    ok = np.isfinite(naive_eps)
-    assert np.all(np.abs(naive_eps[ok] - ref_tanh_ldj(far)[ok]) > 1.0)
+    # The "+ 1e-6" does not rescue it: the result saturates at one value (log of float16's 1e-6, or -inf where the
+    # compiler drops the constant), while the exact one keeps falling by 2 per unit of |u|: off by 0.81 at |u| = 8.
+    naive_eps = f64(naive_tanh_ldj_eps_j(far))
+    assert len(np.unique(naive_eps)) == 1
+    assert np.all(np.abs(naive_eps - ref_tanh_ldj(far)) > 0.8)
     got = f64(tanh_ldj_j(u))
     ref = ref_tanh_ldj(u)
     assert np.all(np.isfinite(got))

@@ -168,7 +168,12 @@ def _call(interp: Interpreter, eqn, invals, path, stack):
 def _scan(interp: Interpreter, eqn, invals, path, stack):
     params = eqn.params
     body: jex_core.ClosedJaxpr = params["jaxpr"]
-    num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
+    if "num_consts" in params:
+        num_consts, num_carry = params["num_consts"], params["num_carry"]
+    else:  # jax >= 0.11: ft_in groups the operands as (consts, carry, xs), each group a flat tree
+        groups = getattr(params["ft_in"], "elts", params["ft_in"])
+        num_consts, num_carry = len(groups[0]), len(groups[1])
+    length = params["length"]
     consts, carry, xs = invals[:num_consts], invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
     ys = []
     for i in (reversed(range(length)) if params["reverse"] else range(length)):

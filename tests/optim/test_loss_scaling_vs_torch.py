@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
+
+pytestmark = pytest.mark.torch  # torch is imported in the tests: it exists only in the oldest tier's venv
 
 from lpjax import optim
 
@@ -27,6 +28,8 @@ def _gradient_stream(seed: int) -> np.ndarray:
 
 
 def _torch_trajectory(grads: np.ndarray, **kwargs) -> tuple[list[float], list[bool]]:
+    import torch
+
     param = torch.nn.Parameter(torch.zeros(grads.shape[1], dtype=torch.float32))
     optimizer = torch.optim.SGD([param], lr=1.0)
     scaler = torch.amp.GradScaler("cpu", **kwargs)

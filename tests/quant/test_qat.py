@@ -120,7 +120,7 @@ def test_delay_under_jit_with_a_traced_step_and_straight_through_gradient():
         # Straight-through: the gradient is that of the loss at the parameters the forward pass saw.
         expected_grad = jax.grad(_loss)(expected_params, OBS, TARGET)
         for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(expected_grad)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)  # jit vs eager sums
     assert len(traces) == 1  # one compilation for every step: the switch is inside the graph
 
     traced_delay = jax.jit(lambda p, s, d: quant.fake_quantize_params(p, 4, s, d))
