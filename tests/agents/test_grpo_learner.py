@@ -54,5 +54,8 @@ def test_kl_penalty_uses_the_frozen_warm_start_as_reference():
     for i in range(5):
         state, metrics = iteration(train_model, engine, TASK, config, state, rng, jax.random.fold_in(key, i))
         kls.append(metrics["ref_kl"])
-    assert kls[0] == 0.0 and kls[-1] > 0.0  # the policy moves away from the frozen reference
+    # At the first iteration the policy is the reference: the two log-prob computations (compiled separately)
+    # agree to float32 rounding, |d| <~ 1e-6, and k3 = expm1(d) - d is d^2 / 2 plus float32 rounding of d (~1e-13):
+    # not exactly 0 on every jax version. Then the policy moves away from the reference.
+    assert kls[0] < 1e-12 and kls[-1] > 1e-9, kls
     assert np.array_equal(np.asarray(jax.tree.leaves(state.ref_params)[0]), np.asarray(jax.tree.leaves(params)[0]))
