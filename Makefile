@@ -1,31 +1,92 @@
 # The two commands of the README: `make demo` (set up, run the main job) and `make test` (set up, run the tests).
-# `make demo` keeps the previous demo run as runs/demo.prev.
-# The virtualenv lives at .venv/ and is reused; it is rebuilt only when setup.cfg or pyproject.toml change.
-PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
-PYTEST_ARGS ?=
+#
+# Supported: Python 3.11-3.13 with jax 0.10.2 up to the newest 0.12.x. Three virtualenvs, each rebuilt only when
+# setup.cfg, pyproject.toml or its constraints change:
+#   .venv         Python 3.12 with the newest jax and every extra: `make test` (the full tier), `make demo`.
+#                 3.12 is the newest Python whose wheels cover the whole stack (dm_control's labmaze has none for
+#                 3.13, and building it needs bazel).
+#   .venv-newest  the newest Python found (3.13 or later) with the newest jax, the library only: `make test-newest`
+#   .venv-oldest  Python 3.11 with jax 0.10.2 (constraints/oldest.txt), the int8 runtime and torch: `make test-oldest`
+# The two short tiers run the library's core: numerics, precision, optimizers, kernels (interpret mode) and one
+# SAC update. Interpreters are found on PATH or in pyenv; override them with PYTHON=..., PYTHON_NEWEST=...,
+# PYTHON_OLDEST=...; `make python` prints the ones found.
 
-.PHONY: venv demo numerics-demo test test-slow bench clean
+# The first interpreter of the given versions that runs (pyenv shims of uninstalled versions do not).
+find_python = $(firstword $(foreach v,$(1),$(shell for p in $$(command -v python$(v) 2>/dev/null) \
+    $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(v).*/bin/python$(v) 2>/dev/null | sort -V -r); do \
+    "$$p" -c pass >/dev/null 2>&1 && echo "$$p" && break; done)))
+
+PYTHON        ?= $(call find_python,3.12)
+PYTHON_NEWEST ?= $(call find_python,3.14 3.13)
+PYTHON_OLDEST ?= $(call find_python,3.11)
+VENV          := .venv
+VENV_NEWEST   := .venv-newest
+VENV_OLDEST   := .venv-oldest
+PY            := $(VENV)/bin/python
+PY_NEWEST     := $(VENV_NEWEST)/bin/python
+PY_OLDEST     := $(VENV_OLDEST)/bin/python
+STAMP         := $(VENV)/.installed
+STAMP_NEWEST  := $(VENV_NEWEST)/.installed
+STAMP_OLDEST  := $(VENV_OLDEST)/.installed
+PYTEST_ARGS   ?=
+# The short tiers: the numerics, precision policies, optimizers, kernels (interpret mode) and one SAC update.
+# The oldest one also runs the int8 actor runtime, and compares the loss scaler with torch's GradScaler and the
+# int8 runtime with torch's quantize_dynamic (torch has a CPU wheel here only for Python 3.11).
+CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py tests/kernels \
+                 tests/agents/test_sac.py::test_fp16_with_methods_stays_finite_where_naive_fp16_does_not
+OLDEST_TESTS  := $(CORE_TESTS) tests/inference
+
+.PHONY: python venv venv-newest venv-oldest demo numerics-demo test test-newest test-oldest test-slow bench clean
+
+python:
+	@echo "full tier: $(PYTHON)"; echo "newest:    $(PYTHON_NEWEST)"; echo "oldest:    $(PYTHON_OLDEST)"
 
 $(STAMP): setup.cfg pyproject.toml
+	@test -n "$(PYTHON)" || { echo "no Python 3.12 found (PATH or pyenv); set PYTHON=..." >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dmc,brax,distributed]'
+	$(PY) -m pip install --quiet -e '.[dev,dmc,brax,mjx,distributed]'
 	touch $(STAMP)
+
+$(STAMP_NEWEST): setup.cfg pyproject.toml
+	@test -n "$(PYTHON_NEWEST)" || { echo "no Python >= 3.13 found (PATH or pyenv); set PYTHON_NEWEST=..." >&2; exit 1; }
+	test -x $(PY_NEWEST) || $(PYTHON_NEWEST) -m venv $(VENV_NEWEST)
+	$(PY_NEWEST) -m pip install --quiet --upgrade pip jax
+	@# A project that already holds the newest jax keeps it when it installs lpjax (no upper pin, no downgrade).
+	before=$$($(PY_NEWEST) -c 'import jax; print(jax.__version__)') && \
+	$(PY_NEWEST) -m pip install --quiet -e '.[dev]' && \
+	after=$$($(PY_NEWEST) -c 'import jax; print(jax.__version__)') && \
+	{ test "$$before" = "$$after" || { echo "installing lpjax changed jax $$before -> $$after" >&2; exit 1; }; }
+	touch $(STAMP_NEWEST)
+
+$(STAMP_OLDEST): setup.cfg pyproject.toml constraints/oldest.txt
+	@test -n "$(PYTHON_OLDEST)" || { echo "no Python 3.11 found (PATH or pyenv); set PYTHON_OLDEST=..." >&2; exit 1; }
+	test -x $(PY_OLDEST) || $(PYTHON_OLDEST) -m venv $(VENV_OLDEST)
+	$(PY_OLDEST) -m pip install --quiet --upgrade pip
+	$(PY_OLDEST) -m pip install --quiet -c constraints/oldest.txt -e '.[dev,int8]' 'torch==2.13.0'
+	touch $(STAMP_OLDEST)
 
 venv: $(STAMP)
 
+venv-newest: $(STAMP_NEWEST)
+
+venv-oldest: $(STAMP_OLDEST)
+
 demo: $(STAMP)
 	if [ -d runs/demo ]; then rm -rf runs/demo.prev && mv runs/demo runs/demo.prev; fi
-	MUJOCO_GL=egl $(PY) -m experiments.sac --config=demo.py --run_dir=runs/demo
+	MUJOCO_GL=egl $(PY) -m experiments.demo --run_dir=runs/demo
 
 numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch" $(PYTEST_ARGS)
+
+test-newest: $(STAMP_NEWEST)
+	$(PY_NEWEST) -m pytest -n 2 --dist loadgroup -m "not slow and not torch" $(CORE_TESTS) $(PYTEST_ARGS)
+
+test-oldest: $(STAMP_OLDEST)
+	$(PY_OLDEST) -m pytest -n 2 --dist loadgroup -m "not slow" $(OLDEST_TESTS) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)
@@ -34,4 +95,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.optimizer_overhead
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis runs
+	rm -rf $(VENV) $(VENV_NEWEST) $(VENV_OLDEST) *.egg-info .pytest_cache .hypothesis runs

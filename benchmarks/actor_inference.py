@@ -1,40 +1,60 @@
-"""Batch-1 latency of an actor's policy on one CPU core: JAX fp32, JAX int8, lpjax's fbgemm Int8MLP and PyTorch.
+"""Batch-1 latency of an actor's policy on one CPU core: JAX fp32, XLA int8, lpjax's Int8MLP on ONNX Runtime, and
+(where installed) PyTorch.
 
 The policy is an :class:`lpjax.nn.MLP` ``obs_dim -> 2048 -> 2048 -> 2048 -> act_dim`` (relu, tanh output; walker:
 obs 24, actions 6), initialized by Flax. Variants, each called as an actor would (a NumPy observation ``(24,)`` in,
 a NumPy action out, host-device copies included):
 
 * ``jax_fp32``: :class:`lpjax.inference.Fp32MLP`, one ``jax.jit``-compiled fp32 forward.
-* ``jax_int8_dot_general``: lpjax's int8 maths in XLA, jitted: per-token symmetric int8 activations and
-  ``kernels.int8_matmul(impl="reference")`` (``lax.dot_general(int8, int8, preferred_element_type=int32)``) per
-  layer. For the record: XLA:CPU has no fast int8 GEMM, so it is the slowest by far (fewer calls are timed).
-* ``lpjax_int8_fbgemm``: :class:`lpjax.inference.Int8MLP`, lpjax's int8 weights (the same codes and scales)
-  on fbgemm (``quantized::linear_relu_dynamic`` / ``linear_dynamic``), activations quantized by fbgemm (per
-  tensor, uint8, zero point; ``reduce_range="auto"``).
-* ``torch_fp32``: the same weights in a ``torch.nn.Sequential`` of ``Linear``/``ReLU``/``Tanh``.
-* ``torch_int8_quantize_dynamic``: ``torch.ao.quantization.quantize_dynamic`` of that model (default qconfig:
-  per-tensor symmetric weights, ``reduce_range=True`` 7-bit activations).
+* XLA int8, jitted, all lpjax's int8 maths (per-token symmetric int8 activations, the epilogue of
+  :func:`kernels.int8_matmul`), differing only in how the int32 accumulation is written (slow: each is timed on
+  ``calls // SLOW_CALL_FRACTION`` calls per round):
+  ``xla_int8_dot_general`` (``jnp.dot(int8, int8, preferred_element_type=int32)``, ``int8_matmul``'s reference),
+  ``xla_int8_widened_matmul`` (``jnp.matmul`` of both operands widened to int32 in the graph),
+  ``xla_int32_weights_matmul`` (the weights stored widened to int32, 4 bytes each) and
+  ``xla_int8_multiply_reduce`` (``sum_k int32(q)[:, :, None] * int32(c)[None]``: a multiply-reduce, not a dot).
+* ``ort_int8``: :class:`lpjax.inference.Int8MLP`, lpjax's int8 weights on ONNX Runtime's ``DynamicQuantizeMatMul``
+  (per-tensor uint8 activations; ``gemm="auto"``); ``ort_int8_u8u8`` the same with ``gemm="u8u8"`` (the kernel
+  used where u8 x s8 saturates).
+* ``ort_fp32``: the fp32 policy as an ONNX graph (``MatMul``, ``Add``, ``Relu``, ``Tanh``) on ONNX Runtime;
+  ``ort_quantize_dynamic``: that graph through ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8
+  weights of its own), both with ONNX Runtime's default graph optimizations.
+* With torch importable: ``torch_fp32`` (``torch.nn.Sequential`` of ``Linear``/``ReLU``/``Tanh``),
+  ``torch_int8_quantize_dynamic`` (``torch.ao.quantization.quantize_dynamic``: per-tensor weights, 7-bit
+  activations) and ``torch_int8_fbgemm`` (lpjax's int8 weights on ``quantized::linear_relu_dynamic`` /
+  ``linear_dynamic``, 8-bit activations: exact on CPUs with AVX-512 VNNI, saturating on other x86 CPUs).
 
 Timing: single-threaded (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`` set
-before jax is imported when run as ``python -m benchmarks.actor_inference``, and ``torch.set_num_threads(1)``);
-every variant is warmed up, then ``--rounds`` rounds each time ``--calls`` consecutive calls of every variant,
-one ``perf_counter`` per call, the order of the variants rotated each round, garbage collection off. Each call
-gets the next observation of a fixed pool. Reported per variant: median, p90, mean and min over all timed calls
-and the median of each round. Targets: ``lpjax_int8_fbgemm`` at least ``TARGET_SPEEDUP_VS_JAX_FP32`` (2x) faster
-than ``jax_fp32`` and no slower than ``torch_int8_quantize_dynamic`` within ``TOLERANCE_VS_TORCH_INT8`` (10%),
-both judged on the medians.
+before jax is imported when run as ``python -m benchmarks.actor_inference``, one ONNX Runtime intra-op thread,
+``torch.set_num_threads(1)``); every variant is warmed up, then ``--rounds`` rounds each time ``--calls``
+consecutive calls of every variant, one ``perf_counter`` per call, the order of the variants rotated each round,
+garbage collection off. Each call gets the next observation of a fixed pool. Reported per variant: median, p90,
+mean and min over all timed calls and the median of each round.
+
+Environments: torch has a CPU wheel here only for Python 3.11, and the project runs Python 3.12 with jax 0.12, so
+the benchmark runs once per virtualenv (``.venv-oldest``: Python 3.11, jax 0.10.2, torch; ``.venv``: Python 3.12,
+jax 0.12): ``--with_python .venv-oldest/bin/python`` runs the other one first, as a subprocess with the same
+settings. Each run measures every variant its environment can import, in one process, and is stored under
+``environments["python<X.Y>-jax<version>"]`` of the json, next to the runs of the other environments already
+there; each records its versions, the installed size of jax, onnxruntime, onnx and torch, and the load averages
+around its timing (``caveats`` says what they mean). ``summary`` lists every run's medians with two ratios: to
+``jax_fp32`` of the same run, and to ``torch_int8_quantize_dynamic`` of the same run or, where torch is absent, of
+the environment that has it (a different process: compare those with the load averages in mind). Targets, judged
+on the medians: ``ort_int8`` at least ``TARGET_SPEEDUP_VS_JAX_FP32`` (2x) faster than ``jax_fp32`` and faster than
+``torch_int8_quantize_dynamic``.
 
 Accuracy (untimed): the same policy with the output activation removed (the pre-tanh mean), ``--accuracy_obs``
 observations at batch 1 and as batches of 8, compared with float64 NumPy forwards of (a) the dequantized int8
-weights (``codes * scales``: only the activation quantization differs) and (b) the original fp32 weights.
-Reported: relative RMS error and max abs error of the mean, and max abs error of ``tanh(mean)`` (the action).
+weights (``codes * scales``: only the activation quantization differs) and (b) the original fp32 weights; each
+row names the like-for-like one (:func:`like_for_like`). Reported: relative RMS error and max abs error of the
+mean, and max abs error of ``tanh(mean)`` (the action).
 The network is randomly initialized, not trained; a trained policy's activation ranges differ.
 
 Weight bytes: the arrays each variant multiplies by (int8 codes, float32 scales and zero points, float32 biases;
-fbgemm's packed copies and padding are not counted).
+packed copies and padding are not counted).
 
-Run ``python -m benchmarks.actor_inference`` (writes ``benchmarks/results/actor_inference.{json,png}``);
-``--quick`` is a tiny smoke run.
+Run ``.venv/bin/python -m benchmarks.actor_inference --with_python .venv-oldest/bin/python`` (writes
+``benchmarks/results/actor_inference.{json,png}``); ``--quick`` is a tiny smoke run.
 """
 
 from __future__ import annotations
@@ -44,11 +64,19 @@ import sys
 
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 if __name__ == "__main__" and "jax" not in sys.modules:  # must precede the first `import jax`
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA_FLAGS).strip()
+    _flags = os.environ.get("XLA_FLAGS", "")
+    if SINGLE_THREAD_XLA_FLAGS not in _flags:  # a --with_python child inherits them
+        os.environ["XLA_FLAGS"] = f"{_flags} {SINGLE_THREAD_XLA_FLAGS}".strip()
 
 import argparse
 import gc
+import importlib.metadata
+import importlib.util
+import json
+import logging
 import platform
+import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -60,27 +88,40 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import command_line, write_results
-from kernels import int8_matmul
-from lpjax.inference import Fp32MLP, Int8MLP, fbgemm_saturates
+from lpjax.inference import Fp32MLP, Int8MLP, u8s8_saturates
+from lpjax.inference.ort_int8 import Layer
 from lpjax.nn import MLP
-from lpjax.quant import Int8Weight
+from lpjax.quant import quantize_int8_per_token
 
 RESULT_NAME = "actor_inference"
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
-OURS = "lpjax_int8_fbgemm"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+OURS = "ort_int8"
 JAX_FP32 = "jax_fp32"
 TORCH_INT8 = "torch_int8_quantize_dynamic"
-NAIVE_INT8 = "jax_int8_dot_general"
 TARGET_SPEEDUP_VS_JAX_FP32 = 2.0
-TOLERANCE_VS_TORCH_INT8 = 0.10
-NAIVE_CALL_FRACTION = 20  # the naive int8 variant (~20 ms per call) is timed on calls // 20 calls per round
+TARGET_RATIO_VS_TORCH_INT8 = 1.0
+SLOW_CALL_FRACTION = 20  # the XLA int8 variants (~20 ms per call) are timed on calls // 20 calls per round
+FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
+OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
+SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
+SHARED_OPTIONS = ("rounds", "calls", "warmup", "accuracy_obs", "hidden", "seed")  # passed on to --with_python runs
 
-FBGEMM_ACTIVATIONS = (
-    "fbgemm (quantized::linear_dynamic / linear_relu_dynamic) quantizes each layer's float32 input per tensor "
-    "(one range for the whole batch), asymmetrically to uint8: lo = min(min(x), 0), hi = max(max(x), 0), "
-    "s = (hi - lo) / 255 (127 with reduce_range; floored at 6.1e-5), zero point z = round(-lo / s), "
-    "q = clip(round(x / s) + z, 0, 255); y = (sum_k q c - z sum_k c) * s * w_scale + bias in float32. For a "
-    "post-relu input that step is max/255, half of lpjax's symmetric per-token int8 (max/127).")
+CAVEATS = [
+    "Shared machine: other jobs ran on its cpu_count cores during the measurements. Each run records its 1/5/15-min "
+    "load averages before and after timing (machine.loadavg_1_5_15_*); medians over many interleaved calls damp "
+    "that noise but do not remove it.",
+    "Ratios within one run (one process, variants interleaved) are like for like. Ratios to "
+    "torch_int8_quantize_dynamic of another environment (where this one has no torch) compare two processes run one "
+    "after the other.",
+    "Batch 1, one thread, a randomly initialized policy: a trained policy's activation ranges differ (accuracy).",
+]
+
+ORT_ACTIVATIONS = (
+    "ONNX Runtime's DynamicQuantizeMatMul quantizes each layer's float32 input per tensor (one range for the whole "
+    "batch), asymmetrically to uint8, in float32: lo = min(min(x), 0), hi = max(max(x), 0), s = (hi - lo) / 255, "
+    "zero point z = rint(-lo / s), q = clip(rint(x / s) + z, 0, 255); y = float32(sum_k (q - z) c) * (s * w_scale) "
+    "+ bias. For a post-relu input that step is max/255, half of lpjax's symmetric per-token int8 (max/127).")
 
 
 class Sizes(NamedTuple):
@@ -101,24 +142,43 @@ class Variant(NamedTuple):
     fn: Callable[[np.ndarray], np.ndarray]
 
 
-# ------------------------------------------------------------------------------------------------------- models
+# ------------------------------------------------------------------------------------------------- XLA int8
 
 
-def make_params(sizes: Sizes, seed: int = 0) -> dict:
-    """A Flax-initialized :class:`lpjax.nn.MLP` tree: ``{"params": {"Dense_0": {"kernel", "bias"}, ...}}``."""
-    mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)
-    return jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
+def _widened_matmul(q, codes):
+    return jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
 
 
-def jax_int8_forward(layers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], output_activation: str):
-    """lpjax's int8 maths in XLA (per-token activations, ``int8_matmul(impl="reference")``), jitted, NumPy in/out."""
-    weights = [(Int8Weight(jnp.asarray(c), jnp.asarray(s)), jnp.asarray(b)) for c, s, b in layers]
+def _multiply_reduce(q, codes):
+    return jnp.sum(q.astype(jnp.int32)[:, :, None] * codes.astype(jnp.int32)[None], axis=1)
+
+
+XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of (q (B, K) int8, codes (K, N)))
+    "xla_int8_dot_general": (
+        "jnp.dot(int8, int8, preferred_element_type=int32) (kernels.int8_matmul impl='reference')", jnp.int8,
+        lambda q, codes: jnp.dot(q, codes, preferred_element_type=jnp.int32)),
+    "xla_int8_widened_matmul": ("jnp.matmul(int32(q), int32(codes)): int8 weights widened in the graph", jnp.int8,
+                                _widened_matmul),
+    "xla_int32_weights_matmul": ("jnp.matmul(int32(q), codes32): weights stored widened to int32", jnp.int32,
+                                 _widened_matmul),
+    "xla_int8_multiply_reduce": ("sum_k int32(q)[:, :, None] * int32(codes)[None]: a multiply-reduce fusion",
+                                 jnp.int8, _multiply_reduce),
+}
+
+
+def xla_int8_forward(layers: Sequence[Layer], name: str,
+                     output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
+    """lpjax's int8 maths in XLA, jitted, NumPy in/out: per-token int8 activations, ``XLA_INT8[name]``'s int32
+    accumulation, then ``float32(acc) * s_x * s_w + bias`` (``kernels.int8_matmul``'s epilogue)."""
+    _, dtype, accumulate = XLA_INT8[name]
+    weights = [(jnp.asarray(c, dtype), jnp.asarray(s), jnp.asarray(b)) for c, s, b in layers]
 
     @jax.jit
     def forward(weights, x):
         h = x.reshape(-1, x.shape[-1])
-        for i, (w, b) in enumerate(weights):
-            h = int8_matmul(h, w, bias=b, impl="reference")
+        for i, (codes, w_scale, bias) in enumerate(weights):
+            q, x_scale = quantize_int8_per_token(h)
+            h = accumulate(q, codes).astype(jnp.float32) * x_scale * w_scale + bias
             h = jax.nn.relu(h) if i < len(weights) - 1 else h
         h = jnp.tanh(h) if output_activation == "tanh" else h
         return h.reshape(x.shape[:-1] + h.shape[-1:])
@@ -126,20 +186,97 @@ def jax_int8_forward(layers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
     return lambda obs: np.asarray(forward(weights, np.asarray(obs, np.float32)))
 
 
+# ------------------------------------------------------------------------------------------------- ONNX Runtime
+
+
+def _float_layers(params: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    tree = params["params"]
+    return [(np.asarray(tree[f"Dense_{i}"]["kernel"]), np.asarray(tree[f"Dense_{i}"]["bias"]))
+            for i in range(len(tree))]
+
+
+def onnx_fp32_model(params: dict, output_activation: str):
+    """The fp32 policy as an ONNX ``ModelProto``: ``MatMul``, ``Add`` and ``Relu`` per layer, ``Tanh`` last."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = _float_layers(params)
+    nodes, weights, x = [], [], "obs"
+    for i, (kernel, bias) in enumerate(layers):
+        weights += [numpy_helper.from_array(kernel, f"kernel_{i}"), numpy_helper.from_array(bias, f"bias_{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]),
+                  helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"])]
+        x = f"linear_{i}"
+        if i < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"relu_{i}"]))
+            x = f"relu_{i}"
+    if output_activation == "tanh":
+        nodes.append(helper.make_node("Tanh", [x], ["tanh"]))
+        x = "tanh"
+    graph = helper.make_graph(
+        nodes, "fp32_mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", layers[0][0].shape[0]])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", layers[-1][0].shape[1]])], weights)
+    return helper.make_model(graph, ir_version=7, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def ort_quantize_dynamic_model(model):
+    """``onnxruntime.quantization.quantize_dynamic(model, per_channel=True, weight_type=QInt8)``."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)  # its advice to pre-process the model (shape inference) is for convolutions
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx.save(model, f"{tmp}/fp32.onnx")
+            quantize_dynamic(f"{tmp}/fp32.onnx", f"{tmp}/int8.onnx", per_channel=True, weight_type=QuantType.QInt8)
+            return onnx.load(f"{tmp}/int8.onnx")
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def ort_call(model) -> Callable[[np.ndarray], np.ndarray]:
+    """A one-thread ONNX Runtime session of ``model`` (default graph optimizations) as a NumPy ``obs -> y``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    output = session.get_outputs()[0].name
+
+    def call(obs: np.ndarray) -> np.ndarray:
+        y = session.run([output], {"obs": np.asarray(obs, np.float32).reshape(-1, obs.shape[-1])})[0]
+        return y[0] if obs.ndim == 1 else y
+
+    return call
+
+
+def onnx_weight_bytes(model) -> int:
+    """Bytes of a model's weight initializers (codes, scales, zero points, biases)."""
+    from onnx import numpy_helper
+
+    return int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
+
+
+# ------------------------------------------------------------------------------------------------------- torch
+
+
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 def torch_models(params: dict, output_activation: str):
     """``(fp32 Sequential, quantize_dynamic int8 Sequential)`` with the weights of ``params``."""
     import torch
 
-    tree = params["params"]
+    layers = _float_layers(params)
     modules = []
-    for i in range(len(tree)):
-        kernel, bias = np.asarray(tree[f"Dense_{i}"]["kernel"]), np.asarray(tree[f"Dense_{i}"]["bias"])
+    for i, (kernel, bias) in enumerate(layers):
         linear = torch.nn.Linear(*kernel.shape)
         with torch.no_grad():
             linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
             linear.bias.copy_(torch.from_numpy(np.array(bias)))
         modules.append(linear)
-        if i < len(tree) - 1:
+        if i < len(layers) - 1:
             modules.append(torch.nn.ReLU())
     if output_activation == "tanh":
         modules.append(torch.nn.Tanh())
@@ -148,6 +285,32 @@ def torch_models(params: dict, output_activation: str):
         warnings.simplefilter("ignore")  # torch.ao.quantization's DeprecationWarning (kept: it is the baseline)
         int8 = torch.ao.quantization.quantize_dynamic(fp32, {torch.nn.Linear}, dtype=torch.qint8)
     return fp32, int8
+
+
+def torch_fbgemm_forward(layers: Sequence[Layer], output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
+    """lpjax's int8 codes and scales, bit for bit, as per-channel ``qint8`` fbgemm weights, run with
+    ``quantized::linear_relu_dynamic`` / ``linear_dynamic`` and 8-bit activations (``reduce_range=False``)."""
+    import torch
+
+    packed = []
+    for codes, scales, bias in layers:
+        weight = torch.from_numpy(codes.T.astype(np.float32) * scales[:, None])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated
+            q = torch.quantize_per_channel(weight, torch.from_numpy(scales.astype(np.float64)),
+                                           torch.zeros(codes.shape[1], dtype=torch.int64), 0, torch.qint8)
+        packed.append(torch.ops.quantized.linear_prepack(q, torch.from_numpy(np.array(bias))))
+
+    def call(obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            h = torch.from_numpy(np.array(obs, np.float32).reshape(-1, obs.shape[-1]))
+            for weight in packed[:-1]:
+                h = torch.ops.quantized.linear_relu_dynamic(h, weight, False)
+            h = torch.ops.quantized.linear_dynamic(h, packed[-1], False)
+            y = (torch.tanh(h) if output_activation == "tanh" else h).numpy()
+        return y[0] if obs.ndim == 1 else y
+
+    return call
 
 
 def torch_call(model) -> Callable[[np.ndarray], np.ndarray]:
@@ -172,24 +335,50 @@ def torch_int8_bytes(model) -> int:
     return total
 
 
-def make_variants(params: dict, sizes: Sizes, output_activation: str = "tanh") -> tuple[list[Variant], Int8MLP]:
-    ours = Int8MLP.from_params(params, output_activation, threads=1)
+# ------------------------------------------------------------------------------------------------------ variants
+
+
+def make_params(sizes: Sizes, seed: int = 0) -> dict:
+    """A Flax-initialized :class:`lpjax.nn.MLP` tree: ``{"params": {"Dense_0": {"kernel", "bias"}, ...}}``."""
+    mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)
+    return jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
+
+
+def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[str, tuple[str, int, Callable]]:
+    """Every variant this environment can run: ``{name: (description, weight bytes, obs -> y)}``."""
     fp32 = Fp32MLP.from_params(params, output_activation)
-    torch_fp32, torch_int8 = torch_models(params, output_activation)
-    torch_fp32_bytes = int(sum(p.numel() * p.element_size() for p in torch_fp32.parameters()))
-    variants = [
-        Variant(JAX_FP32, "lpjax.inference.Fp32MLP: jax.jit fp32 forward", fp32.nbytes, fp32),
-        Variant(NAIVE_INT8, "XLA int8: per-token int8 activations, lax.dot_general(int8, int8) -> int32 "
-                "(kernels.int8_matmul impl='reference'), jitted", ours.nbytes,
-                jax_int8_forward(ours.layers, output_activation)),
-        Variant(OURS, f"lpjax.inference.Int8MLP: lpjax int8 weights on fbgemm (reduce_range={ours.reduce_range})",
-                ours.nbytes, ours),
-        Variant("torch_fp32", "torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode", torch_fp32_bytes,
-                torch_call(torch_fp32)),
-        Variant(TORCH_INT8, "torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
-                torch_int8_bytes(torch_int8), torch_call(torch_int8)),
-    ]
-    return variants, ours
+    if output_activation != ours.output_activation:
+        ours = Int8MLP.from_quantized(ours.layers, output_activation, gemm=ours.gemm)
+    u8u8 = Int8MLP.from_quantized(ours.layers, output_activation, gemm="u8u8")
+    int32_bytes = ours.nbytes + 3 * sum(c.nbytes for c, _, _ in ours.layers)
+    ort_fp32 = onnx_fp32_model(params, output_activation)
+    ort_quantized = ort_quantize_dynamic_model(ort_fp32)
+    runtimes = {JAX_FP32: ("lpjax.inference.Fp32MLP: jax.jit fp32 forward", fp32.nbytes, fp32)}
+    for name, (description, dtype, _) in XLA_INT8.items():
+        runtimes[name] = (f"XLA int8, per-token activations: {description}, jitted",
+                          int32_bytes if dtype == jnp.int32 else ours.nbytes,
+                          xla_int8_forward(ours.layers, name, output_activation))
+    runtimes.update({
+        OURS: (f"lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul "
+               f"(gemm={ours.gemm!r})", ours.nbytes, ours),
+        "ort_int8_u8u8": ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8),
+        "ort_fp32": ("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", onnx_weight_bytes(ort_fp32),
+                     ort_call(ort_fp32)),
+        "ort_quantize_dynamic": ("onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
+                                 onnx_weight_bytes(ort_quantized), ort_call(ort_quantized)),
+    })
+    if torch_available():
+        torch_fp32, torch_int8 = torch_models(params, output_activation)
+        runtimes.update({
+            "torch_fp32": ("torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode",
+                           int(sum(p.numel() * p.element_size() for p in torch_fp32.parameters())),
+                           torch_call(torch_fp32)),
+            TORCH_INT8: ("torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
+                         torch_int8_bytes(torch_int8), torch_call(torch_int8)),
+            "torch_int8_fbgemm": ("lpjax int8 weights on fbgemm (quantized::linear_relu_dynamic), 8-bit activations",
+                                  ours.nbytes, torch_fbgemm_forward(ours.layers, output_activation)),
+        })
+    return runtimes
 
 
 # ------------------------------------------------------------------------------------------------------- timing
@@ -202,7 +391,8 @@ def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, ca
         for i in range(warmup):
             v.fn(pool[i % len(pool)])
     samples: dict[str, list[list[float]]] = {v.name: [] for v in variants}
-    log(f"timing: {rounds} rounds x {calls} calls per variant ({NAIVE_INT8}: {max(1, calls // NAIVE_CALL_FRACTION)})")
+    slow_calls = max(1, calls // SLOW_CALL_FRACTION)
+    log(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -211,7 +401,7 @@ def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, ca
         for r in range(rounds):
             shift = r % len(variants)
             for v in list(variants[shift:]) + list(variants[:shift]):
-                n = max(1, calls // NAIVE_CALL_FRACTION) if v.name == NAIVE_INT8 else calls
+                n = slow_calls if v.name in XLA_INT8 else calls
                 fn, times = v.fn, []
                 for i in range(n):
                     obs = pool[(r * calls + i) % len(pool)]
@@ -247,21 +437,19 @@ def _forward64(layers, x):
     return x
 
 
+def like_for_like(variant: str) -> str:
+    """The accuracy reference that isolates ``variant``'s own rounding: the fp32 forward for the float32 variants and
+    for those that quantize with their own weights, the dequantized lpjax int8 forward for the rest."""
+    if variant in FP32_VARIANTS or variant in OWN_WEIGHTS_VARIANTS:
+        return "vs_fp32_float64"
+    return "vs_dequantized_int8_float64"
+
+
 def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
     """Errors of the pre-tanh mean (and of the tanh action) against float64 forwards, batch 1 and batch 8."""
-    tree = params["params"]
-    fp32_layers = [(tree[f"Dense_{i}"]["kernel"], tree[f"Dense_{i}"]["bias"]) for i in range(len(tree))]
-    deq_layers = ours.dequantized_layers()
-    torch_fp32, torch_int8 = torch_models(params, "none")
-    runtimes = {
-        JAX_FP32: Fp32MLP.from_params(params, "none"),
-        NAIVE_INT8: jax_int8_forward(ours.layers, "none"),
-        OURS: Int8MLP.from_quantized(ours.layers, "none", threads=None, reduce_range=ours.reduce_range),
-        f"{OURS}[reduce_range={not ours.reduce_range}]": Int8MLP.from_quantized(
-            ours.layers, "none", threads=None, reduce_range=not ours.reduce_range),
-        "torch_fp32": torch_call(torch_fp32),
-        TORCH_INT8: torch_call(torch_int8),
-    }
+    fp32_layers, deq_layers = _float_layers(params), ours.dequantized_layers()
+    runtimes = {name: fn for name, (_, _, fn) in make_runtimes(params, ours, "none").items()
+                if name not in XLA_INT8 or name == "xla_int8_dot_general"}  # the XLA int8 variants are one maths
     batches = {"batch_1": obs[:, None, :], "batch_8": obs[: len(obs) // 8 * 8].reshape(-1, 8, obs.shape[-1])}
     out: dict[str, Any] = {}
     for batch_name, xs in batches.items():
@@ -270,7 +458,7 @@ def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
         out[batch_name] = {}
         for name, fn in runtimes.items():
             y = np.stack([fn(x) for x in xs]).astype(np.float64)
-            row = {}
+            row: dict[str, Any] = {"like_for_like": like_for_like(name)}
             for ref_name, ref in (("vs_dequantized_int8_float64", ref_deq), ("vs_fp32_float64", ref_fp32)):
                 err = y - ref
                 row[ref_name] = {
@@ -281,48 +469,62 @@ def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
             out[batch_name][name] = row
     out["observations"] = len(obs)
     out["reference_rms_mean"] = float(np.sqrt(np.mean(_forward64(fp32_layers, obs) ** 2)))
-    out["note"] = ("pre-tanh policy mean; 'vs_dequantized_int8_float64' isolates activation quantization for the "
-                   f"lpjax int8 variants ({NAIVE_INT8}, {OURS}); {TORCH_INT8} has its own (per-tensor) weights, so "
-                   "only its 'vs_fp32_float64' is like for like")
+    out["note"] = ("pre-tanh policy mean; each row's 'like_for_like' names the reference that isolates its own "
+                   "rounding: 'vs_dequantized_int8_float64' (activation quantization only) for the variants on "
+                   "lpjax's int8 weights, 'vs_fp32_float64' for the float32 ones and for those quantizing weights "
+                   "of their own")
     return out
 
 
 # -------------------------------------------------------------------------------------------------------- report
 
 
-def _cpu_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    wanted = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
-                    return [fl for fl in line.split(":", 1)[1].split() if fl in wanted]
-    except OSError:
-        pass
-    return []
+def environment_key() -> str:
+    return f"python{sys.version_info.major}.{sys.version_info.minor}-jax{jax.__version__}"
 
 
-def _cpu_model() -> str | None:
+def _cpu_info(prefix: str) -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)), None)
     except OSError:
-        pass
-    return platform.processor() or None
+        return None
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
+    for package in ("onnxruntime", "onnx", "torch"):
+        if importlib.util.find_spec(package) is not None:
+            versions[package] = __import__(package).__version__
+    return versions
+
+
+def installed_mb() -> dict[str, float]:
+    """Disk size (MB) of each installed distribution of :data:`SIZED_PACKAGES`, from its file list."""
+    sizes = {}
+    for name in SIZED_PACKAGES:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        paths = (Path(f.locate()) for f in files)
+        sizes[name] = round(sum(p.stat().st_size for p in paths if p.is_file()) / 1e6, 1)
+    return sizes
 
 
 def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
-    import torch
+    """One environment's run: timings, accuracy, configuration, versions and machine."""
+    if torch_available():
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
     params = make_params(sizes, seed)
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
-    log(f"policy {sizes.obs_dim} -> {' -> '.join([str(sizes.hidden)] * sizes.layers)} -> {sizes.act_dim}: "
-        f"{param_count:,} parameters")
-    variants, ours = make_variants(params, sizes)
+    log(f"{environment_key()}: policy {sizes.obs_dim} -> {' -> '.join([str(sizes.hidden)] * sizes.layers)} -> "
+        f"{sizes.act_dim}: {param_count:,} parameters")
+    ours = Int8MLP.from_params(params, "tanh", threads=1)
+    variants = [Variant(name, *spec) for name, spec in make_runtimes(params, ours, "tanh").items()]
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
     load_before = os.getloadavg()
     timings = time_variants(variants, pool, rounds, calls, warmup, log)
@@ -330,77 +532,87 @@ def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_o
     log("accuracy ...")
     acc = accuracy(params, ours, np.random.default_rng(seed + 2).normal(
         size=(accuracy_obs, sizes.obs_dim)).astype(np.float32))
-
     rows = [{"variant": v.name, "description": v.description, "weight_bytes": v.weight_bytes, **timings[v.name]}
             for v in variants]
-    by_name = {row["variant"]: row for row in rows}
-    for row in rows:
-        row["ratio_to_jax_fp32_median"] = row["median_ms"] / by_name[JAX_FP32]["median_ms"]
-    ours_row, fp32_row, torch_row = by_name[OURS], by_name[JAX_FP32], by_name[TORCH_INT8]
-    speedup = fp32_row["median_ms"] / ours_row["median_ms"]
-    vs_torch = ours_row["median_ms"] / torch_row["median_ms"]
-    targets = {
-        "speedup_vs_jax_fp32": {
-            "target": f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (JAX fp32 median / ours median)",
-            "median": speedup, "p90": fp32_row["p90_ms"] / ours_row["p90_ms"],
-            "met": bool(speedup >= TARGET_SPEEDUP_VS_JAX_FP32)},
-        "ratio_vs_torch_int8": {
-            "target": f"<= {1 + TOLERANCE_VS_TORCH_INT8:.2f} (ours median / {TORCH_INT8} median: no slower, "
-                      f"within {TOLERANCE_VS_TORCH_INT8:.0%})",
-            "median": vs_torch, "p90": ours_row["p90_ms"] / torch_row["p90_ms"],
-            "round_medians": [a / b for a, b in zip(ours_row["round_medians_ms"], torch_row["round_medians_ms"])],
-            "met": bool(vs_torch <= 1 + TOLERANCE_VS_TORCH_INT8)},
-    }
+    flags = (_cpu_info("flags") or "").split()
     return {
-        "benchmark": RESULT_NAME,
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": {"jax": jax.__version__, "torch": torch.__version__, "numpy": np.__version__,
-                     "python": platform.python_version()},
+        "versions": _versions(),
+        "installed_mb": installed_mb(),
         "machine": {
-            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+            "cpu_model": _cpu_info("model name") or platform.processor() or None, "cpu_count": os.cpu_count(),
             "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "cpu_flags": _cpu_flags(), "platform": platform.platform(),
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+                          if f in flags],
+            "platform": platform.platform(),
             "loadavg_1_5_15_before": list(load_before), "loadavg_1_5_15_after": list(load_after),
         },
         "config": {
             "sizes": sizes._asdict(), "param_count": param_count, "rounds": rounds, "calls_per_round": calls,
-            "naive_int8_calls_per_round": max(1, calls // NAIVE_CALL_FRACTION), "warmup_calls": warmup,
-            "seed": seed, "batch": 1, "output_activation": "tanh",
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "slow_calls_per_round": max(1, calls // SLOW_CALL_FRACTION), "warmup_calls": warmup, "seed": seed,
+            "batch": 1, "output_activation": "tanh", "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "xla_single_threaded": SINGLE_THREAD_XLA_FLAGS in os.environ.get("XLA_FLAGS", ""),
-            "torch_num_threads": torch.get_num_threads(),
-            "torch_quantized_engine": torch.backends.quantized.engine,
-            "fbgemm_saturates_8bit": fbgemm_saturates(), "ours_reduce_range": ours.reduce_range,
+            "ort_intra_op_threads": 1, "u8s8_saturates": u8s8_saturates(), "ours_gemm": ours.gemm,
             "timing": "one perf_counter per call: NumPy obs (obs_dim,) in, NumPy action out (host<->device copies "
                       "included); rounds interleaved with the variant order rotated; gc disabled",
         },
-        "fbgemm_activation_quantization": FBGEMM_ACTIVATIONS,
         "results": rows,
-        "targets": targets,
         "accuracy": acc,
     }
 
 
-def format_table(result: dict) -> str:
-    header = (f"{'variant':<30} {'median ms':>10} {'p90 ms':>9} {'min ms':>9} {'x jax_fp32':>10} "
-              f"{'weights MiB':>11} {'calls':>6}")
+def summarize(environments: dict[str, dict]) -> dict:
+    """Every run's medians with their ratios to ``jax_fp32`` (same run) and to torch ``quantize_dynamic`` (the same
+    run, or the first environment that has it), and the targets of ``ort_int8`` in each run."""
+    medians = {env: {row["variant"]: row["median_ms"] for row in run["results"]} for env, run in environments.items()}
+    torch_envs = [env for env, m in medians.items() if TORCH_INT8 in m]
+    rows, targets = [], {}
+    for env, m in medians.items():
+        torch_env = env if TORCH_INT8 in m else (torch_envs[0] if torch_envs else None)
+        torch_ms = medians[torch_env][TORCH_INT8] if torch_env else None
+        for variant, ms in m.items():
+            rows.append({"environment": env, "variant": variant, "median_ms": ms,
+                         "ratio_to_jax_fp32": ms / m[JAX_FP32],
+                         "ratio_to_torch_int8_quantize_dynamic": None if torch_ms is None else ms / torch_ms,
+                         "torch_environment": torch_env})
+        speedup = m[JAX_FP32] / m[OURS]
+        targets[env] = {"speedup_vs_jax_fp32": {
+            "target": f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)",
+            "median": speedup, "met": bool(speedup >= TARGET_SPEEDUP_VS_JAX_FP32)}}
+        if torch_ms is not None:
+            ratio = m[OURS] / torch_ms
+            targets[env]["ratio_vs_torch_int8"] = {
+                "target": f"< {TARGET_RATIO_VS_TORCH_INT8} ({OURS} median / {TORCH_INT8} median of {torch_env})",
+                "median": ratio, "met": bool(ratio < TARGET_RATIO_VS_TORCH_INT8), "torch_environment": torch_env}
+    return {"rows": rows, "targets": targets}
+
+
+def merged_result(previous: dict | None, runs: dict[str, dict]) -> dict:
+    """The json with each of ``runs`` stored under ``environments[<its environment>]``, the other environments'
+    runs of ``previous`` kept."""
+    environments = dict(sorted({**(previous or {}).get("environments", {}), **runs}.items()))
+    return {"benchmark": RESULT_NAME, "caveats": CAVEATS, "ort_activation_quantization": ORT_ACTIVATIONS,
+            "environments": environments, "summary": summarize(environments)}
+
+
+def format_table(result: dict, env: str) -> str:
+    """Every run's medians and targets, and the accuracy of ``env``'s run."""
+    header = f"{'environment':<24} {'variant':<28} {'median ms':>10} {'x jax_fp32':>10} {'x torch q_dyn':>13}"
     lines = [header, "-" * len(header)]
-    for row in result["results"]:
-        lines.append(f"{row['variant']:<30} {row['median_ms']:>10.3f} {row['p90_ms']:>9.3f} {row['min_ms']:>9.3f} "
-                     f"{row['ratio_to_jax_fp32_median']:>10.3f} {row['weight_bytes'] / 2**20:>11.2f} "
-                     f"{row['calls']:>6}")
+    for row in result["summary"]["rows"]:
+        vs_torch = row["ratio_to_torch_int8_quantize_dynamic"]
+        lines.append(f"{row['environment']:<24} {row['variant']:<28} {row['median_ms']:>10.3f} "
+                     f"{row['ratio_to_jax_fp32']:>10.3f} {'-' if vs_torch is None else f'{vs_torch:.3f}':>13}")
     lines.append("")
-    for name, t in result["targets"].items():
-        lines.append(f"{name}: median {t['median']:.2f}, p90 {t['p90']:.2f}; target {t['target']} -> "
-                     f"{'MET' if t['met'] else 'MISSED'}")
+    for env, targets in result["summary"]["targets"].items():
+        for name, t in targets.items():
+            lines.append(f"{env} {name}: {t['median']:.2f}; target {t['target']} -> {'MET' if t['met'] else 'MISSED'}")
     lines.append("")
-    lines.append("accuracy of the pre-tanh mean (relative RMS error; max abs action error):")
-    acc = result["accuracy"]
-    for batch in ("batch_1", "batch_8"):
-        for name, row in acc[batch].items():
-            d, f = row["vs_dequantized_int8_float64"], row["vs_fp32_float64"]
-            lines.append(f"  {batch} {name:<38} vs dequantized int8: {d['rel_rms_mean']:.2e} "
-                         f"({d['max_abs_action']:.1e});  vs fp32: {f['rel_rms_mean']:.2e} ({f['max_abs_action']:.1e})")
+    lines.append(f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error vs dequantized int8 / vs "
+                 "fp32):")
+    for name, row in result["environments"][env]["accuracy"]["batch_1"].items():
+        d, f = row["vs_dequantized_int8_float64"], row["vs_fp32_float64"]
+        lines.append(f"  {name:<28} {d['rel_rms_mean']:.2e} / {f['rel_rms_mean']:.2e}")
     return "\n".join(lines)
 
 
@@ -409,26 +621,38 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["results"]
-    names = [r["variant"] for r in rows]
-    med = np.array([r["median_ms"] for r in rows])
-    p90 = np.array([r["p90_ms"] for r in rows])
-    colors = ["tab:orange" if n == OURS else "tab:blue" if n.startswith("jax") else "tab:gray" for n in names]
-    fig, ax = plt.subplots(figsize=(9.0, 4.2))
-    y = np.arange(len(rows))[::-1]
-    ax.barh(y, med, color=colors, xerr=[np.zeros_like(med), p90 - med], capsize=3)
-    for yi, m, p in zip(y, med, p90):
-        ax.annotate(f"{m:.3f} ms", (p, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.set_yticks(y, names)
+    envs = list(result["environments"])
+    variants = list(dict.fromkeys(row["variant"] for row in result["summary"]["rows"]))
+    rows = {(env, row["variant"]): row for env, run in result["environments"].items() for row in run["results"]}
+    fig, ax = plt.subplots(figsize=(10.0, 0.3 * len(variants) * len(envs) + 1.8))
+    height = 0.8 / len(envs)
+    y0 = np.arange(len(variants))[::-1]
+    for j, env in enumerate(envs):
+        machine = result["environments"][env]["machine"]
+        loads = [machine.get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
+        label = env if None in loads else f"{env} (1-min load {loads[0]:.1f} -> {loads[1]:.1f})"
+        for yi, variant in zip(y0, variants):
+            row = rows.get((env, variant))
+            if row is None:
+                continue
+            y = yi + 0.4 - height * (j + 0.5)
+            ax.barh(y, row["median_ms"], height=height, color=f"C{j}", label=label if variant == OURS else None,
+                    xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]], capsize=2, edgecolor=(
+                        "black" if variant == OURS else "none"))
+            ax.annotate(f"{row['median_ms']:.3f} ms", (row["p90_ms"], y), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=7)
+    ax.set_yticks(y0, variants)
     ax.set_xscale("log")
-    ax.set_xlim(min(med) / 2, max(p90) * 4)
-    s = result["config"]["sizes"]
-    t = result["targets"]
+    all_rows = list(rows.values())
+    ax.set_xlim(min(r["median_ms"] for r in all_rows) / 2, max(r["p90_ms"] for r in all_rows) * 4)
+    ax.legend(loc="lower right", fontsize=8)
+    s = next(iter(result["environments"].values()))["config"]["sizes"]
+    speedups = ", ".join(f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x"
+                         for env, t in result["summary"]["targets"].items())
     ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
     ax.set_title(f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
-                 f"{result['machine']['cpu_model']}\nours: {t['speedup_vs_jax_fp32']['median']:.1f}x faster than "
-                 f"jax_fp32, {t['ratio_vs_torch_int8']['median']:.2f}x the time of torch quantize_dynamic",
-                 fontsize=9)
+                 f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
+                 f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -438,12 +662,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.actor_inference",
         description="Batch-1, single-threaded latency of the actor's 3x2048 MLP policy: JAX fp32, XLA int8, lpjax "
-                    "Int8MLP (fbgemm), PyTorch fp32 and quantize_dynamic int8; plus their accuracy. Writes "
-                    f"{RESULT_NAME}.json and {RESULT_NAME}.png.")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 20; quick: 2)")
-    parser.add_argument("--calls", type=int, default=None, help="timed calls per variant per round (default 300; "
-                        f"quick: 5; {NAIVE_INT8} gets calls // {NAIVE_CALL_FRACTION})")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 30; quick: 2)")
+                    "Int8MLP (ONNX Runtime), ONNX Runtime fp32 and quantize_dynamic, PyTorch fp32, quantize_dynamic "
+                    "and fbgemm where torch is installed; plus their accuracy. Adds this environment's run to "
+                    f"{RESULT_NAME}.json and redraws {RESULT_NAME}.png.")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick: 2)")
+    parser.add_argument("--calls", type=int, default=None, help="timed calls per variant per round (default 200; "
+                        f"quick: 5; the XLA int8 variants get calls // {SLOW_CALL_FRACTION})")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick: 2)")
     parser.add_argument("--accuracy_obs", type=int, default=None, help="observations for the accuracy study "
                         "(default 256; quick: 16)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default 2048; quick: 64)")
@@ -451,7 +676,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny policy, few calls: a smoke test, not a measurement")
     parser.add_argument("--out_dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--no_plot", action="store_true")
+    parser.add_argument("--with_python", type=Path, action="append", default=[], metavar="PYTHON",
+                        help="also run this benchmark, same settings, with another virtualenv's interpreter (a "
+                             "subprocess, before this run) and record its run too, e.g. .venv-oldest/bin/python "
+                             "for the torch rows; repeatable")
     return parser.parse_args(argv)
+
+
+def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """This benchmark with ``args``'s settings, run by ``python`` in a subprocess: ``{environment: run}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [str(python), "-m", "benchmarks.actor_inference", "--out_dir", tmp, "--no_plot"]
+        for name in SHARED_OPTIONS:
+            if getattr(args, name) is not None:
+                command += [f"--{name}", str(getattr(args, name))]
+        subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=REPO_ROOT)
+        return json.loads((Path(tmp) / f"{RESULT_NAME}.json").read_text())["environments"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -464,13 +704,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.hidden is not None:
         sizes = sizes._replace(hidden=args.hidden)
+    env = environment_key()
+    runs = {}
+    for python in args.with_python:
+        runs.update(run_with(python, args))
+        if env in runs:
+            raise ValueError(f"--with_python {python} runs this benchmark's own environment ({env}).")
     pick = lambda value, full, quick: value if value is not None else (quick if args.quick else full)
-    result = run_benchmark(sizes, rounds=pick(args.rounds, 20, 2), calls=pick(args.calls, 300, 5),
-                           warmup=pick(args.warmup, 30, 2), accuracy_obs=pick(args.accuracy_obs, 256, 16),
-                           seed=args.seed)
-    result["command"] = command_line("benchmarks.actor_inference", argv)
-    result["quick"] = bool(args.quick)
-    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
+    run = run_benchmark(sizes, rounds=pick(args.rounds, 10, 2), calls=pick(args.calls, 200, 5),
+                        warmup=pick(args.warmup, 20, 2), accuracy_obs=pick(args.accuracy_obs, 256, 16),
+                        seed=args.seed)
+    run["command"] = command_line("benchmarks.actor_inference", argv)
+    run["quick"] = bool(args.quick)
+    json_path = args.out_dir / f"{RESULT_NAME}.json"
+    previous = json.loads(json_path.read_text()) if json_path.exists() else None
+    result = merged_result(previous, {**runs, env: run})
+    write_results(result, format_table(result, env), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
     return result
 
 

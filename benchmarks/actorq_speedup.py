@@ -7,7 +7,7 @@ CPU-affordable scale: actor 3x1024 (ActorQ: 3x2048), critic 3x512, batch 64 (Act
 ~0.15-0.45 s here and 40k steps give only ~2400 updates: D4PG had not started learning cartpole-balance after
 24k steps (return 136, tried in this session), so that scale cannot answer "time to 95%" on this machine. The two
 runs of a seed differ only in what the actors run and receive: fp32 weights with a JAX fp32 forward, or int8
-weights (4x smaller broadcasts) with fbgemm int8 matmuls (:class:`lpjax.inference.Int8MLP`).
+weights (4x smaller broadcasts) with ONNX Runtime's int8 matmuls (:class:`lpjax.inference.Int8MLP`).
 
 Recorded per run: the evaluation curve of the learner's fp32 policy against environment steps and against
 training wall-clock time, the final return, actor steps/s per actor, learner updates/s, broadcast bytes, and

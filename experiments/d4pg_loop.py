@@ -33,10 +33,10 @@ from lpjax.checkpoint import open_run_checkpoints
 from lpjax.distributed import (ActorLearner, ActorSpec, Counters, SamplesPerInsertLimiter, encode_policy,
                                exploration_sigmas, make_backend)
 from lpjax.distributed.backends import BACKENDS
+from lpjax.inference import RUNTIMES
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import RunLogger, plot_run_curve
 
-RUNTIMES = ("int8", "fp32")
 
 
 class LearnerState(NamedTuple):

@@ -1,7 +1,7 @@
 """ActorQ's distributed actor-learner: quantized actors, a rate-limited learner, a parameter server.
 
-* :class:`ActorWorker` (:mod:`~lpjax.distributed.actor`): a dm_control environment, an int8 (fbgemm) or fp32 copy of
-  the policy pulled every ``pull_every`` steps, Gaussian exploration with its own sigma, n-step transitions;
+* :class:`ActorWorker` (:mod:`~lpjax.distributed.actor`): a dm_control environment, an int8 (ONNX Runtime) or fp32
+  copy of the policy pulled every ``pull_every`` steps, Gaussian exploration with its own sigma, n-step transitions;
 * backends (:mod:`~lpjax.distributed.backends`): :class:`RayBackend` (actor processes on a local or remote Ray
   cluster; crashed actors are restarted) and :class:`InProcessBackend` (same interface, no Ray);
 * :class:`ParameterServer` and the parameter quantizer :func:`encode_policy` / :func:`decode_policy` /

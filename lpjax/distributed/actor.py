@@ -9,7 +9,7 @@ returns of the episodes that ended, and where the time went, split as in the Act
 * ``env``: environment steps; ``inference``: the policy's forward pass and the exploration noise;
 * ``pull``: fetching the blob from the parameter server (over Ray: transfer and Ray's own deserialization);
 * ``deserialize``: unpacking the blob into int8 codes and scales (or floats);
-* ``load``: building the inference runtime from them (e.g. fbgemm's prepacked int8 weights).
+* ``load``: building the inference runtime from them (e.g. ONNX Runtime's prepacked int8 weights).
 
 Episodes are seeded ``seed * 1_000_003 + 7919 * index + 104_729 * incarnation + episode``, so a restarted actor
 (``incarnation + 1``) does not replay the episodes of the actor it replaces.
@@ -26,6 +26,7 @@ import numpy as np
 
 import lpjax.envs
 from lpjax.distributed.broadcast import build_policy, decode_policy
+from lpjax.inference import check_runtime
 from lpjax.nstep import NStepAccumulator
 
 TIMING_KEYS = ("env", "inference", "pull", "deserialize", "load")
@@ -42,7 +43,10 @@ class ActorSpec:
       sigma: standard deviation of the Gaussian exploration noise (ActorQ: spread over [0, 0.2] by index).
       n_step, gamma: n-step return horizon and discount.
       pull_every: environment steps between two pulls of the policy (``K``; ActorQ: 1000).
-      runtime: ``"int8"`` (fbgemm int8 matmuls) or ``"fp32"`` inference; must match the broadcast scheme.
+      runtime: the policy runtime (:func:`lpjax.inference.check_runtime`): ``"int8"`` (lpjax's int8 weights on ONNX
+        Runtime's int8 GEMMs) or ``"fp32"`` (JAX); must match the broadcast scheme. Checked when the spec is made:
+        an unknown name raises ``ValueError``, a runtime whose package is not installed a one-line ``ImportError``
+        with the install command.
     """
 
     index: int
@@ -59,6 +63,7 @@ class ActorSpec:
             raise ValueError(f"pull_every must be >= 1 environment step, got {self.pull_every}.")
         if self.sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {self.sigma}.")
+        check_runtime(self.runtime)
 
 
 def exploration_sigmas(num_actors: int, max_sigma: float = 0.2) -> list[float]:
@@ -102,6 +107,11 @@ class ActorWorker:
         self._steps_since_pull = 0
         self._version, self._policy = -1, None
         self.total_steps = 0
+
+    @property
+    def policy(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The loaded policy runtime (the spec's ``runtime``), ``None`` before the first pull."""
+        return self._policy
 
     def pid(self) -> int:
         """Process id of this actor (Ray tests kill it)."""

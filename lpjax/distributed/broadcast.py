@@ -4,8 +4,9 @@
   :func:`lpjax.quant.pack_params`; ``"int8"`` stores per-output-channel symmetric int8 codes plus float32
   scales (biases stay float32), about 4x fewer bytes than ``"fp32"``.
 * :func:`decode_policy` (actor, "deserialize"): bytes -> the int8 codes and scales (or floats), no dequantization.
-* :func:`build_policy` (actor, "load"): -> a callable ``obs -> action``: :class:`lpjax.inference.Int8MLP` (fbgemm
-  int8 matmuls on the actor's CPU) or :class:`lpjax.inference.Fp32MLP`, with the deterministic actor's ``tanh``.
+* :func:`build_policy` (actor, "load"): -> a callable ``obs -> action``: :class:`lpjax.inference.Int8MLP` (ONNX
+  Runtime int8 matmuls on the actor's CPU) or :class:`lpjax.inference.Fp32MLP`, with the deterministic actor's
+  ``tanh``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lpjax.inference import Fp32MLP, Int8MLP
+from lpjax.inference import RUNTIMES, Fp32MLP, Int8MLP
 from lpjax.quant import Int8Weight, pack_params, unpack_params
-
-RUNTIMES = ("int8", "fp32")
 
 
 def policy_mlp_params(actor_params: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -35,7 +34,8 @@ def policy_mlp_params(actor_params: Mapping[str, Any]) -> Mapping[str, Any]:
     return node
 
 
-def _check_runtime(runtime: str) -> str:
+def _check_scheme(runtime: str) -> str:
+    # The learner packs without running the policy, so only the name is checked (not the runtime's packages).
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}.")
     return runtime
@@ -44,7 +44,7 @@ def _check_runtime(runtime: str) -> str:
 def encode_policy(actor_params: Mapping[str, Any], runtime: str) -> bytes:
     """Packs the actor's MLP for broadcast: ``runtime`` ``"int8"`` or ``"fp32"`` is the packing scheme."""
     mlp = policy_mlp_params(actor_params)
-    return pack_params({name: dict(layer) for name, layer in mlp.items()}, _check_runtime(runtime))
+    return pack_params({name: dict(layer) for name, layer in mlp.items()}, _check_scheme(runtime))
 
 
 def decode_policy(blob: bytes) -> tuple[dict, dict]:
@@ -53,9 +53,12 @@ def decode_policy(blob: bytes) -> tuple[dict, dict]:
 
 
 def build_policy(decoded: tuple[dict, dict], runtime: str) -> Callable[[np.ndarray], np.ndarray]:
-    """The actor's inference runtime for a decoded broadcast; ``runtime`` must match the broadcast's scheme."""
+    """The actor's inference runtime for a decoded broadcast; ``runtime`` must match the broadcast's scheme.
+
+    ``"int8"`` raises a one-line ``ImportError`` with the install command if onnxruntime or onnx is missing.
+    """
     tree, info = decoded
-    if info["scheme"] != _check_runtime(runtime):
+    if info["scheme"] != _check_scheme(runtime):
         raise ValueError(f"The broadcast is packed as {info['scheme']!r} but this actor runs {runtime!r}.")
     names = sorted(tree, key=lambda name: int(name.removeprefix("Dense_")))
     if runtime == "int8":

@@ -5,6 +5,7 @@ and bad inputs fail clearly. The Ray test starts real actor processes and SIGKIL
 import os
 import signal
 import socket
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import pytest
 from lpjax.distributed import (ActorLearner, ActorSpec, ActorWorker, InProcessBackend, ParameterServer,
                                SamplesPerInsertLimiter, encode_policy, exploration_sigmas, make_backend)
 from lpjax.distributed.backends import check_ray_address
+from lpjax.inference import Int8MLP
 from lpjax.nn import MLP
 
 ENV = "dmc:cartpole-balance"  # observation 5, action 1
@@ -57,6 +59,7 @@ def test_actor_pulls_every_k_steps_and_emits_n_step_transitions():
     assert np.all(np.abs(result.transitions["action"]) <= 1.0)
     assert all(result.timings[k] >= 0 for k in ("env", "inference", "pull", "deserialize", "load"))
     assert result.timings["load"] > 0 and result.timings["env"] > 0
+    assert isinstance(worker.policy, Int8MLP)  # the spec's default runtime
 
 
 def test_sigmas_spread_over_0_to_max():
@@ -88,10 +91,19 @@ def test_in_process_loop_keeps_the_ratio_and_survives_a_crashed_actor():
     assert stats["server"]["publishes"] >= 2
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(pull_every=0), "pull_every"), (dict(sigma=-1.0), "sigma")])
+@pytest.mark.parametrize("kwargs, match", [(dict(pull_every=0), "pull_every"), (dict(sigma=-1.0), "sigma"),
+                                           (dict(runtime="int4"), "runtime must be one of")])
 def test_bad_actor_specs_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ActorSpec(0, ENV, 0, **({"sigma": 0.1} | kwargs))
+
+
+def test_a_runtime_without_its_package_fails_when_the_spec_is_made(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if onnxruntime were not installed
+    with pytest.raises(ImportError) as error:
+        ActorSpec(0, ENV, 0, 0.1, runtime="int8")
+    assert str(error.value) == "onnxruntime is not installed: pip install 'lpjax[int8]'"
+    assert ActorSpec(0, ENV, 0, 0.1, runtime="fp32").runtime == "fp32"  # JAX's runtime needs no extra package
 
 
 def test_bad_backends_raise():

@@ -1,5 +1,6 @@
-"""lpjax/inference/int8_mlp.py: the fbgemm int8 policy runtime against float64 NumPy forwards, the JAX fp32 runtime,
-parameter validation, and the process-global torch settings it touches."""
+"""lpjax/inference: the ONNX Runtime int8 policy runtime against its NumPy model (bit for bit) and float64 NumPy
+forwards of the dequantized int8 weights, the JAX fp32 runtime, runtime selection and the error for a missing package,
+parameter validation, and what importing the package loads."""
 
 import ast
 import pathlib
@@ -10,25 +11,16 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
 import pytest
 
 from kernels import int8_matmul
 from lpjax import inference
-from lpjax.inference import Fp32MLP, Int8MLP, make_policy_runtime
+from lpjax.inference import Fp32MLP, Int8MLP, check_runtime, make_policy_runtime, ort_int8
 from lpjax.nn import MLP
 from lpjax.quant import Int8Weight, quantize_int8_weight
 
-torch = pytest.importorskip("torch")
-
 OBS, ACT, HIDDEN = 24, 6, (128, 128, 128)
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_threads():
-    """Int8MLP(threads=1) sets torch's thread count for the whole process: put it back after each test."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def params():
 
 @pytest.fixture(scope="module")
 def runtime(params):
-    return Int8MLP.from_params(params, "none", reduce_range=False)
+    return Int8MLP.from_params(params, "none")
 
 
 def obs_batches(batch, count=16, seed=0, dim=OBS):
@@ -74,37 +66,58 @@ def jax_int8_reference(runtime, x):
     return np.asarray(h)
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 # ------------------------------------------------------------------------------------------------------ accuracy
 
 
-@pytest.mark.parametrize("reduce_range", [False, True])
+@pytest.mark.parametrize("gemm", ["u8s8", "u8u8"])
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("output_activation", ["none", "tanh"])
-def test_matches_numpy_model_of_fbgemm(params, reduce_range, batch, output_activation):
-    """The runtime computes exactly the documented activation quantization (up to float32 rounding)."""
-    rt = Int8MLP.from_params(params, output_activation, reduce_range=reduce_range)
+def test_equals_numpy_model_bit_for_bit(params, gemm, batch, output_activation):
+    """The runtime computes exactly the documented activation quantization, with either GEMM."""
+    rt = Int8MLP.from_params(params, output_activation, gemm=gemm)
     for x in obs_batches(batch, count=4):
         y = rt(x)
         assert y.dtype == np.float32 and y.shape == (batch, ACT)
-        np.testing.assert_allclose(y, rt.reference(x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(y, rt.reference(x))
 
 
-@pytest.mark.parametrize("reduce_range", [False, True])
+@pytest.mark.parametrize("magnitude", [0.0, 1e-44, 1e-40, 1e-30, 1e-4, 1e4, 1e30])
+@pytest.mark.parametrize("sign", [-1, 0, 1])
+def test_numpy_model_holds_over_the_float32_range(runtime, magnitude, sign):
+    """Zero, subnormal (down to a scale that underflows to 0), tiny, huge, one-signed and mixed inputs."""
+    x = magnitude * obs_batches(2, count=1, seed=3)[0]
+    x = np.abs(x) * sign if sign else x
+    np.testing.assert_array_equal(runtime(x), runtime.reference(x))
+
+
+def test_gemm_kinds_agree_bit_for_bit(params, runtime):
+    unsigned = Int8MLP.from_quantized(runtime.layers, "none", gemm="u8u8")
+    for x in obs_batches(8, count=4):
+        np.testing.assert_array_equal(unsigned(x), runtime(x))
+
+
 @pytest.mark.parametrize("batch", [1, 8])
-def test_single_layer_error_is_only_activation_rounding(reduce_range, batch):
-    """One layer against float64 with the dequantized weights: ``|err| <= s/2 * sum_k |w_kn|`` with fbgemm's
-    per-tensor uint8 step ``s = (max(x, 0) - min(x, 0)) / 255`` (127 with reduce_range)."""
+def test_single_layer_error_is_only_activation_rounding(batch):
+    """One layer against float64 with the dequantized weights: ``|err| <= s/2 * sum_k |w_kn|`` with the per-tensor
+    uint8 step ``s = (max(x, 0) - min(x, 0)) / 255``."""
     rng = np.random.default_rng(batch)
     w = rng.normal(size=(64, 32)).astype(np.float32) / 8
     b = rng.normal(size=(32,)).astype(np.float32)
     qw = quantize_int8_weight(jnp.asarray(w))
-    rt = Int8MLP.from_quantized([(np.asarray(qw.codes), np.asarray(qw.scales), b)], "none",
-                                reduce_range=reduce_range)
+    rt = Int8MLP.from_quantized([(np.asarray(qw.codes), np.asarray(qw.scales), b)], "none")
     w_deq = rt.dequantized_layers()[0][0]
     for x in obs_batches(batch, count=8, dim=64, seed=batch):
         x[0, :5] = 3.0 * np.abs(x[0, :5])  # a skewed range: lo != -hi
         err = np.abs(rt(x) - forward64([(w_deq, b)], x))
-        step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / (127 if reduce_range else 255)
+        step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / 255
         bound = 0.5 * step * np.abs(w_deq).sum(axis=0) * (1 + 1e-4) + 1e-5
         assert (err <= bound[None, :]).all(), (err / bound).max()
         assert err.max() > 0  # a real quantization happened
@@ -126,7 +139,7 @@ def test_close_to_float64_dequantized_and_to_fp32(params, runtime, batch):
 
 
 def test_batch_one_is_finer_than_per_token_symmetric_int8(runtime):
-    """At batch 1 fbgemm's uint8 step max/255 on post-relu inputs is half of lpjax's symmetric max/127."""
+    """At batch 1 the uint8 step max/255 on post-relu inputs is half of lpjax's symmetric max/127."""
     deq = runtime.dequantized_layers()
     ours, lpjax_ref, refs = [], [], []
     for x in obs_batches(1, count=32):
@@ -138,27 +151,22 @@ def test_batch_one_is_finer_than_per_token_symmetric_int8(runtime):
 
 
 def test_batch_shares_one_activation_scale(runtime):
-    """fbgemm quantizes the whole batch with one range: a row's result depends on the other rows."""
+    """The whole batch is quantized with one range: a row's result depends on the other rows."""
     x = obs_batches(8, count=1)[0]
     x[0] *= 50.0
     together, alone = runtime(x)[1:], np.stack([runtime(row) for row in x[1:]])
     assert not np.array_equal(together, alone)
-    np.testing.assert_allclose(runtime.reference(x)[1:], together, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(runtime.reference(x)[1:], together)
 
 
-def test_tanh_output_and_vector_obs(params, runtime):
-    rt = Int8MLP.from_params(params, "tanh", reduce_range=False)
+def test_tanh_output_vector_obs_and_empty_batch(params, runtime):
+    rt = Int8MLP.from_params(params, "tanh")
     x = obs_batches(1, count=1)[0, 0]
     y = rt(x)
     assert y.shape == (ACT,) and y.dtype == np.float32
-    np.testing.assert_allclose(y, np.tanh(runtime(x)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y, np.tanh(runtime(x)))
+    np.testing.assert_array_equal(rt(x.astype(np.float64)), y)
     assert runtime(np.zeros((0, OBS), np.float32)).shape == (0, ACT)
-
-
-def test_tiny_input_range_hits_fbgemm_scale_floor(runtime):
-    """Below a range of 255 * 6.1e-5 fbgemm's step stops shrinking; the NumPy model reproduces that too."""
-    x = (1e-4 * obs_batches(1, count=1)[0]).astype(np.float32)
-    np.testing.assert_allclose(runtime(x), runtime.reference(x), rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------- construction paths
@@ -169,7 +177,7 @@ def test_from_quantized_equals_from_params(params, runtime):
     for kernel, bias in float_layers(params):
         qw = quantize_int8_weight(kernel)
         layers.append((np.asarray(qw.codes), np.asarray(qw.scales), np.asarray(bias)))
-    rt = Int8MLP.from_quantized(layers, "none", reduce_range=False)
+    rt = Int8MLP.from_quantized(layers, "none")
     for (c1, s1, b1), (c2, s2, b2) in zip(rt.layers, runtime.layers):
         np.testing.assert_array_equal(c1, c2)
         np.testing.assert_array_equal(s1, s2)
@@ -178,12 +186,33 @@ def test_from_quantized_equals_from_params(params, runtime):
         np.testing.assert_array_equal(rt(x), runtime(x))
 
 
-def test_weights_reach_fbgemm_bit_for_bit(runtime):
-    codes, scales, _ = runtime.layers[1]
-    weight, _ = torch.ops.quantized.linear_unpack(runtime._packed[1])
-    np.testing.assert_array_equal(weight.int_repr().numpy().T, codes)
-    np.testing.assert_array_equal(weight.q_per_channel_scales().numpy().astype(np.float32), scales)
-    assert not weight.q_per_channel_zero_points().any()
+@pytest.mark.parametrize("gemm, offset", [("u8s8", 0), ("u8u8", 128)])
+def test_weights_reach_the_onnx_graph_bit_for_bit(runtime, gemm, offset):
+    graph = onnx.load_from_string(ort_int8.int8_mlp_onnx(runtime.layers, gemm)).graph
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    assert [n.op_type for n in graph.node] == ["DynamicQuantizeMatMul", "Relu"] * (len(HIDDEN)) + [
+        "DynamicQuantizeMatMul"]
+    for i, (codes, scales, bias) in enumerate(runtime.layers):
+        np.testing.assert_array_equal(weights[f"codes_{i}"].astype(np.int16) - offset, codes)
+        np.testing.assert_array_equal(weights[f"scales_{i}"], scales)
+        np.testing.assert_array_equal(weights[f"bias_{i}"], bias)
+        assert weights.get(f"zero_point_{i}", 0) == offset
+
+
+def test_gemm_auto_avoids_saturation(params):
+    saturates = inference.u8s8_saturates()
+    assert isinstance(saturates, bool)
+    assert Int8MLP.from_params(params).gemm == ("u8u8" if saturates else "u8s8")
+    if {"avx512_vnni", "avx_vnni"} & set(cpu_flags()):
+        assert not saturates  # vpdpbusd accumulates in int32
+
+
+def test_threads_belong_to_the_session(params):
+    one, default = Int8MLP.from_params(params), Int8MLP.from_params(params, threads=None)
+    assert one.threads == 1 and one._session.get_session_options().intra_op_num_threads == 1
+    assert default.threads is None and default._session.get_session_options().intra_op_num_threads == 0
+    x = obs_batches(8, count=1)[0]
+    np.testing.assert_array_equal(one(x), default(x))
 
 
 def test_fp32_runtime_matches_lpjax_mlp(params):
@@ -194,16 +223,29 @@ def test_fp32_runtime_matches_lpjax_mlp(params):
 
 
 def test_make_policy_runtime(params):
-    int8 = make_policy_runtime(params, "int8", output_activation="none", reduce_range=True)
+    int8 = make_policy_runtime(params, "int8", output_activation="none", gemm="u8u8")
     fp32 = make_policy_runtime(params, "fp32", output_activation="none")
-    assert isinstance(int8, Int8MLP) and int8.reduce_range and isinstance(fp32, Fp32MLP)
+    assert isinstance(int8, Int8MLP) and int8.gemm == "u8u8" and isinstance(fp32, Fp32MLP)
     assert int8.nbytes < fp32.nbytes / 3.5
     x = obs_batches(1, count=1)[0]
     np.testing.assert_allclose(int8(x), fp32(x), atol=0.1 * np.abs(fp32(x)).max())
-    with pytest.raises(ValueError, match="kind must be one of"):
+    with pytest.raises(ValueError, match="runtime must be one of"):
         make_policy_runtime(params, "int4")
     with pytest.raises(ValueError, match="no extra options"):
         make_policy_runtime(params, "fp32", threads=1)
+    assert [check_runtime(kind) for kind in inference.RUNTIMES] == ["int8", "fp32"]
+
+
+@pytest.mark.parametrize("missing", ort_int8.REQUIRED_PACKAGES)
+def test_a_missing_package_is_one_line_with_the_install_command(params, monkeypatch, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # `import` and find_spec now fail as if it were not installed
+    builders = (lambda: Int8MLP.from_params(params), lambda: make_policy_runtime(params, "int8"),
+                lambda: check_runtime("int8"))
+    for build in builders:
+        with pytest.raises(ImportError) as error:
+            build()
+        assert str(error.value) == f"{missing} is not installed: pip install 'lpjax[int8]'"
+    assert isinstance(make_policy_runtime(params, "fp32"), Fp32MLP)  # JAX's runtime needs neither
 
 
 def test_pickles_by_rebuilding(runtime):
@@ -263,57 +305,45 @@ def test_malformed_arguments_raise(params, runtime):
         Int8MLP.from_quantized([(codes, -scales, bias)])
     with pytest.raises(ValueError, match="bias must be floating"):
         Int8MLP.from_quantized([(codes, scales, bias[:3])])
+    with pytest.raises(ValueError, match="bias must be finite"):
+        Int8MLP.from_quantized([(codes, scales, np.full_like(bias, np.inf))])
     with pytest.raises(ValueError, match="tuple"):
         Int8MLP.from_quantized([(codes, scales)])
     with pytest.raises(ValueError, match="Layer 0 outputs"):
         Int8MLP.from_quantized([runtime.layers[0], runtime.layers[0]])
     with pytest.raises(ValueError, match="output_activation"):
         Int8MLP.from_params(params, "relu")
-    with pytest.raises(ValueError, match="reduce_range"):
-        Int8MLP.from_params(params, reduce_range=1)
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        Int8MLP.from_params(params, gemm="s8s8")
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        ort_int8.int8_mlp_onnx(runtime.layers, "auto")
     with pytest.raises(ValueError, match="threads"):
         Int8MLP.from_params(params, threads=0)
+    with pytest.raises(ValueError, match="threads"):
+        Int8MLP.from_params(params, threads=True)
     with pytest.raises(ValueError, match=r"obs must have shape \(24,\) or \(B, 24\)"):
         runtime(np.zeros((2, 23), np.float32))
     with pytest.raises(ValueError, match="obs must have shape"):
         runtime(np.zeros((1, 2, 24), np.float32))
+    with pytest.raises(ValueError, match="obs must have shape"):
+        Fp32MLP.from_params(params)(np.zeros((23,), np.float32))
     with pytest.raises(ValueError, match="finite"):
         runtime(np.full((24,), np.nan, np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        runtime.reference(np.full((24,), np.inf, np.float32))
     layers = [(codes, scales, None)]  # a bias may be absent
-    assert Int8MLP.from_quantized(layers, "none")(np.ones(OBS)).shape == (HIDDEN[0],)
+    rt = Int8MLP.from_quantized(layers, "none")
+    x = np.ones(OBS)
+    assert rt(x).shape == (HIDDEN[0],)
+    np.testing.assert_array_equal(rt(x), rt.reference(x))
 
 
-# ------------------------------------------------------------------------------- process-global state, imports
+# ------------------------------------------------------------------------------------------------------ imports
 
 
-def test_threads_is_process_global(params):
-    torch.set_num_threads(2)
-    Int8MLP.from_params(params, threads=None)
-    assert torch.get_num_threads() == 2
-    Int8MLP.from_params(params)
-    assert torch.get_num_threads() == 1
-
-
-def test_packs_with_fbgemm_and_restores_the_engine(params, runtime):
-    previous = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "onednn"
-    try:
-        rt = Int8MLP.from_params(params, "none", reduce_range=False)
-        assert torch.backends.quantized.engine == "onednn"
-        x = obs_batches(1, count=1)[0]
-        np.testing.assert_array_equal(rt(x), runtime(x))
-    finally:
-        torch.backends.quantized.engine = previous
-
-
-def test_saturation_probe_picks_reduce_range(params):
-    saturates = inference.fbgemm_saturates()
-    assert isinstance(saturates, bool)
-    assert Int8MLP.from_params(params).reduce_range == saturates
-
-
-def test_imports_neither_torch_nor_lpjax_beyond_quant():
-    code = "import sys, lpjax.inference; assert 'torch' not in sys.modules, 'torch imported'"
+def test_imports_no_runtime_library_nor_lpjax_beyond_quant():
+    code = ("import sys, lpjax.inference; loaded = {'onnxruntime', 'onnx', 'torch'} & set(sys.modules); "
+            "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     package = pathlib.Path(inference.__file__).parent
     for file in package.rglob("*.py"):

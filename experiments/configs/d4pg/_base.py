@@ -18,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.total_env_steps = 200_000  # environment steps inserted by all actors together
     config.num_actors = 2
     config.max_sigma = 0.2  # actor i explores with sigma spread uniformly over [0, max_sigma]
-    config.actor_runtime = "int8"  # "int8": int8 broadcast, fbgemm int8 actors; "fp32": float32 broadcast and actors
+    config.actor_runtime = "int8"  # "int8": int8 broadcast, int8 actors on ONNX Runtime; "fp32": float32 broadcast and actors
     config.pull_every = 1000  # actor steps between two pulls of the policy (K)
     config.chunk_steps = 100  # environment steps per actor job (how often actors hand data to the learner)
     config.publish_every = 100  # learner updates between two publishes of the quantized policy
