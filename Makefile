@@ -36,7 +36,8 @@ CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py test
                  tests/agents/test_sac.py::test_fp16_with_methods_stays_finite_where_naive_fp16_does_not
 OLDEST_TESTS  := $(CORE_TESTS) tests/inference
 
-.PHONY: python venv venv-newest venv-oldest demo numerics-demo test test-newest test-oldest test-slow bench clean
+.PHONY: python venv venv-newest venv-oldest demo numerics-demo test test-newest test-oldest test-notebooks notebooks \
+        test-slow bench clean
 
 python:
 	@echo "full tier: $(PYTHON)"; echo "newest:    $(PYTHON_NEWEST)"; echo "oldest:    $(PYTHON_OLDEST)"
@@ -80,13 +81,21 @@ numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks" $(PYTEST_ARGS)
 
 test-newest: $(STAMP_NEWEST)
 	$(PY_NEWEST) -m pytest -n 2 --dist loadgroup -m "not slow and not torch" $(CORE_TESTS) $(PYTEST_ARGS)
 
 test-oldest: $(STAMP_OLDEST)
 	$(PY_OLDEST) -m pytest -n 2 --dist loadgroup -m "not slow" $(OLDEST_TESTS) $(PYTEST_ARGS)
+
+# Every notebook installs lpjax into one fresh virtualenv with its own first cell: one at a time, no -n.
+test-notebooks: $(STAMP)
+	$(PY) -m pytest -m notebooks tests/test_notebooks.py $(PYTEST_ARGS)
+
+# Re-runs the notebooks at full size and saves them with their outputs (needed after any code-cell edit).
+notebooks: $(STAMP)
+	$(PY) colab/execute.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)

@@ -167,7 +167,8 @@ def main(argv):
             time.sleep(POLL_SECONDS)
             for name, bar in bars.items():
                 bar.update(max(0, last_step(run_dir / name) - bar.n))
-                if procs[name].poll() is not None and bar.n < config.total_steps:
+                if procs[name].poll() is not None and bar.total != bar.n:  # ended early: naive fp16's divergence
+                    bar.total = bar.n
                     bar.set_postfix_str("stopped", refresh=True)
     except KeyboardInterrupt:
         for proc in procs.values():

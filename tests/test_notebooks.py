@@ -1,76 +1,368 @@
-"""Executes the notebooks in colab/ headless, and runs the numerics demo (experiments/numerics_demo.py) reduced.
+"""The notebooks in colab/, and the numerics demo (experiments/numerics_demo.py) reduced.
 
-Every ``colab/*.ipynb`` is executed with nbclient in a fresh ``python3`` kernel started in the repository root,
-with ``LPJAX_NOTEBOOK_STEPS`` set small; a cell that raises fails the test. New notebooks are picked up by the
-glob. Notebooks must be committed without outputs.
+Default tier (nothing is executed in a kernel):
+
+* each notebook's first code cell is the install cell: ``LPJAX_SOURCE`` at its top, overridable by the environment
+  variable, and the extras of :data:`EXTRAS`; the cell is the same code in every notebook, extras aside;
+* the install cell's logic, run as a plain script with pip faked: where lpjax is installed from (an explicit source,
+  the checkout the notebook is in, ./lpjax, or a one-line stop), and which jax plugin an accelerator gets;
+* the committed outputs (the notebooks are committed executed, by ``colab/execute.py``): no errors, a figure for each
+  cell that makes one, executed top to bottom from the current sources (``metadata.lpjax.code_sha256``) at the
+  normal size, no local paths, under 1 MB.
+
+``notebooks`` marker (``make test-notebooks``): a fresh virtualenv (``python -m venv`` plus ipykernel and nbclient,
+what a Colab runtime brings) is built once per session; every notebook runs in it, reduced, from a directory outside
+the checkout, and its install cell installs lpjax from ``LPJAX_SOURCE`` = a copy of this checkout. The notebooks
+share the virtualenv, so the extras one installs are there for the next (the default tier checks each notebook's
+extras against :data:`EXTRAS`). It needs the package index and takes about 8 minutes on 2 CPU cores. Run it
+serially (no ``-n``): each notebook installs into the one virtualenv.
 """
 
 from __future__ import annotations
 
+import configparser
+import importlib.util
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-import nbclient
 import nbformat
 import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((REPO_ROOT / "colab").glob("*.ipynb"))
-NOTEBOOK_STEPS = 200
-CELL_TIMEOUT = 300  # seconds per cell
+COLAB = REPO_ROOT / "colab"
+NOTEBOOKS = sorted(COLAB.glob("*.ipynb"))
+IDS = [p.name for p in NOTEBOOKS]
+NOTEBOOK_STEPS = 200  # LPJAX_NOTEBOOK_STEPS of the reduced runs
+MAX_NOTEBOOK_BYTES = 1_000_000
+
+# The extras of setup.cfg each notebook installs (LPJAX_EXTRAS in its first cell): `dmc` for the DeepMind Control
+# tasks, `int8` for ActorQ's int8 actors (ONNX Runtime; the notebook runs its actors in-process, without Ray).
+EXTRAS = {
+    "01_numerics.ipynb": "",
+    "02_sac_fp16.ipynb": "dmc",
+    "03_kernels.ipynb": "",
+    "04_actorq.ipynb": "dmc,int8",
+    "05_fp8_grpo.ipynb": "",
+    "06_precision_inspector.ipynb": "",
+}
+
+# Output text that names a place on the machine that ran the notebook.
+LOCAL_PATH = re.compile(r"/(home|root|Users|tmp|work|private)/|site-packages|dist-packages|[A-Z]:\\\\")
 
 
-def _execute(nb, cwd: Path) -> None:
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
-                                     resources={"metadata": {"path": str(cwd)}})
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as error:
-        pytest.fail(f"cell failed:\n{error}", pytrace=False)
+def _load_execute_script():
+    spec = importlib.util.spec_from_file_location("colab_execute", COLAB / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.fixture
-def reduced_env(monkeypatch):
-    """Environment inherited by the kernel: small runs, CPU only."""
-    monkeypatch.setenv("LPJAX_NOTEBOOK_STEPS", str(NOTEBOOK_STEPS))
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+execute_script = _load_execute_script()
+
+
+def _code_cells(nb):
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _install_cell(path: Path) -> str:
+    return _code_cells(nbformat.read(path, as_version=4))[0].source
+
+
+def _extras(source: str) -> str:
+    match = re.search(r'^LPJAX_EXTRAS = "([^"]*)"', source, flags=re.M)
+    assert match, "no LPJAX_EXTRAS = \"...\" line"
+    return match.group(1)
+
+
+def _setup_cfg_extras() -> set[str]:
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    return set(config["options.extras_require"])
+
+
+def _text_outputs(cell) -> list[str]:
+    texts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            texts.append(output.get("text", ""))
+        elif output.get("output_type") == "error":
+            texts.append("\n".join(output.get("traceback", [])))
+        else:
+            data = output.get("data", {})
+            texts.extend(str(data[key]) for key in data if key.startswith("text/"))
+    return texts
+
+
+def _makes_a_figure(cell) -> bool:
+    return bool(re.search(r"\bplt\.(subplots|figure)\(", cell.source))
+
+
+# --- the install cell -------------------------------------------------------------------------------------------
 
 
 def test_notebooks_found():
     assert NOTEBOOKS, "no notebook in colab/"
+    assert set(IDS) == set(EXTRAS), "add each new notebook's extras to EXTRAS (and its install cell)"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_saved_without_outputs(path):
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_first_code_cell_installs_lpjax_with_its_extras(path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, cell in enumerate(nb.cells)
-             if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+    source = _code_cells(nb)[0].source
+    lines = source.splitlines()
+    assert 'LPJAX_SOURCE = ""  # @param {type:"string"}' in lines[:3], "LPJAX_SOURCE is set at the cell's top"
+    assert 'LPJAX_SOURCE = os.environ.get("LPJAX_SOURCE") or LPJAX_SOURCE' in lines, "the environment overrides it"
+    extras = _extras(source)
+    assert extras == EXTRAS[path.name]
+    unknown = set(filter(None, extras.split(","))) - _setup_cfg_extras()
+    assert not unknown, f"extras {unknown} are not in setup.cfg"
+    assert "pip_install(f\"{lpjax_spec} @ {url}\")" in source
+    everything = "\n".join(cell.source for cell in _code_cells(nb))
+    assert not re.search(r"sys\.path\.(insert|append)", everything), "lpjax is installed: no sys.path edits"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, reduced_env):
+def test_install_cells_are_the_same_code():
+    without_extras = {path.name: re.sub(r'^LPJAX_EXTRAS = ".*$', "", _install_cell(path), flags=re.M)
+                      for path in NOTEBOOKS}
+    reference = without_extras[NOTEBOOKS[0].name]
+    differing = [name for name, source in without_extras.items() if source != reference]
+    assert not differing, f"the install cell of {differing} differs from {NOTEBOOKS[0].name}'s"
+
+
+# The install cell run as a script by an interpreter without site-packages (`-S`, so no lpjax or jax installed),
+# with `pip install` recorded instead of run. It stops at `import jax`, after the installs.
+_HARNESS = r"""
+import json, subprocess, sys
+calls, real_run = [], subprocess.run
+def fake_run(command, *args, **kwargs):
+    if list(command[:4]) == [sys.executable, "-m", "pip", "install"]:
+        calls.append(command[-1])
+        return subprocess.CompletedProcess(command, 0, "", "")
+    return real_run(command, *args, **kwargs)
+subprocess.run = fake_run
+try:
+    exec(compile(open(sys.argv[1]).read(), "install cell", "exec"), {"__name__": "__main__"})
+    status = "done"
+except SystemExit as stop:
+    status = f"stop: {stop}"
+except ModuleNotFoundError as missing:
+    status = f"missing {missing.name}"
+print(json.dumps({"status": status, "pip": calls}))
+"""
+
+
+def _run_install_cell(tmp_path, cwd, source=None, env=None, path_dirs=(), python_path=()):
+    """(status, pip requirements) of the install cell run in ``cwd`` with ``env`` (added to a clean environment)."""
+    cell = tmp_path / "install_cell.py"
+    cell.write_text(source if source is not None else _install_cell(COLAB / "02_sac_fp16.ipynb"))
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("LPJAX_SOURCE", "JAX_PLATFORMS", "PYTHONPATH", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")}
+    clean["PATH"] = os.pathsep.join([*map(str, path_dirs), clean.get("PATH", "")])
+    if python_path:
+        clean["PYTHONPATH"] = os.pathsep.join(map(str, python_path))
+    run = subprocess.run([sys.executable, "-S", "-c", _HARNESS, str(cell)], cwd=cwd, env={**clean, **(env or {})},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return result["status"], result["pip"]
+
+
+CPU = {"JAX_PLATFORMS": "cpu"}
+
+
+def test_install_cell_stops_with_one_line_without_a_source(tmp_path):
+    status, pip = _run_install_cell(tmp_path, tmp_path, env=CPU)
+    assert pip == []
+    assert status.startswith("stop: Set LPJAX_SOURCE at the top of this cell") and "\n" not in status, status
+
+
+@pytest.mark.parametrize("where", ["colab", "repo"])
+def test_install_cell_finds_the_checkout_it_is_in(tmp_path, where):
+    cwd = COLAB if where == "colab" else REPO_ROOT
+    status, pip = _run_install_cell(tmp_path, cwd, env=CPU)
+    assert pip == [f"lpjax[dmc] @ {REPO_ROOT.as_uri()}"], (status, pip)
+    assert status == "missing jax"
+
+
+def test_install_cell_finds_a_clone_in_lpjax(tmp_path):
+    content = tmp_path / "content"  # Colab's working directory, after `!git clone <url> lpjax`
+    (content / "lpjax" / "lpjax").mkdir(parents=True)
+    (content / "lpjax" / "lpjax" / "__init__.py").touch()
+    (content / "lpjax" / "setup.cfg").touch()
+    status, pip = _run_install_cell(tmp_path, content, env=CPU)
+    assert pip == [f"lpjax[dmc] @ {(content / 'lpjax').as_uri()}"], status
+
+
+@pytest.mark.parametrize("source", ["git+https://example.org/org/lpjax.git@main", "wheel", "checkout"])
+def test_install_cell_installs_from_lpjax_source(tmp_path, source):
+    expected = source
+    if source == "wheel":
+        wheel = tmp_path / "lpjax-0.1.0-py3-none-any.whl"
+        wheel.touch()
+        source, expected = str(wheel), wheel.as_uri()
+    elif source == "checkout":
+        source, expected = str(REPO_ROOT), REPO_ROOT.as_uri()
+    status, pip = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": source})
+    assert pip == [f"lpjax[dmc] @ {expected}"], status
+
+
+def test_install_cell_source_variable_and_environment(tmp_path):
+    source = _install_cell(COLAB / "01_numerics.ipynb")  # no extras
+    set_in_cell = source.replace('LPJAX_SOURCE = ""', 'LPJAX_SOURCE = "git+https://example.org/cell.git"', 1)
+    in_cell = _run_install_cell(tmp_path, tmp_path, set_in_cell, env=CPU)[1]
+    assert in_cell == ["lpjax @ git+https://example.org/cell.git"]
+    environment = {**CPU, "LPJAX_SOURCE": "git+https://example.org/env.git"}
+    assert _run_install_cell(tmp_path, tmp_path, set_in_cell, env=environment)[1] == [
+        "lpjax @ git+https://example.org/env.git"]
+    status, pip = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": str(tmp_path / "missing")})
+    assert pip == [] and status.startswith("stop: LPJAX_SOURCE=") and "neither a URL" in status, status
+
+
+def _fake_dists(root: Path, dists: dict[str, str]) -> Path:
+    """A sys.path entry holding only the metadata of ``dists`` ({name: METADATA lines after Name and Version})."""
+    for name, extra in dists.items():
+        info = root / f"{name.replace('-', '_')}-0.12.0.1.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.12.0.1\n{extra}")
+    return root
+
+
+def _fake_nvidia_smi(root: Path, cuda_version: str | None) -> Path:
+    """A folder with an ``nvidia-smi`` that reports a driver for ``cuda_version``, or fails (no GPU) for None."""
+    root.mkdir()
+    script = root / "nvidia-smi"
+    header = f"| NVIDIA-SMI 580.82.07    Driver Version: 580.82.07    CUDA Version: {cuda_version} |"
+    script.write_text(f"#!/bin/sh\necho '{header}'\n" if cuda_version else "#!/bin/sh\nexit 9\n")
+    script.chmod(0o755)
+    return root
+
+
+JAX_EXTRAS = "Provides-Extra: tpu\nProvides-Extra: cuda\nProvides-Extra: cuda12\nProvides-Extra: cuda13\n"
+
+
+@pytest.mark.parametrize("driver_cuda, plugin, expected", [
+    ("12.4", None, "jax[cuda12]==0.12.0.1"),
+    ("13.0", None, "jax[cuda13]==0.12.0.1"),
+    ("12.4", "jax-cuda12-plugin", None),  # Colab's GPU runtimes: jax comes with its CUDA plugin
+])
+def test_install_cell_adds_the_cuda_plugin_on_a_gpu(tmp_path, driver_cuda, plugin, expected):
+    dists = {"jax": JAX_EXTRAS, "jaxlib": "", **({plugin: ""} if plugin else {})}
+    site = _fake_dists(tmp_path / "site", dists)
+    status, pip = _run_install_cell(tmp_path, tmp_path, env={"LPJAX_SOURCE": "git+https://example.org/lpjax.git"},
+                                    path_dirs=[_fake_nvidia_smi(tmp_path / "bin", driver_cuda)], python_path=[site])
+    assert pip == ["lpjax[dmc] @ git+https://example.org/lpjax.git"] + ([expected] if expected else []), status
+    assert status == "missing jax"
+
+
+def test_install_cell_adds_libtpu_on_a_tpu_and_nothing_on_a_cpu(tmp_path):
+    site = _fake_dists(tmp_path / "site", {"jax": JAX_EXTRAS, "jaxlib": ""})
+    source = {"LPJAX_SOURCE": "git+https://example.org/lpjax.git"}
+    tpu = _run_install_cell(tmp_path, tmp_path, env={**source, "TPU_ACCELERATOR_TYPE": "v5litepod-1"},
+                            path_dirs=[_fake_nvidia_smi(tmp_path / "bin", None)], python_path=[site])[1]
+    assert tpu == ["lpjax[dmc] @ git+https://example.org/lpjax.git", "jax[tpu]==0.12.0.1"]
+    cpu = _run_install_cell(tmp_path, tmp_path, env={**source, **CPU}, python_path=[site])[1]
+    assert cpu == ["lpjax[dmc] @ git+https://example.org/lpjax.git"]
+
+
+# --- the committed outputs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_committed_outputs_are_complete_and_current(path):
+    """Executed top to bottom from the current sources, at the normal size, without errors, with every figure."""
     nb = nbformat.read(path, as_version=4)
-    _execute(nb, REPO_ROOT)
-    errors = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
-              if output.get("output_type") == "error"]
-    assert not errors, errors
+    record = nb.metadata.get("lpjax", {})
+    rerun = f"re-run it: python colab/execute.py colab/{path.name}"
+    assert record.get("code_sha256") == execute_script.code_sha256(nb), f"{path.name}: outputs are stale; {rerun}"
+    assert record.get("notebook_steps") is None, f"{path.name} was saved from a reduced run; {rerun}"
+    cells = _code_cells(nb)
+    counts = [cell.get("execution_count") for cell in cells]
+    assert counts == list(range(1, len(cells) + 1)), f"{path.name}: not one run top to bottom ({counts}); {rerun}"
+    errors = [i for i, cell in enumerate(cells) for output in cell.outputs if output.output_type == "error"]
+    assert not errors, f"{path.name}: code cells {errors} have error outputs"
+    tracebacks = [i for i, cell in enumerate(cells) if any("Traceback (most recent call last)" in text
+                                                           for text in _text_outputs(cell))]
+    assert not tracebacks, f"{path.name}: code cells {tracebacks} print a traceback"
+    missing = [i for i, cell in enumerate(cells) if _makes_a_figure(cell)
+               and not any("image/png" in output.get("data", {}) for output in cell.outputs)]
+    assert not missing, f"{path.name}: code cells {missing} make a figure but have no image output"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_setup_works_from_colab_dir(path, reduced_env):
-    """The cells tagged ``setup`` make ``lpjax`` and ``experiments`` importable when started inside colab/."""
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_committed_outputs_are_small_and_name_no_local_paths(path):
+    assert path.stat().st_size < MAX_NOTEBOOK_BYTES, f"{path.name}: {path.stat().st_size} bytes"
     nb = nbformat.read(path, as_version=4)
-    setup = [cell for cell in nb.cells if "setup" in cell.get("metadata", {}).get("tags", [])]
-    assert setup, f"{path.name} needs a cell tagged 'setup' that makes lpjax importable from colab/"
-    check = nbformat.v4.new_code_cell(
-        "import lpjax, experiments\n"
-        f"assert Path(lpjax.__file__).resolve().parents[1] == Path({str(REPO_ROOT)!r}), lpjax.__file__")
-    nb.cells = setup + [check]
-    _execute(nb, REPO_ROOT / "colab")
+    leaks = [(i, match.group(0)) for i, cell in enumerate(_code_cells(nb)) for text in _text_outputs(cell)
+             for match in [LOCAL_PATH.search(text)] if match]
+    assert not leaks, f"{path.name}: outputs name local paths (code cell, match): {leaks}"
+
+
+# --- executed in a fresh runtime (`notebooks` marker) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def colab_runtime(tmp_path_factory):
+    """A fresh virtualenv with only what a Colab runtime brings to run a notebook (ipykernel, nbclient), a copy of
+    this checkout (what `git clone` gives) and an empty working directory (Colab's /content)."""
+    root = tmp_path_factory.mktemp("colab_runtime")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "ipykernel", "nbclient"], check=True)
+    checkout = root / "lpjax"
+    shutil.copytree(REPO_ROOT, checkout, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "venv", "build", "dist", "*.egg-info", "runs", "__pycache__", ".pytest_cache",
+        ".hypothesis", ".ipynb_checkpoints", "MUJOCO_LOG.TXT"))
+    content = root / "content"
+    content.mkdir()
+    return SimpleNamespace(venv=venv, python=python, checkout=checkout, content=content)
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_runs_in_a_fresh_runtime(path, colab_runtime, tmp_path):
+    """The notebook, reduced, top to bottom in a kernel of the fresh virtualenv; its first cell installs lpjax."""
+    runtime = colab_runtime
+    nb = nbformat.read(path, as_version=4)
+    # One more cell: the packages come from the virtualenv, not from the checkout.
+    nb.cells.append(nbformat.v4.new_code_cell("import json, experiments, kernels, lpjax\n"
+                                              "print(json.dumps([m.__file__ for m in (lpjax, experiments, kernels)]))"))
+    notebook = tmp_path / "in" / path.name
+    notebook.parent.mkdir()
+    nbformat.write(nb, notebook)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(LPJAX_SOURCE=str(runtime.checkout), JAX_PLATFORMS="cpu", VIRTUAL_ENV=str(runtime.venv),
+               PATH=os.pathsep.join([str(runtime.venv / "bin"), env.get("PATH", "")]))
+    run = subprocess.run([str(runtime.python), str(COLAB / "execute.py"), "--steps", str(NOTEBOOK_STEPS),
+                          "--output-dir", str(tmp_path / "out"), "--cwd", str(runtime.content),
+                          "--cell-timeout", "900", str(notebook)],
+                         env=env, capture_output=True, text=True, timeout=3600)
+    if run.returncode:
+        log = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # without the traceback's colours
+        pytest.fail(f"{path.name} failed in the fresh runtime:\n{log[-6000:]}", pytrace=False)
+
+    cells = _code_cells(nbformat.read(tmp_path / "out" / path.name, as_version=4))
+    installed = "".join(_text_outputs(cells[0]))
+    assert f"installed {'lpjax[' + EXTRAS[path.name] + ']' if EXTRAS[path.name] else 'lpjax'} " in installed, installed
+    files = json.loads(_text_outputs(cells[-1])[0])
+    site = str(runtime.venv / "lib")
+    assert all(file.startswith(site) for file in files), files
+    missing = [i for i, cell in enumerate(cells) if _makes_a_figure(cell)
+               and not any("image/png" in output.get("data", {}) for output in cell.outputs)]
+    assert not missing, f"code cells {missing} make a figure but show none"
+
+
+# --- the numerics demo ------------------------------------------------------------------------------------------
 
 
 def test_numerics_demo_main(tmp_path, capsys):

@@ -399,9 +399,11 @@ def _site_packages_path(relative: str) -> str:
 
 
 def _short_path(path: str) -> str:
-    marker = "site-packages" + os.sep
-    if marker in path:
-        return path.split(marker, 1)[1]
+    """A source path relative to its install directory (pip's ``site-packages``, Debian's and Colab's
+    ``dist-packages``) or to the working directory; other paths unchanged."""
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
 

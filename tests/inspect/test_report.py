@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lpjax.inspect import precision_report
+from lpjax.inspect import report as report_module
 from lpjax.optim import OPTIMIZER_SCOPE, compound_loss_scaling, hadam, loss_scale
 
 THIS_FILE = os.path.relpath(__file__)
@@ -273,3 +274,11 @@ def test_parameter_updates_absorbed_need_kahan_and_subnormal_parameters_are_harm
     subnormal = precision_report(optax.apply_updates, params[2:], updates[2:])  # no step lost, no flush to 0
     row = subnormal.find(source="optax/_src/update.py", flagged=False)[0]
     assert row.problem == "underflow" and row.harmless and "subnormal" in row.harmless
+
+
+@pytest.mark.parametrize("install_dir", ["site-packages", "dist-packages"])
+def test_source_paths_are_shown_relative_to_the_install_directory(install_dir):
+    path = os.path.join(os.sep, "usr", "lib", "python3", install_dir, "lpjax", "nn", "dense.py")
+    assert report_module._short_path(path) == os.path.join("lpjax", "nn", "dense.py")
+    outside = os.path.join(os.sep, "elsewhere", "x.py")
+    assert report_module._short_path(outside) == outside
