@@ -1,7 +1,7 @@
-r"""Train SAC in fp32, fp16 or bf16 on dm_control or brax: ``python -m experiments.sac --config=fp16.py``.
+r"""Train SAC in fp32, fp16 or bf16 on dm_control, brax or MJX: ``python -m experiments.sac --config=fp16.py``.
 
 ``--config`` takes a file or a bare name from ``experiments/configs/sac/`` (fp32, fp16, fp16_naive, bf16,
-pixels, pixels_fp32, demo); any field can be overridden, e.g. ``--config.env=dmc:walker-walk
+pixels, pixels_fp32, demo, mjx); any field can be overridden, e.g. ``--config.env=dmc:walker-walk
 --config.total_steps=100000 --config.agent.hidden_dims=256,256``. Writes to ``--run_dir`` (default
 ``runs/sac/<config>-<env>-seed<seed>-<time>``): ``config.json``, ``metrics.csv``, TensorBoard events,
 ``checkpoints/`` and ``learning_curve.png``. ``--resume`` continues the run in ``--run_dir`` from its last
@@ -25,10 +25,11 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags
 
 
 def train_for(config):
-    """The brax loop for ``brax:`` environments, the dm_control host loop otherwise."""
+    """The jitted loop for ``brax:`` and ``mjx:`` environments, the dm_control host loop otherwise."""
+    import lpjax.envs
     from experiments import sac_brax_loop, sac_loop
 
-    return (sac_brax_loop if config.env.startswith("brax:") else sac_loop).train
+    return (sac_brax_loop if lpjax.envs.is_jitted(config.env) else sac_loop).train
 
 
 if __name__ == "__main__":

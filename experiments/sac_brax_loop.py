@@ -1,14 +1,19 @@
-"""SAC's training loop on brax: environments, replay buffer and learner in one compiled function.
+"""SAC's jitted training loop (brax and MJX envs): environments, replay buffer and learner in one compiled function.
+
+It runs every pure, jittable env of :mod:`lpjax.envs` (:class:`lpjax.envs.JittedEnv`: ``brax:<env>`` and
+``mjx:<domain>-<task>``, alias ``playground:``); dm_control's ``dmc:`` envs run in the host loop,
+:mod:`experiments.sac_loop`. The config fields ``brax_num_envs`` (parallel environments) and ``brax_backend``
+(brax only) keep their names for both kinds.
 
 Everything the loop carries is one pytree, :class:`LoopState`: the SAC state, the on-device replay buffer, the
-batched brax environment state, the loop's PRNG key and its counters. One jitted function, :func:`chunk_fn`,
+batched environment state, the loop's PRNG key and its counters. One jitted function, :func:`chunk_fn`,
 runs ``lax.scan`` over a chunk of iterations; each iteration
 
 1. picks actions for the ``brax_num_envs`` environments: uniformly random while ``env_steps < seed_steps``,
    else a sample of the policy;
-2. steps every environment once (``vmap`` of :meth:`lpjax.envs.BraxEnv.step`, with auto-reset);
+2. steps every environment once (``vmap`` of :meth:`lpjax.envs.JittedEnv.step`, with auto-reset);
 3. adds the ``brax_num_envs`` transitions to the replay buffer, with ``next_obs`` the observation the step
-   reached (:meth:`~lpjax.envs.BraxEnv.final_obs`, the true last one at an episode end) and
+   reached (:meth:`~lpjax.envs.JittedEnv.final_obs`, the true last one at an episode end) and
    ``discount = 1 - terminated``, so time-limit truncations bootstrap (as pytorch_sac and the dm_control loop);
 4. once ``env_steps > seed_steps`` (counted after the step), runs ``updates_per_step`` SAC updates
    (:func:`lpjax.agents.sac.update`, nested in the chunk's jit) on batches sampled uniformly from the buffer;
@@ -21,11 +26,12 @@ is per iteration, i.e. per *vectorized* step, like brax's own ``grad_updates_per
 
 The host calls the chunk function every ``log_every`` environment steps, with the loop state donated: the
 replay buffer, agent and environments are updated in place, never copied (except by the chunk right after a
-checkpoint, while orbax may still be writing those buffers: see :mod:`lpjax.checkpoint`). It then logs, shows the progress bar (env steps/s and
-updates/s), evaluates every ``eval_every`` steps with a jitted deterministic rollout of ``eval_episodes``
-episodes (the same seeded initial states every time), and checkpoints the whole :class:`LoopState` every ``checkpoint_every`` steps (each at the first
-chunk boundary after a multiple, and at the end). Chunks are deterministic functions of the loop state, and
-evaluation neither reads nor advances the loop's key, so a resumed run is bit-identical to an uninterrupted one.
+checkpoint, while orbax may still be writing those buffers: see :mod:`lpjax.checkpoint`). It then logs, shows the
+progress bar (env steps/s and updates/s), evaluates every ``eval_every`` steps with a jitted deterministic rollout
+of ``eval_episodes`` episodes (the same seeded initial states every time), and checkpoints the whole
+:class:`LoopState` (as :func:`storable`) every ``checkpoint_every`` steps (each at the first chunk boundary after a
+multiple, and at the end). Chunks are deterministic functions of the loop state, and evaluation neither reads nor
+advances the loop's key, so a resumed run is bit-identical to an uninterrupted one.
 
 Compiled functions are cached per (environment, agent config, loop settings) in this process, so a second run
 with the same settings (e.g. a resume) does not compile again.
@@ -48,7 +54,7 @@ import tqdm
 import lpjax.envs
 from experiments.sac_loop import Diverged, plot_returns
 from lpjax.agents import sac
-from lpjax.checkpoint import open_run_checkpoints, save_if_due
+from lpjax.checkpoint import Checkpointer, open_run_checkpoints, save_if_due
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import RunLogger
 
@@ -56,12 +62,13 @@ EVAL_SEED_OFFSET = lpjax.envs.EVAL_SEED_OFFSET
 
 
 class LoopState(NamedTuple):
-    """What the brax training loop carries, checkpointed whole.
+    """What the jitted training loop carries, checkpointed whole.
 
     Attributes:
       agent: the :class:`lpjax.agents.sac.SACState`.
       replay: the :class:`lpjax.replay.ReplayBuffer` of transitions.
-      env_state: the batched ``brax.envs.State`` of the ``brax_num_envs`` environments (leading axis).
+      env_state: the batched ``State`` (brax's or Playground's) of the ``brax_num_envs`` environments
+        (leading axis).
       key: PRNG key of exploration (random seed-step actions, policy samples) and of replay sampling.
       env_steps: int32, environment steps taken over all environments.
       episodes: int32, episodes finished over all environments.
@@ -95,10 +102,14 @@ class ChunkOutput(NamedTuple):
 
 
 class LoopSettings(NamedTuple):
-    """The static (hashable) settings a compiled chunk or evaluation depends on."""
+    """The static (hashable) settings a compiled chunk or evaluation depends on.
+
+    ``env`` is the full name (``"brax:halfcheetah"``, ``"mjx:cartpole-swingup"``); ``backend`` the brax backend,
+    ``None`` for MJX.
+    """
 
     env: str
-    backend: str
+    backend: str | None
     action_repeat: int
     agent: sac.SACConfig
     num_envs: int
@@ -110,11 +121,14 @@ class LoopSettings(NamedTuple):
 def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
     prefix, _, name = config.env.partition(":")
+    if not lpjax.envs.is_jitted(config.env):
+        raise ValueError(f"experiments.sac_brax_loop runs 'brax:<env>' and 'mjx:<domain>-<task>' environments, got "
+                         f"{config.env!r}.")
     if prefix != "brax":
-        raise ValueError(f"experiments.sac_brax_loop runs 'brax:<env>' environments, got {config.env!r}.")
-    if name not in lpjax.envs.BRAX_ENVS:
+        lpjax.envs.playground_name(name)  # raises ValueError listing the valid tasks
+    elif name not in lpjax.envs.BRAX_ENVS:
         raise ValueError(f"Unknown brax env {name!r}; valid names: {list(lpjax.envs.BRAX_ENVS)}.")
-    if config.brax_backend not in lpjax.envs.BRAX_BACKENDS:
+    elif config.brax_backend not in lpjax.envs.BRAX_BACKENDS:
         raise ValueError(f"Unknown brax backend {config.brax_backend!r}; valid backends: "
                          f"{list(lpjax.envs.BRAX_BACKENDS)}.")
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
@@ -122,7 +136,8 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"Bad SAC run config: brax_num_envs must be a positive integer, got {num_envs!r}.")
     checks = [
-        (not config.pixels and not agent.pixels, "brax envs are states only: set pixels=False and agent.pixels=False"),
+        (not config.pixels and not agent.pixels,
+         "brax and MJX envs are states only: set pixels=False and agent.pixels=False"),
         (config.total_steps >= 1, "total_steps must be >= 1"),
         (0 <= config.seed_steps <= config.total_steps,
          f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]"),
@@ -147,22 +162,23 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
 
 def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> LoopSettings:
     """The :class:`LoopSettings` of a validated config (``agent`` from :func:`validate`)."""
-    return LoopSettings(env=config.env.partition(":")[2], backend=config.brax_backend,
+    backend = config.brax_backend if config.env.startswith("brax:") else None
+    return LoopSettings(env=config.env, backend=backend,
                         action_repeat=max(int(config.action_repeat), 1), agent=agent,
                         num_envs=int(config.brax_num_envs), seed_steps=int(config.seed_steps),
                         updates_per_step=int(config.updates_per_step), replay_capacity=int(config.replay_capacity))
 
 
 @functools.lru_cache(maxsize=8)
-def make_env(name: str, backend: str, action_repeat: int) -> lpjax.envs.BraxEnv:
-    """The (pure, stateless) brax env, shared by training and evaluation; cached so compiled functions are too.
+def make_env(name: str, backend: str | None, action_repeat: int) -> lpjax.envs.JittedEnv:
+    """The (pure, stateless) env ``name``, shared by training and evaluation; cached so compiled functions are too.
 
-    Safe to call inside a trace: :class:`lpjax.envs.BraxEnv` builds brax's arrays eagerly.
+    Safe to call inside a trace: :class:`lpjax.envs.JittedEnv` builds the simulator's arrays eagerly.
     """
-    return lpjax.envs.make(f"brax:{name}", seed=0, backend=backend, action_repeat=action_repeat)
+    return lpjax.envs.make(name, seed=0, backend=backend, action_repeat=action_repeat)
 
 
-def _env_of(settings: LoopSettings) -> lpjax.envs.BraxEnv:
+def _env_of(settings: LoopSettings) -> lpjax.envs.JittedEnv:
     return make_env(settings.env, settings.backend, settings.action_repeat)
 
 
@@ -173,7 +189,7 @@ def _example_transition(env) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _reset_fn(name: str, backend: str, action_repeat: int):
+def _reset_fn(name: str, backend: str | None, action_repeat: int):
     return jax.jit(jax.vmap(make_env(name, backend, action_repeat).reset))
 
 
@@ -206,6 +222,21 @@ def abstract_loop(settings: LoopSettings) -> LoopState:
     return jax.eval_shape(lambda key: _init(
         settings, key, lambda k: sac.init(k, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim,
                                           settings.agent), jax.vmap(env.reset)), jax.random.key(0))
+
+
+def storable(loop: LoopState) -> LoopState:
+    """``loop`` as checkpointed: its zero-size arrays (MJX's ``Data`` has some) replaced by ``None``.
+
+    Orbax cannot save zero-size arrays, and they hold no data: :func:`restore_loop` rebuilds them.
+    """
+    return jax.tree.map(lambda x: x if x.size else None, loop)
+
+
+def restore_loop(checkpointer: Checkpointer, step: int, settings: LoopSettings) -> LoopState:
+    """The loop state saved (as :func:`storable`) in checkpoint ``step``, zero-size arrays rebuilt."""
+    abstract = abstract_loop(settings)
+    stored, _ = checkpointer.restore(step, target=storable(abstract))
+    return jax.tree.map(lambda like, x: jnp.zeros(like.shape, like.dtype) if x is None else x, abstract, stored)
 
 
 def _iteration(settings: LoopSettings, carry, _):
@@ -305,12 +336,13 @@ def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) 
 
 def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
           progress: bool = True) -> dict[str, Any]:
-    """Runs (or resumes) SAC on a brax env; returns a summary (final evaluation, throughput, status, paths).
+    """Runs (or resumes) SAC on a brax or MJX env; returns a summary (final evaluation, throughput, status, paths).
 
     The summary holds ``status`` (``"finished"`` or ``"diverged: ..."``), ``env_steps``, ``run_dir``, ``curve``
-    (the learning-curve PNG, see :func:`experiments.sac_loop.plot_returns`), ``eval_return`` (the last evaluation's mean return), ``compile_s`` (seconds spent
-    compiling the chunk and evaluation functions and the jitted initialization; 0 for what this process had
-    already compiled), and ``env_steps_per_s`` and ``updates_per_s`` over the chunks run (compile excluded).
+    (the learning-curve PNG, see :func:`experiments.sac_loop.plot_returns`), ``eval_return`` (the last
+    evaluation's mean return), ``compile_s`` (seconds spent compiling the chunk and evaluation functions and the
+    jitted initialization; 0 for what this process had already compiled), and ``env_steps_per_s`` and
+    ``updates_per_s`` over the chunks run (compile excluded).
 
     Raises:
       ValueError: bad config, or ``run_dir`` holds checkpoints and ``resume`` is False (nothing is overwritten).
@@ -330,7 +362,7 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
 
     logger = RunLogger(run_dir, config=config)
     if resume and latest is not None:
-        loop, _ = checkpointer.restore(latest, target=abstract_loop(settings))
+        loop = restore_loop(checkpointer, latest, settings)
         logger.truncate_after(int(loop.env_steps))
         print(f"resumed {run_dir} at step {int(loop.env_steps)} ({int(loop.episodes)} episodes finished)")
     else:
@@ -375,7 +407,7 @@ def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool
                 tqdm.tqdm.write(f"step {step}: eval return {eval_result['return']:.1f} ± "
                                 f"{eval_result['return_std']:.1f}")
             latest = save_if_due(checkpointer, step, latest, config.checkpoint_every, step >= config.total_steps,
-                                 loop, config.save_replay, metadata={"config": config.to_dict()})
+                                 storable(loop), config.save_replay, metadata={"config": config.to_dict()})
     except Diverged as error:
         status = f"diverged: {error}"
         tqdm.tqdm.write(f"stopping: {status}")

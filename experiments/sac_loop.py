@@ -60,11 +60,12 @@ class Diverged(RuntimeError):
 
 def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
-    if config.env.startswith("brax:"):
-        raise ValueError("brax envs run in experiments.sac_brax_loop, not the host loop.")
+    if lpjax.envs.is_jitted(config.env):
+        raise ValueError(f"{config.env!r} runs in the jitted loop (experiments.sac_brax_loop), not the host loop.")
     prefix, _, task = config.env.partition(":")
     if prefix != "dmc":
-        raise ValueError(f"Environment names look like 'dmc:<domain>-<task>' or 'brax:<env>', got {config.env!r}.")
+        raise ValueError("Environment names look like 'dmc:<domain>-<task>', 'mjx:<domain>-<task>' or 'brax:<env>', "
+                         f"got {config.env!r}.")
     lpjax.envs.parse_task(task)  # raises ValueError listing the valid tasks
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
     checks = [
@@ -241,8 +242,9 @@ def load_run_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
         raise FileNotFoundError(f"no config.json in {run_dir}: expected a run directory of `python -m "
                                 "experiments.sac` (config.json + checkpoints/).")
     stored = json.loads(config_path.read_text())
-    if str(stored.get("env", "")).startswith("brax:"):
-        raise ValueError(f"{run_dir} is a brax run; this loads dm_control runs (experiments.sac_loop).")
+    if lpjax.envs.is_jitted(str(stored.get("env", ""))):
+        raise ValueError(f"{run_dir} is a {stored['env']} run of the jitted loop; this loads dm_control runs "
+                         "(experiments.sac_loop).")
     return ml_collections.ConfigDict(_merge(_base.get_config().to_dict(), stored))
 
 

@@ -53,7 +53,7 @@ def _rollout(env: BraxEnv, num_envs: int, num_steps: int, scale: float = 1.0, cl
 @pytest.mark.parametrize(
     "name, kwargs, match",
     [
-        ("halfcheetah", {}, "prefix in \\['dmc', 'brax'\\]"),
+        ("halfcheetah", {}, "prefix in \\['dmc', 'brax', 'mjx', 'playground'\\]"),
         ("brax:half_cheetah", {}, "valid names: .*'halfcheetah'"),
         ("brax:fast", {}, "valid names"),
         ("brax:halfcheetah", {"backend": "mujoco"}, r"valid backends: \['spring', 'positional', 'gen"),

@@ -46,8 +46,8 @@ def test_parse_task():
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("cheetah-run", "prefix in \\['dmc', 'brax'\\]"),  # no prefix
-        ("gym:cheetah-run", "prefix in \\['dmc', 'brax'\\]"),
+        ("cheetah-run", "prefix in \\['dmc', 'brax', 'mjx', 'playground'\\]"),  # no prefix
+        ("gym:cheetah-run", "prefix in \\['dmc', 'brax', 'mjx', 'playground'\\]"),
         ("dmc:cheetah_run", "'<domain>-<task>'"),
         ("dmc:cheetah-", "'<domain>-<task>'"),
         ("dmc:ballincup-catch", "valid domains: .*'ball_in_cup'"),

@@ -33,7 +33,7 @@ def _tiny(**overrides):
 @pytest.mark.parametrize("overrides, message", [
     (dict(env="brax:cheetah"), "Unknown brax env 'cheetah'; valid names: .*'halfcheetah'"),
     (dict(brax_backend="physx"), "Unknown brax backend 'physx'; valid backends: .*'spring'"),
-    (dict(env="dmc:cheetah-run"), "runs 'brax:<env>' environments"),
+    (dict(env="dmc:cheetah-run"), "runs 'brax:<env>' and 'mjx:<domain>-<task>' environments"),
     (dict(total_steps=300), r"total_steps \(300\) must be a multiple of brax_num_envs \(8\)"),
     (dict(log_every=100), r"log_every \(100\) must be a multiple of brax_num_envs"),
     (dict(brax_num_envs=0), "brax_num_envs must be a positive integer"),

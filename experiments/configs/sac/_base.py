@@ -17,7 +17,7 @@ ALL_METHODS = dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_mo
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.env = "dmc:cheetah-run"  # dmc:<domain>-<task> or brax:<name>
+    config.env = "dmc:cheetah-run"  # dmc:<domain>-<task> (host loop), mjx:<domain>-<task> or brax:<name> (jitted)
     config.seed = 0
     config.total_steps = 500_000  # agent steps (environment steps after action repeat)
     config.seed_steps = 5000  # uniformly random actions before learning starts
