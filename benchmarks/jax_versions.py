@@ -1,0 +1,228 @@
+"""CPU latency of lpjax's hot paths on the oldest and the newest supported jax, side by side.
+
+The supported range is Python 3.11 with jax 0.10.2 up to the newest Python with the newest jax (the Makefile's
+``.venv-oldest`` and ``.venv``). This benchmark times the same code in both, on XLA:CPU:
+
+* ``sac_update_fp32`` and ``sac_update_fp16``: one ``lpjax.agents.sac.update`` (256x256 networks, batch 256,
+  cartpole's 5-dim observations and 1-dim actions; fp16 with all six low-precision methods);
+* ``sac_act``: ``lpjax.agents.sac.act`` on one observation (the host loop's per-step call);
+* ``mlp_3x2048``: a float32 MLP with three 2048-wide hidden layers at batch 1 (ActorQ's policy size), a
+  memory-bound chain of matrix-vector products: each call streams its 34 MB of weights.
+
+Each measurement is a worker process (``--worker``) started with one environment's Python and one set of
+``XLA_FLAGS`` (``VARIANTS``: the defaults, and the XLA:CPU switches that differ between the two versions); it
+compiles, warms up and reports the median of ``--reps`` timed calls of each workload, and the first call's
+seconds (compilation included). Rounds interleave every (environment, variant) pair, so load on the machine hits
+all alike; reported are the median over rounds and each pair's ratio to jax 0.10.2 with default flags. A flag a
+version does not know (XLA aborts on it) is recorded as unsupported. Timings are this CPU's, not a GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from benchmarks.common import command_line, write_results
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENVIRONMENTS = {"oldest": ".venv-oldest", "newest": ".venv"}
+VARIANTS = {
+    "default": "",
+    "xnnpack_off": "--xla_cpu_use_xnnpack=false",
+    "xnnpack_on": "--xla_cpu_use_xnnpack=true",
+    "eigen_single_thread": "--xla_cpu_multi_thread_eigen=false",
+}
+WORKLOADS = ("sac_update_fp32", "sac_update_fp16", "sac_act", "mlp_3x2048")
+BASELINE = ("oldest", "default")
+NOTES = [
+    "XLA:CPU on this machine's 2 cores; fp16 is emulated on a CPU, so the fp16 update says nothing of a GPU's.",
+    "Each figure is the median over rounds of one worker's median; workers in one round run back to back, so a "
+    "burst of load hits neighbouring rows. Differences within about 30% between rows are within the spread of "
+    "the rounds (see samples).",
+    "The variants test the XLA:CPU switches whose defaults differ between the versions (XNNPACK dots, Eigen's "
+    "thread pool); 'xnnpack_on' / 'xnnpack_off' force the switch either way on both versions.",
+]
+
+
+def _timed(fn, reps: int) -> tuple[float, float]:
+    """``(first_call_s, median_ms)``: the first call (compilation included), then the median of ``reps`` calls
+    after two more warm-up calls."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    fn(), fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return first, float(np.median(times)) * 1e3
+
+
+def worker(reps: int) -> dict:
+    """Times every workload in this process (its jax, its ``XLA_FLAGS``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.configs.sac import _base
+    from lpjax.agents import sac
+
+    obs_dim, action_dim, batch_size = 5, 1, 256
+    rng = np.random.default_rng(0)
+    batch = {"obs": rng.standard_normal((batch_size, obs_dim), np.float32),
+             "action": rng.uniform(-1, 1, (batch_size, action_dim)).astype(np.float32),
+             "reward": rng.uniform(0, 1, batch_size).astype(np.float32),
+             "discount": np.ones(batch_size, np.float32),
+             "next_obs": rng.standard_normal((batch_size, obs_dim), np.float32)}
+    batch = jax.tree.map(jnp.asarray, batch)
+    configs = {"fp32": sac.SACConfig(policy="fp32", hidden_dims=(256, 256), batch_size=batch_size),
+               "fp16": sac.SACConfig(policy="fp16", hidden_dims=(256, 256), batch_size=batch_size,
+                                     **_base.ALL_METHODS)}
+    result = {"jax": jax.__version__, "python": platform.python_version(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    for precision, config in configs.items():
+        holder = [sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)]
+
+        def step():
+            holder[0], metrics = sac.update(holder[0], batch)
+            jax.block_until_ready(metrics)
+
+        result[f"sac_update_{precision}"] = _timed(step, reps)
+        if precision == "fp32":
+            obs, key = jnp.zeros((1, obs_dim)), jax.random.key(1)
+            result["sac_act"] = _timed(lambda: sac.act(holder[0], obs, key).block_until_ready(), reps)
+
+    sizes = [(64, 2048), (2048, 2048), (2048, 2048), (2048, 6)]
+    weights = [jnp.asarray(rng.standard_normal(size, np.float32) * 0.02) for size in sizes]
+
+    @jax.jit
+    def mlp(weights, x):
+        for w in weights[:-1]:
+            x = jax.nn.relu(x @ w)
+        return jnp.tanh(x @ weights[-1])
+
+    x = jnp.ones((1, 64), jnp.float32)
+    result["mlp_3x2048"] = _timed(lambda: mlp(weights, x).block_until_ready(), reps)
+    return result
+
+
+def run_worker(python: pathlib.Path, flags: str, reps: int) -> dict | None:
+    """One worker process; ``None`` when XLA rejects the flags (or the worker fails otherwise: see stderr)."""
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  {python} XLA_FLAGS={flags!r}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def summarize(rounds: dict) -> dict:
+    """Per (environment, variant): median over rounds of each workload's median ms, first-call seconds, and the
+    ratio to the baseline (jax 0.10.2, default flags) in the same round."""
+    baseline = rounds.get("/".join(BASELINE), [])
+    summary = {}
+    for name, samples in rounds.items():
+        if not samples:
+            summary[name] = {"supported": False}
+            continue
+        row = {"supported": True, "jax": samples[0]["jax"], "python": samples[0]["python"]}
+        for workload in WORKLOADS:
+            ms = [s[workload][1] for s in samples]
+            row[f"{workload}_ms"] = float(np.median(ms))
+            row[f"{workload}_first_call_s"] = float(np.median([s[workload][0] for s in samples]))
+            if baseline:
+                row[f"{workload}_vs_baseline"] = float(np.median(
+                    [s[workload][1] / b[workload][1] for s, b in zip(samples, baseline)]))
+        summary[name] = row
+    return summary
+
+
+def table(summary: dict) -> str:
+    lines = [f"{'environment/variant':32s} " + " ".join(f"{w:>22s}" for w in WORKLOADS)]
+    for name, row in summary.items():
+        if not row["supported"]:
+            lines.append(f"{name:32s} unsupported flag")
+            continue
+        cells = [f"{row[f'{w}_ms']:8.3f} ms ({row.get(f'{w}_vs_baseline', float('nan')):4.2f}x)" for w in WORKLOADS]
+        lines.append(f"{name:32s} " + " ".join(f"{c:>22s}" for c in cells))
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in result["summary"].items() if v["supported"]}
+    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(4 * len(WORKLOADS), 4))
+    for ax, workload in zip(axes, WORKLOADS):
+        names = list(rows)
+        ax.barh(names, [rows[n][f"{workload}_ms"] for n in names],
+                color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names])
+        ax.set_title(f"{workload} (ms, median)")
+        ax.invert_yaxis()
+        if ax is not axes[0]:
+            ax.set_yticklabels([])
+    fig.suptitle(f"jax {result['versions']['oldest']} (blue) vs {result['versions']['newest']} (orange), XLA:CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every (environment, variant)")
+    parser.add_argument("--reps", type=int, default=100, help="timed calls per workload per worker")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of VARIANTS")
+    parser.add_argument("--out", type=pathlib.Path, default=REPO_ROOT / "benchmarks" / "results")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.reps)))
+        return None
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    pythons = {env: REPO_ROOT / venv / "bin" / "python" for env, venv in ENVIRONMENTS.items()}
+    missing = [str(p) for p in pythons.values() if not p.is_file()]
+    if missing:
+        raise SystemExit(f"missing environments {missing}: build them with `make venv venv-oldest`")
+    rounds: dict[str, list] = {f"{env}/{variant}": [] for env in pythons for variant in variants}
+    load = [os.getloadavg()[0]]
+    for round_ in range(args.rounds):
+        for name in rounds:
+            env, variant = name.split("/")
+            print(f"round {round_ + 1}/{args.rounds}: {name}", flush=True)
+            sample = run_worker(pythons[env], VARIANTS[variant], args.reps)
+            if sample is not None:
+                rounds[name].append(sample)
+        load.append(os.getloadavg()[0])
+    summary = summarize(rounds)
+    versions = {env: next((r["jax"] for n, r in summary.items() if n.startswith(env) and r["supported"]), None)
+                for env in pythons}
+    result = {"benchmark": "jax_versions", "command": command_line("benchmarks.jax_versions", argv),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "load_average_1min_per_round": load},
+              "versions": versions, "variants": {v: VARIANTS[v] for v in variants}, "reps": args.reps,
+              "rounds": args.rounds, "notes": NOTES, "summary": summary, "samples": rounds}
+    write_results(result, table(summary), args.out, "jax_versions", plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
