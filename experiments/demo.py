@@ -43,11 +43,16 @@ RUNS = {
 }
 POLL_SECONDS = 2.0
 
-CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "The shared SAC config of the three runs.",
-                                         lock_config=True)
-RUN_DIR = flags.DEFINE_string("run_dir", str(REPO_ROOT / "runs" / "demo"), "Directory of the three runs.")
-RESUME = flags.DEFINE_bool("resume", False, "Continue the three runs in --run_dir from their checkpoints.")
-PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar per run.")
+
+
+def define_flags() -> dict:
+    """The command line's flags (defined when run as a program, so that importing this module defines none)."""
+    return {"config": config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "The shared SAC config of the "
+                                                      "three runs.", lock_config=True),
+            "run_dir": flags.DEFINE_string("run_dir", str(REPO_ROOT / "runs" / "demo"), "Directory of the three runs."),
+            "resume": flags.DEFINE_bool("resume", False, "Continue the three runs in --run_dir from their "
+                                        "checkpoints."),
+            "progress": flags.DEFINE_bool("progress", True, "Show a progress bar per run.")}
 
 
 def run_command(name: str, run_dir: pathlib.Path, user_overrides: list[str], resume: bool) -> list[str]:
@@ -143,12 +148,13 @@ def plot(results: dict, config, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main(argv):
+def main(argv, defined: dict):
     del argv
     import tqdm
 
-    config = CONFIG.value
-    run_dir = pathlib.Path(RUN_DIR.value)
+    config = defined["config"].value
+    run_dir = pathlib.Path(defined["run_dir"].value)
+    resume = defined["resume"].value
     run_dir.mkdir(parents=True, exist_ok=True)
     user_overrides = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip())
@@ -156,11 +162,11 @@ def main(argv):
     procs, logs = {}, {}
     for name in RUNS:
         logs[name] = run_dir / f"{name}.log"
-        with open(logs[name], "a" if RESUME.value else "w") as log:
-            procs[name] = subprocess.Popen(run_command(name, run_dir, user_overrides, RESUME.value), cwd=REPO_ROOT,
+        with open(logs[name], "a" if resume else "w") as log:
+            procs[name] = subprocess.Popen(run_command(name, run_dir, user_overrides, resume), cwd=REPO_ROOT,
                                            env=env, stdout=log, stderr=subprocess.STDOUT)
     bars = {name: tqdm.tqdm(total=config.total_steps, desc=f"{name:>10s}", position=i, unit="step",
-                            disable=not PROGRESS.value, dynamic_ncols=True) for i, name in enumerate(RUNS)}
+                            disable=not defined["progress"].value, dynamic_ncols=True) for i, name in enumerate(RUNS)}
     started = time.perf_counter()
     try:
         while any(proc.poll() is None for proc in procs.values()):
@@ -199,4 +205,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    defined_flags = define_flags()
+    app.run(lambda argv: main(argv, defined_flags))
