@@ -28,14 +28,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_DTYPE_ALIASES: dict[str, Any] = {
+DTYPE_NAMES: dict[str, Any] = {
     "float64": jnp.float64, "f64": jnp.float64, "fp64": jnp.float64, "double": jnp.float64,
     "float32": jnp.float32, "f32": jnp.float32, "fp32": jnp.float32, "single": jnp.float32, "full": jnp.float32,
     "float16": jnp.float16, "f16": jnp.float16, "fp16": jnp.float16, "half": jnp.float16,
     "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
     "float8_e4m3fn": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "e4m3": jnp.float8_e4m3fn,
     "float8_e5m2": jnp.float8_e5m2, "fp8_e5m2": jnp.float8_e5m2, "e5m2": jnp.float8_e5m2,
+    "fp8": jnp.float8_e4m3fn,
 }
+"""The one table of dtype names of lpjax (policies, moment dtypes, KV caches): lower-case name -> dtype.
+``"fp8"`` alone is float8_e4m3fn, the format of the forward pass (weights, activations, KV caches)."""
 
 _FIELD_ALIASES = {
     "params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
@@ -45,15 +48,23 @@ _FIELD_ALIASES = {
 }
 
 
-def _canonical_dtype(dtype: Any) -> np.dtype:
-    """Returns the numpy dtype for a dtype object or one of the names in ``_DTYPE_ALIASES``."""
+def dtype_of(dtype: Any) -> np.dtype:
+    """The numpy dtype of a dtype object or of a name in :data:`DTYPE_NAMES` (case-insensitive).
+
+    Raises:
+      ValueError: for an unknown name; the message lists the valid ones.
+    """
     if isinstance(dtype, str):
         key = dtype.strip().lower()
-        if key not in _DTYPE_ALIASES:
-            raise ValueError(
-                f"Unknown dtype name {dtype!r}; valid names: {', '.join(sorted(_DTYPE_ALIASES))}.")
-        dtype = _DTYPE_ALIASES[key]
-    result = np.dtype(dtype)
+        if key not in DTYPE_NAMES:
+            raise ValueError(f"Unknown dtype name {dtype!r}; valid names: {', '.join(sorted(DTYPE_NAMES))}.")
+        dtype = DTYPE_NAMES[key]
+    return np.dtype(dtype)
+
+
+def _canonical_dtype(dtype: Any) -> np.dtype:
+    """:func:`dtype_of`, restricted to floating-point dtypes (what a policy holds)."""
+    result = dtype_of(dtype)
     if not jnp.issubdtype(result, jnp.floating):
         raise ValueError(f"A precision policy holds floating-point dtypes, got {result}.")
     return result
@@ -134,7 +145,7 @@ POLICIES: dict[str, Policy] = {
 ``fp8`` keeps fp32 params and bf16 activations and runs the dense layers' GEMMs as blockwise W8A8 fp8."""
 
 
-_BARE_DTYPES = {name for name, dtype in _DTYPE_ALIASES.items() if np.dtype(dtype).itemsize >= 2}
+_BARE_DTYPES = {name for name, dtype in DTYPE_NAMES.items() if np.dtype(dtype).itemsize >= 2}
 
 
 def get_policy(spec: str | Policy) -> Policy:

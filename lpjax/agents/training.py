@@ -1,16 +1,13 @@
 """What every learner shares: a trainable network (parameters + optimizer state), one loss-scaled gradient step,
-the network optimizer and target-network updater built from the paper's method switches, and the behaviour of
-the learner configs (validation of the method fields, :meth:`LearnerConfig.from_mapping`).
+the network optimizer and target-network updater built from the learner's :class:`lpjax.methods.PrecisionMethods`,
+and the behaviour of the learner configs (:meth:`LearnerConfig.from_mapping`, validation).
 
-The off-policy learner configs (:class:`lpjax.agents.sac.SACConfig`, :class:`lpjax.agents.d4pg.D4PGConfig`)
-are frozen dataclasses deriving from :class:`OffPolicyConfig`, which declares the fields they share, among them
-those :func:`network_optimizer` and :func:`target_updater` read:
-
-* Adam: ``b1``, ``b2``, ``adam_eps``;
-* methods (Björck et al., 2021): ``hadam``, ``loss_scaling`` (with ``init_scale``, ``growth_interval``),
-  ``kahan_gradients``, ``kahan_momentum`` (with ``kahan_momentum_scale``);
-* targets: ``tau`` and ``target_update_period`` (declared by each learner: their defaults differ);
-* precision: ``policy`` and ``matmul_impl`` (see :class:`lpjax.nn.Dense`).
+Every learner config (:class:`lpjax.agents.sac.SACConfig`, :class:`lpjax.agents.d4pg.D4PGConfig`,
+:class:`lpjax.agents.grpo.GRPOConfig`) is a frozen dataclass deriving from :class:`LearnerConfig`, which declares
+what they all have: the networks' precision ``policy``, the ``methods`` and Adam's ``b1``, ``b2`` and ``adam_eps``.
+The off-policy learners derive from :class:`OffPolicyConfig`, which adds their shared fields: ``gamma``,
+learning rates, ``matmul_impl`` (see :class:`lpjax.nn.Dense`) and the targets' ``tau`` and
+``target_update_period`` (declared by each learner: their defaults differ).
 """
 
 from __future__ import annotations
@@ -24,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lpjax.methods import PrecisionMethods, split_method_fields
 from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
     OPTIMIZER_SCOPE,
     KahanPolyakState,
     kahan_polyak,
-    low_precision_adam,
+    method_optimizer,
     scaled_value_and_grad,
 )
 from lpjax.precision import Policy, get_policy
@@ -68,15 +66,12 @@ def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
     return Trainable(params, opt_state), loss, aux
 
 
-def network_optimizer(learning_rate: optax.ScalarOrSchedule, config: Any) -> optax.GradientTransformation:
-    """The optimizer of a learner's networks: :func:`lpjax.optim.low_precision_adam` with the config's switches.
-
-    Reads ``config.b1``, ``b2``, ``adam_eps``, ``hadam``, ``loss_scaling``, ``init_scale``, ``growth_interval``
-    and ``kahan_gradients``; with every switch off it is ``optax.adam(learning_rate, b1, b2, adam_eps)``.
-    """
-    return low_precision_adam(learning_rate, config.b1, config.b2, config.adam_eps, hadam=config.hadam,
-                              loss_scaling=config.loss_scaling, kahan=config.kahan_gradients,
-                              init_scale=config.init_scale, growth_interval=config.growth_interval)
+def network_optimizer(learning_rate: optax.ScalarOrSchedule, config: LearnerConfig, *, weight_decay: float = 0.0,
+                      max_grad_norm: float | None = None) -> optax.GradientTransformation:
+    """The optimizer of a learner's networks: :func:`lpjax.optim.method_optimizer` with ``config.methods`` and
+    Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``."""
+    return method_optimizer(learning_rate, config.methods, b1=config.b1, b2=config.b2, eps=config.adam_eps,
+                            weight_decay=weight_decay, max_grad_norm=max_grad_norm)
 
 
 class TargetUpdater(NamedTuple):
@@ -93,19 +88,19 @@ class TargetUpdater(NamedTuple):
     update: Callable[[Any, Any, KahanPolyakState | None, chex.Array], tuple[Any, KahanPolyakState | None]]
 
 
-def target_updater(config: Any) -> TargetUpdater:
+def target_updater(config: OffPolicyConfig) -> TargetUpdater:
     """Target networks following their online networks every ``config.target_update_period`` gradient steps.
 
     At a step with ``step % target_update_period == 0``:
 
         tau < 1:  t <- t + tau (p - t)   (optax.incremental_update; Kahan-compensated, scaled by
-                                          kahan_momentum_scale, when config.kahan_momentum: lpjax.optim.kahan_polyak)
+                                          kahan_momentum_scale, with methods.kahan_momentum: lpjax.optim.kahan_polyak)
         tau = 1:  t <- p                 (a hard copy, as Acme's DQN/D4PG targets; no compensation is kept)
 
     The trees may hold several networks (e.g. ``(actor, critic)``); targets keep their dtype.
     """
-    period, tau = config.target_update_period, config.tau
-    polyak = kahan_polyak(tau, config.kahan_momentum_scale) if config.kahan_momentum and tau < 1.0 else None
+    period, tau, methods = config.target_update_period, config.tau, config.methods
+    polyak = kahan_polyak(tau, methods.kahan_momentum_scale) if methods.kahan_momentum and tau < 1.0 else None
 
     def init(target_params):
         return polyak.init(target_params) if polyak is not None else None
@@ -127,20 +122,34 @@ def target_updater(config: Any) -> TargetUpdater:
     return TargetUpdater(init, update)
 
 
+@dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Behaviour shared by the learner configs (frozen dataclasses deriving from this class; it adds no fields).
+    """The fields and behaviour every learner config shares (frozen, hashable dataclasses deriving from this one).
 
-    Subclasses call :meth:`validate` with their own checks at the end of ``__post_init__``. The off-policy
-    learners derive from :class:`OffPolicyConfig`, which adds their shared fields.
+    Attributes:
+      policy: the networks' precision policy, a name or spec for :func:`lpjax.precision.get_policy`.
+      methods: the low-precision methods (:class:`lpjax.methods.PrecisionMethods`); a mapping is converted.
+      b1, b2, adam_eps: Adam's hyper-parameters, for :func:`network_optimizer`.
+
+    Subclasses call :meth:`validate` with their own checks at the end of ``__post_init__``.
     """
+
+    policy: str = "fp32"
+    methods: PrecisionMethods = PrecisionMethods()
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
 
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
         """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.
 
-        Checks ``policy`` first (its error lists the valid names), then ``checks`` (the subclass's own fields).
+        Converts ``methods`` from a mapping, checks ``policy`` (its error lists the valid names), Adam's fields,
+        then ``checks`` (the subclass's own fields).
         """
+        object.__setattr__(self, "methods", PrecisionMethods.from_mapping(self.methods))
         get_policy(self.policy)
-        for ok, message in checks:
+        for ok, message in [(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
+                            (self.adam_eps >= 0, "adam_eps must be >= 0"), *checks]:
             if not ok:
                 raise ValueError(f"{type(self).__name__}: {message}.")
 
@@ -151,8 +160,17 @@ class LearnerConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Self:
-        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``."""
-        values = dict(values)
+        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``.
+
+        ``methods`` may be a nested mapping. A mapping saved before the methods were nested (an old run's
+        ``config.json``) holds their fields at the top level: they are moved into ``methods``, over what
+        ``methods`` holds (today's defaults, when an old file is merged over them).
+        """
+        values, legacy = split_method_fields(dict(values))
+        if legacy:
+            nested = values.get("methods") or {}
+            nested = dataclasses.asdict(nested) if isinstance(nested, PrecisionMethods) else dict(nested)
+            values["methods"] = {**nested, **legacy}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -165,10 +183,8 @@ class LearnerConfig:
 class OffPolicyConfig(LearnerConfig):
     """The fields SAC and D4PG share, with the same defaults (Björck et al., 2021, Table 4), and their checks.
 
-    ``gamma``; ``tau`` (target Polyak step); ``actor_lr``, ``critic_lr`` and Adam's ``b1``/``b2``/``adam_eps``;
-    precision: ``policy`` and ``matmul_impl``; the methods, each a switch: ``hadam``, ``loss_scaling`` (with
-    ``init_scale`` and ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with
-    ``kahan_momentum_scale``). Subclasses declare ``batch_size`` and ``target_update_period``, and call
+    ``gamma``; ``tau`` (target Polyak step); ``actor_lr`` and ``critic_lr``; ``matmul_impl`` (see
+    :class:`lpjax.nn.Dense`). Subclasses declare ``batch_size`` and ``target_update_period``, and call
     :meth:`validate` at the end of ``__post_init__``.
     """
 
@@ -176,33 +192,17 @@ class OffPolicyConfig(LearnerConfig):
     tau: float = 0.005
     actor_lr: float = 1e-4
     critic_lr: float = 1e-4
-    b1: float = 0.9
-    b2: float = 0.999
-    adam_eps: float = 1e-8
-    policy: str = "fp32"
     matmul_impl: str = "xla"
-    hadam: bool = False
-    loss_scaling: bool = False
-    init_scale: float = 1e4
-    growth_interval: int = 10_000
-    kahan_gradients: bool = False
-    kahan_momentum: bool = False
-    kahan_momentum_scale: float = 1e4
 
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
         """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.
 
         Checks ``policy`` and ``matmul_impl`` first (their errors list the valid values), then ``checks`` (the
-        subclass's own fields), then the fields read by :func:`network_optimizer` and :func:`target_updater`.
+        subclass's own fields), then the target fields read by :func:`target_updater`.
         """
         check_dense_options(get_policy(self.policy), self.matmul_impl, "none")
         super().validate([
             *checks,
             (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
             (self.target_update_period >= 1, "target_update_period must be >= 1"),
-            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
-            (self.adam_eps >= 0, "adam_eps must be >= 0"),
-            (self.init_scale >= 1, "init_scale must be >= 1"),
-            (self.growth_interval >= 1, "growth_interval must be >= 1"),
-            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
         ])

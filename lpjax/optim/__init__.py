@@ -16,7 +16,7 @@ Everything here is an ``optax.GradientTransformation`` (or a pure init/update pa
 hAdam (or an injected ``optax.adam``) first, the true gradients everywhere else.
 """
 
-from lpjax.optim.alias import inject_hyperparams, low_precision_adam
+from lpjax.optim.alias import inject_hyperparams, low_precision_adam, method_optimizer
 from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
 from lpjax.optim.kahan import (KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak,
                                kahan_summation)
@@ -32,5 +32,5 @@ __all__ = [
     "OPTIMIZER_SCOPE", "PYTORCH_AMP_DEFAULTS", "CompoundLossScalingState", "KahanPolyak", "KahanPolyakState",
     "KahanSummationState", "ScaleByHAdamState", "all_finite", "compound_loss_scaling", "hadam",
     "inject_hyperparams", "kahan_polyak", "kahan_summation", "loss_scale", "loss_scale_or_one",
-    "low_precision_adam", "rescale_moments", "scale_by_hadam", "scaled_value_and_grad",
+    "low_precision_adam", "method_optimizer", "rescale_moments", "scale_by_hadam", "scaled_value_and_grad",
 ]

@@ -1,8 +1,9 @@
-"""Factories: ``low_precision_adam`` (Adam with each of the paper's optimizer methods as a switch) and
-``inject_hyperparams`` (optax's, with float32 hyperparameters).
+"""Factories: ``method_optimizer`` (the learners' optimizer, built from a :class:`lpjax.methods.PrecisionMethods`),
+``low_precision_adam`` (the same with the methods as keyword switches) and ``inject_hyperparams`` (optax's, with
+float32 hyperparameters).
 
-``low_precision_adam`` builds every row of the ablations of Björck et al. (2021): plain Adam (the naive baseline),
-hAdam, compound loss scaling and Kahan-gradients, in any combination.
+They build every row of the ablations of Björck et al. (2021): plain Adam (the naive baseline), hAdam, compound
+loss scaling and Kahan-gradients, in any combination.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from lpjax.methods import PrecisionMethods
 from lpjax.optim._hyperparameters import require_wide
+from lpjax.optim.hadam import descend, scale_by_hadam
 from lpjax.optim.hadam import hadam as _hadam
 from lpjax.optim.kahan import kahan_summation
 from lpjax.optim.loss_scaling import compound_loss_scaling
@@ -44,6 +48,52 @@ def inject_hyperparams(inner_factory: Callable[..., optax.GradientTransformation
                                     hyperparam_dtype=hyperparam_dtype)
 
 
+def method_optimizer(learning_rate: optax.ScalarOrSchedule, methods: PrecisionMethods, *, b1: float = 0.9,
+                     b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                     max_grad_norm: float | None = None) -> optax.GradientTransformation:
+    """The optimizer of a learner's network: Adam (or AdamW) with ``methods``' optimizer switches.
+
+    The chain, each part present only when its switch or argument asks for it::
+
+        compound_loss_scaling(                                       methods.loss_scaling
+            chain(clip_by_global_norm(max_grad_norm),                max_grad_norm
+                  hadam | adam (b1, b2, eps, moment_dtype),          methods.hadam
+                  add_decayed_weights(weight_decay) * -lr))          weight_decay (AdamW's decoupled decay)
+        then kahan_summation()                                       methods.kahan_gradients
+
+    With loss scaling and clipping, the scaler gives the clip the true (unscaled) gradients; without clipping,
+    hAdam (or the injected Adam) receives the scaled gradients and the scaler takes the paper's compound path
+    (see :func:`lpjax.optim.compound_loss_scaling`). With every switch off and no clipping or decay it is exactly
+    ``optax.adam(learning_rate, b1, b2, eps)``.
+
+    Raises:
+      ValueError: for ``methods.stochastic_rounding``, which has no transform yet.
+    """
+    require_wide("method_optimizer", "learning_rate", learning_rate)
+    if methods.stochastic_rounding:
+        raise ValueError("PrecisionMethods.stochastic_rounding has no optimizer transform yet; use kahan_gradients.")
+    moment_dtype = methods.moment_numpy_dtype
+    if weight_decay:
+        if methods.hadam:  # the compound path: scale_by_hadam first, the learning rate applied in float32
+            inner = optax.chain(scale_by_hadam(b1, b2, eps, moment_dtype), optax.add_decayed_weights(weight_decay),
+                                descend(learning_rate))
+        else:
+            inner = optax.adamw(learning_rate, b1, b2, eps, mu_dtype=moment_dtype, weight_decay=weight_decay)
+    elif methods.hadam:
+        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype)
+    elif methods.loss_scaling:  # optax's Adam must expose eps, in the widest float available, for the scaler
+        widest = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless float64 is enabled
+        inner = optax.inject_hyperparams(optax.adam, static_args="mu_dtype", hyperparam_dtype=widest)(
+            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
+    else:
+        inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
+    if max_grad_norm is not None:
+        inner = optax.chain(optax.clip_by_global_norm(max_grad_norm), inner)
+    if methods.loss_scaling:
+        inner = compound_loss_scaling(inner, init_scale=methods.init_scale, growth_interval=methods.growth_interval)
+    return optax.chain(inner, kahan_summation()) if methods.kahan_gradients else inner
+
+
 def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
                        eps: float = 1e-8, *, hadam: bool = True, loss_scaling: bool = True, kahan: bool = True,
                        init_scale: float = 1e4, growth_interval: int = 10_000,
@@ -61,18 +111,13 @@ def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b
       init_scale, growth_interval: of the loss scaler.
       moment_dtype: dtype of hAdam's moments (``None``: the parameters'); also optax Adam's ``mu_dtype``.
 
-    With all switches off this is exactly ``optax.adam`` (chained with nothing). Every numeric argument may be
-    injected: ``lpjax.optim.inject_hyperparams(low_precision_adam)(learning_rate=1e-4)``.
+    :func:`method_optimizer` with ``PrecisionMethods(hadam=hadam, loss_scaling=loss_scaling,
+    kahan_gradients=kahan, ...)``. With all switches off this is exactly ``optax.adam`` (chained with nothing).
+    Every numeric argument may be injected:
+    ``lpjax.optim.inject_hyperparams(low_precision_adam)(learning_rate=1e-4)``.
     """
     require_wide("low_precision_adam", "learning_rate", learning_rate)
-    if hadam:
-        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype)
-    elif loss_scaling:  # optax's Adam must expose eps, in the widest float available, for the scaler to scale it
-        widest = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless float64 is enabled
-        inner = optax.inject_hyperparams(optax.adam, static_args="mu_dtype", hyperparam_dtype=widest)(
-            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
-    else:
-        inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
-    if loss_scaling:
-        inner = compound_loss_scaling(inner, init_scale=init_scale, growth_interval=growth_interval)
-    return optax.chain(inner, kahan_summation()) if kahan else inner
+    methods = PrecisionMethods(hadam=hadam, loss_scaling=loss_scaling, kahan_gradients=kahan,
+                               init_scale=init_scale, growth_interval=growth_interval,
+                               moment_dtype=None if moment_dtype is None else np.dtype(moment_dtype).name)
+    return method_optimizer(learning_rate, methods, b1=b1, b2=b2, eps=eps)

@@ -155,14 +155,14 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+def descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
     """``-learning_rate * u`` multiplied in float32 (or wider) and rounded once to ``u``'s dtype.
 
     The same as ``optax.scale_by_learning_rate`` (same states: ``EmptyState`` for a number,
     ``ScaleByScheduleState`` for a schedule), except that a float16 update is not multiplied by a float16-rounded
     learning rate, and an injected float32 learning rate does not promote the updates to float32.
     """
-    def descend(u, lr):
+    def step(u, lr):
         dtype = jnp.promote_types(u.dtype, jnp.result_type(lr, jnp.float32))
         return (-jnp.asarray(lr, dtype) * u.astype(dtype)).astype(u.dtype)
 
@@ -174,13 +174,13 @@ def _descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformat
         def update_fn(updates, state, params=None):
             del params
             lr = learning_rate(state.count)
-            return (jax.tree.map(lambda u: descend(u, lr), updates),
+            return (jax.tree.map(lambda u: step(u, lr), updates),
                     optax.ScaleByScheduleState(count=optax.safe_increment(state.count)))
 
         return optax.GradientTransformation(init_fn, update_fn)
     return optax.GradientTransformation(lambda params: optax.EmptyState(),
                                         lambda updates, state, params=None: (
-                                            jax.tree.map(lambda u: descend(u, learning_rate), updates), state))
+                                            jax.tree.map(lambda u: step(u, learning_rate), updates), state))
 
 
 def hadam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
@@ -192,4 +192,4 @@ def hadam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     direction in float32 and the product is rounded once to the moments' dtype.
     """
     require_wide("hadam", "learning_rate", learning_rate)
-    return optax.chain(scale_by_hadam(b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype), _descend(learning_rate))
+    return optax.chain(scale_by_hadam(b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype), descend(learning_rate))

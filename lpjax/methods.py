@@ -1,0 +1,120 @@
+"""The low-precision training methods, declared once: :class:`PrecisionMethods`, nested in every learner's config.
+
+Each method is a field. Its consumers read it from here and nowhere else:
+
+=======================  ============================================================  ==========================
+field                    what it does                                                  read by
+=======================  ============================================================  ==========================
+``hadam``                hAdam instead of Adam (:func:`lpjax.optim.hadam`)             :func:`lpjax.optim.method_optimizer`
+``loss_scaling``         compound loss scaling (``init_scale``, ``growth_interval``)   :func:`lpjax.optim.method_optimizer`
+``kahan_gradients``      Kahan-compensated parameter updates                           :func:`lpjax.optim.method_optimizer`
+``moment_dtype``         dtype of Adam's / hAdam's moments (``None``: the params')     :func:`lpjax.optim.method_optimizer`
+``stochastic_rounding``  stochastically rounded parameter and target updates           :func:`lpjax.optim.method_optimizer`
+``kahan_momentum``       Kahan-compensated target (Polyak) updates                     :func:`lpjax.agents.training.target_updater`
+``softplus_fix``         the fp16-safe softplus of the policy's standard deviation     :mod:`lpjax.agents.sac`
+``normal_fix``           the fp16-safe Gaussian log-density                            :mod:`lpjax.agents.sac`
+=======================  ============================================================  ==========================
+
+Adding a method takes two edits: its field here and its consumer. Everything that lists the methods (the
+ablations, the inspector's fields, the reproduction's configs) derives the list from :meth:`switches`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from lpjax.precision import dtype_of
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionMethods:
+    """The methods of Björck et al. (2021) and lpjax's additions, each a switch; all off is plain Adam.
+
+    Attributes:
+      hadam: hAdam (:func:`lpjax.optim.hadam`) instead of Adam.
+      loss_scaling: compound loss scaling (:func:`lpjax.optim.compound_loss_scaling`), starting at
+        ``init_scale`` and growing every ``growth_interval`` finite steps.
+      init_scale, growth_interval: of the loss scaler.
+      kahan_gradients: Kahan-compensated parameter updates (:func:`lpjax.optim.kahan_summation`).
+      kahan_momentum: Kahan-compensated target-network updates (:func:`lpjax.optim.kahan_polyak`), the
+        compensation kept multiplied by ``kahan_momentum_scale``.
+      kahan_momentum_scale: see ``kahan_momentum``.
+      softplus_fix: SAC's policy computes its standard deviation with the fp16-safe softplus.
+      normal_fix: SAC's policy computes its Gaussian log-density without squaring a small sigma.
+      moment_dtype: a dtype name of :data:`lpjax.precision.DTYPE_NAMES` for the optimizer's moments, or
+        ``None`` for the parameters' dtype.
+      stochastic_rounding: round each parameter and target update stochastically to the parameters' dtype, an
+        alternative to the Kahan buffers.
+    """
+
+    hadam: bool = False
+    loss_scaling: bool = False
+    init_scale: float = 1e4
+    growth_interval: int = 10_000
+    kahan_gradients: bool = False
+    kahan_momentum: bool = False
+    kahan_momentum_scale: float = 1e4
+    softplus_fix: bool = False
+    normal_fix: bool = False
+    moment_dtype: str | None = None
+    stochastic_rounding: bool = False
+
+    def __post_init__(self):
+        for name in self.switches():
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PrecisionMethods: {name} must be True or False, got {getattr(self, name)!r}.")
+        if self.moment_dtype is not None:
+            dtype_of(self.moment_dtype)  # raises ValueError listing the valid names
+        for ok, message in [(self.init_scale >= 1, "init_scale must be >= 1"),
+                            (self.growth_interval >= 1, "growth_interval must be >= 1"),
+                            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
+                            (not (self.stochastic_rounding and (self.kahan_gradients or self.kahan_momentum)),
+                             "stochastic_rounding replaces the Kahan buffers: turn kahan_gradients and "
+                             "kahan_momentum off")]:
+            if not ok:
+                raise ValueError(f"PrecisionMethods: {message}.")
+
+    @classmethod
+    def switches(cls) -> tuple[str, ...]:
+        """The names of the on/off methods (the boolean fields), in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
+
+    @classmethod
+    def paper(cls, **changes: Any) -> PrecisionMethods:
+        """The six methods of Björck et al. (2021) on: hAdam, compound loss scaling, Kahan-gradients,
+        Kahan-momentum, softplus-fix and normal-fix (plus ``changes``)."""
+        return cls(**{**dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
+                             softplus_fix=True, normal_fix=True), **changes})
+
+    @property
+    def moment_numpy_dtype(self):
+        """``moment_dtype`` as a numpy dtype (``None`` stays ``None``)."""
+        return None if self.moment_dtype is None else dtype_of(self.moment_dtype)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | PrecisionMethods) -> PrecisionMethods:
+        """From a dict or ``ml_collections.ConfigDict`` (or an instance, returned as is); unknown keys raise
+        ``ValueError`` naming the valid ones."""
+        if isinstance(values, cls):
+            return values
+        values = dict(values)
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"Unknown precision method keys {unknown}; valid keys: {', '.join(known)}.")
+        return cls(**values)
+
+
+def split_method_fields(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(other, methods)``: a flat learner mapping split into the fields of :class:`PrecisionMethods` and the rest.
+
+    Learner configs saved before the methods were nested (an old run's ``config.json``) hold the method fields
+    at the top level; :meth:`lpjax.agents.training.LearnerConfig.from_mapping` moves them into ``methods``.
+    """
+    names = {f.name for f in dataclasses.fields(PrecisionMethods)}
+    return ({k: v for k, v in values.items() if k not in names}, {k: v for k, v in values.items() if k in names})
+
+
+__all__ = ["PrecisionMethods", "split_method_fields"]
