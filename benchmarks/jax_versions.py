@@ -25,9 +25,8 @@ import os
 import pathlib
 import platform
 import subprocess
-import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -73,20 +72,25 @@ def worker(reps: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from experiments.configs.sac import _base
     from lpjax.agents import sac
+    from lpjax.methods import PrecisionMethods
 
     obs_dim, action_dim, batch_size = 5, 1, 256
     rng = np.random.default_rng(0)
-    batch = {"obs": rng.standard_normal((batch_size, obs_dim), np.float32),
-             "action": rng.uniform(-1, 1, (batch_size, action_dim)).astype(np.float32),
-             "reward": rng.uniform(0, 1, batch_size).astype(np.float32),
-             "discount": np.ones(batch_size, np.float32),
-             "next_obs": rng.standard_normal((batch_size, obs_dim), np.float32)}
+    batch = {
+        "obs": rng.standard_normal((batch_size, obs_dim), np.float32),
+        "action": rng.uniform(-1, 1, (batch_size, action_dim)).astype(np.float32),
+        "reward": rng.uniform(0, 1, batch_size).astype(np.float32),
+        "discount": np.ones(batch_size, np.float32),
+        "next_obs": rng.standard_normal((batch_size, obs_dim), np.float32),
+    }
     batch = jax.tree.map(jnp.asarray, batch)
-    configs = {"fp32": sac.SACConfig(policy="fp32", hidden_dims=(256, 256), batch_size=batch_size),
-               "fp16": sac.SACConfig(policy="fp16", hidden_dims=(256, 256), batch_size=batch_size,
-                                     **_base.ALL_METHODS)}
+    configs = {
+        "fp32": sac.SACConfig(policy="fp32", hidden_dims=(256, 256), batch_size=batch_size),
+        "fp16": sac.SACConfig(
+            policy="fp16", hidden_dims=(256, 256), batch_size=batch_size, methods=PrecisionMethods.paper()
+        ),
+    }
     result = {"jax": jax.__version__, "python": platform.python_version(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
     for precision, config in configs.items():
         holder = [sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)]
@@ -117,8 +121,13 @@ def worker(reps: int) -> dict:
 def run_worker(python: pathlib.Path, flags: str, reps: int) -> dict | None:
     """One worker process; ``None`` when XLA rejects the flags (or the worker fails otherwise: see stderr)."""
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         print(f"  {python} XLA_FLAGS={flags!r}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
         return None
@@ -140,8 +149,9 @@ def summarize(rounds: dict) -> dict:
             row[f"{workload}_ms"] = float(np.median(ms))
             row[f"{workload}_first_call_s"] = float(np.median([s[workload][0] for s in samples]))
             if baseline:
-                row[f"{workload}_vs_baseline"] = float(np.median(
-                    [s[workload][1] / b[workload][1] for s, b in zip(samples, baseline)]))
+                row[f"{workload}_vs_baseline"] = float(
+                    np.median([s[workload][1] / b[workload][1] for s, b in zip(samples, baseline)])
+                )
         summary[name] = row
     return summary
 
@@ -167,8 +177,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(4 * len(WORKLOADS), 4))
     for ax, workload in zip(axes, WORKLOADS):
         names = list(rows)
-        ax.barh(names, [rows[n][f"{workload}_ms"] for n in names],
-                color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names])
+        ax.barh(
+            names,
+            [rows[n][f"{workload}_ms"] for n in names],
+            color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names],
+        )
         ax.set_title(f"{workload} (ms, median)")
         ax.invert_yaxis()
         if ax is not axes[0]:
@@ -213,13 +226,22 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
                 rounds[name].append(sample)
         load.append(os.getloadavg()[0])
     summary = summarize(rounds)
-    versions = {env: next((r["jax"] for n, r in summary.items() if n.startswith(env) and r["supported"]), None)
-                for env in pythons}
-    result = {"benchmark": "jax_versions", "command": command_line("benchmarks.jax_versions", argv),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "load_average_1min_per_round": load},
-              "versions": versions, "variants": {v: VARIANTS[v] for v in variants}, "reps": args.reps,
-              "rounds": args.rounds, "notes": NOTES, "summary": summary, "samples": rounds}
+    versions = {
+        env: next((r["jax"] for n, r in summary.items() if n.startswith(env) and r["supported"]), None)
+        for env in pythons
+    }
+    result = {
+        "benchmark": "jax_versions",
+        "command": command_line("benchmarks.jax_versions", argv),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_1min_per_round": load},
+        "versions": versions,
+        "variants": {v: VARIANTS[v] for v in variants},
+        "reps": args.reps,
+        "rounds": args.rounds,
+        "notes": NOTES,
+        "summary": summary,
+        "samples": rounds,
+    }
     write_results(result, table(summary), args.out, "jax_versions", plot)
     return result
 

@@ -4,7 +4,8 @@ The issue's target: the full lpjax chain
 
     optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(1e-4)), lpjax.optim.kahan_summation())
 
-costs at most ``TARGET_RATIO`` (1.5) times an ``optax.adam(1e-4)`` step in the same dtype. The parameters are a
+(the learners' optimizer, built by :func:`lpjax.optim.method_optimizer` from ``FULL_METHODS``) costs at most
+``TARGET_RATIO`` (1.5) times an ``optax.adam(1e-4)`` step in the same dtype. The parameters are a
 ~3.2M-parameter MLP pytree (input layer, three 1024x1024 hidden layers, output layer). Each variant's step is
 ``tx.update`` followed by ``optax.apply_updates`` under one ``jax.jit`` with the parameters and the optimizer state
 donated, so every variant updates its buffers in place in the same way. The gradients are runtime random arrays
@@ -35,6 +36,7 @@ Run ``python -m benchmarks.optimizer_overhead`` (writes ``benchmarks/results/opt
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import platform
@@ -42,18 +44,19 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+import lpjax
 from benchmarks import hlo_traffic
 from benchmarks.common import command_line, write_results
-import lpjax
-
+from lpjax.methods import PrecisionMethods
 
 TARGET_RATIO = 1.5
 LEARNING_RATE = 1e-4
@@ -75,25 +78,39 @@ class Variant(NamedTuple):
     make: Callable[[], optax.GradientTransformation]
 
 
-def _full_chain() -> optax.GradientTransformation:
-    return optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(LEARNING_RATE), init_scale=LOSS_SCALE),
-                       lpjax.optim.kahan_summation())
+FULL_METHODS = PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True, init_scale=LOSS_SCALE)
+"""The optimizer's methods of the full chain: :func:`lpjax.optim.method_optimizer` builds
+``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` from them, the learners' optimizer."""
+
+
+def _method_optimizer(**off: bool) -> Callable[[], optax.GradientTransformation]:
+    """``make`` of the full chain with the switches ``off`` (``name=False``) removed."""
+    return lambda: lpjax.optim.method_optimizer(LEARNING_RATE, dataclasses.replace(FULL_METHODS, **off))
 
 
 VARIANTS = (
     Variant(BASELINE, "optax.adam(1e-4)", lambda: optax.adam(LEARNING_RATE)),
     Variant("lpjax.hadam", "lpjax.optim.hadam(1e-4)", lambda: lpjax.optim.hadam(LEARNING_RATE)),
-    Variant(FULL_CHAIN, "chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())", _full_chain),
+    Variant(FULL_CHAIN, "chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())", _method_optimizer()),
 )
 
-# The full chain's parts, to see where its overhead comes from (--ablations).
+# The full chain's parts, to see where its overhead comes from (--ablations): the chain less one method.
 ABLATIONS = (
-    Variant("ablation.cls(hadam)", "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)",
-            lambda: lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(LEARNING_RATE), init_scale=LOSS_SCALE)),
-    Variant("ablation.hadam+kahan", "chain(hadam(1e-4), kahan_summation()) (no loss scaling)",
-            lambda: optax.chain(lpjax.optim.hadam(LEARNING_RATE), lpjax.optim.kahan_summation())),
-    Variant("ablation.apply_if_finite(hadam)", "optax.apply_if_finite(hadam(1e-4)): optax's own skip-on-non-finite",
-            lambda: optax.apply_if_finite(lpjax.optim.hadam(LEARNING_RATE), max_consecutive_errors=10**9)),
+    Variant(
+        "ablation.cls(hadam)",
+        "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)",
+        _method_optimizer(kahan_gradients=False),
+    ),
+    Variant(
+        "ablation.hadam+kahan",
+        "chain(hadam(1e-4), kahan_summation()) (no loss scaling)",
+        _method_optimizer(loss_scaling=False),
+    ),
+    Variant(
+        "ablation.apply_if_finite(hadam)",
+        "optax.apply_if_finite(hadam(1e-4)): optax's own skip-on-non-finite",
+        lambda: optax.apply_if_finite(lpjax.optim.hadam(LEARNING_RATE), max_consecutive_errors=10**9),
+    ),
 )
 
 
@@ -134,14 +151,15 @@ def random_grads(key: jax.Array, params: dict, magnitude: float = GRAD_SCALED) -
     for k_sign, k_mag, p in zip(keys[::2], keys[1::2], leaves):
         sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, p.shape), 1.0, -1.0)
         exponent = jax.random.uniform(k_mag, p.shape, jnp.float32, -1.0, 1.0)
-        grads.append((magnitude * sign * 10.0 ** exponent).astype(p.dtype))
+        grads.append((magnitude * sign * 10.0**exponent).astype(p.dtype))
     return jax.tree.unflatten(treedef, grads)
 
 
 def tree_nbytes(tree: Any) -> int:
     """Sum of ``nbytes`` over the array leaves of ``tree``."""
-    return int(sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
-                   for leaf in jax.tree.leaves(tree)))
+    return int(
+        sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree))
+    )
 
 
 def make_step(tx: optax.GradientTransformation) -> Callable:
@@ -159,9 +177,16 @@ def _output_labels(params: dict, opt_state: Any) -> list[str]:
     labels = []
     for path, _ in jax.tree_util.tree_flatten_with_path((params, opt_state))[0]:
         text = jax.tree_util.keystr(path)
-        kinds = [name for key, name in ((".mu", "first moment"), (".nu_sqrt", "second moment"),
-                                        (".nu", "second moment"), (".compensation", "Kahan compensation"))
-                 if key in text]
+        kinds = [
+            name
+            for key, name in (
+                (".mu", "first moment"),
+                (".nu_sqrt", "second moment"),
+                (".nu", "second moment"),
+                (".compensation", "Kahan compensation"),
+            )
+            if key in text
+        ]
         labels.append("parameters" if text.startswith("[0]") else (kinds[0] if kinds else "scalars"))
     return labels
 
@@ -185,10 +210,10 @@ class _Case:
         memory = compiled.memory_analysis()
         self.temp_bytes = None if memory is None else int(memory.temp_size_in_bytes)
         self.traffic = hlo_traffic.summary(compiled.as_text(), self.param_bytes)
-        by_output = hlo_traffic.by_output(compiled.as_text(), _output_labels(self.params, self.state),
-                                          self.param_bytes)
-        self.traffic["by_output"] = {label: row for label, row in by_output.items()
-                                     if row["read_trees"] + row["written_trees"] >= 0.01}
+        by_output = hlo_traffic.by_output(compiled.as_text(), _output_labels(self.params, self.state), self.param_bytes)
+        self.traffic["by_output"] = {
+            label: row for label, row in by_output.items() if row["read_trees"] + row["written_trees"] >= 0.01
+        }
         self.times_ms: list[float] = []
         self.faults_per_step: list[float] = []
 
@@ -208,8 +233,11 @@ class _Case:
     def sanity(self) -> dict:
         """Checks that the timed path is the intended one: finite parameters, no skipped loss-scaled step."""
         out = {"params_finite": bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(self.params)))}
-        found = [n for n in jax.tree.leaves(self.state, is_leaf=lambda n: isinstance(
-            n, lpjax.optim.CompoundLossScalingState)) if isinstance(n, lpjax.optim.CompoundLossScalingState)]
+        found = [
+            n
+            for n in jax.tree.leaves(self.state, is_leaf=lambda n: isinstance(n, lpjax.optim.CompoundLossScalingState))
+            if isinstance(n, lpjax.optim.CompoundLossScalingState)
+        ]
         if found:
             out["skipped_steps"] = int(found[0].skipped_steps)
             out["final_loss_scale"] = float(found[0].scale)
@@ -241,8 +269,16 @@ def machine_info() -> dict:
     }
 
 
-def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants: Sequence[Variant],
-                  dtypes: Sequence[str] = DTYPES, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+def run_benchmark(
+    sizes: Sizes,
+    steps: int,
+    repeats: int,
+    warmup: int,
+    variants: Sequence[Variant],
+    dtypes: Sequence[str] = DTYPES,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Times every (variant, dtype) pair, interleaved; returns the results as a json-able dict."""
     key = jax.random.PRNGKey(seed)
     k_params, k_grads = jax.random.split(key)
@@ -250,8 +286,11 @@ def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants:
     first = next(iter(params_by_dtype.values()))
     param_count = int(sum(x.size for x in jax.tree.leaves(first)))
     param_bytes = {dtype: tree_nbytes(params) for dtype, params in params_by_dtype.items()}
-    log(f"parameters: {param_count:,} in {len(jax.tree.leaves(first))} arrays ("
-        + ", ".join(f"{d}: {b / 2**20:.2f} MiB" for d, b in param_bytes.items()) + ")")
+    log(
+        f"parameters: {param_count:,} in {len(jax.tree.leaves(first))} arrays ("
+        + ", ".join(f"{d}: {b / 2**20:.2f} MiB" for d, b in param_bytes.items())
+        + ")"
+    )
     log(f"compiling {len(variants) * len(dtypes)} steps ...")
     cases: list[_Case] = []
     for dtype, params in params_by_dtype.items():
@@ -282,23 +321,25 @@ def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants:
 
     rows = []
     for case in cases:
-        rows.append({
-            "variant": case.variant.name,
-            "description": case.variant.description,
-            "dtype": case.dtype,
-            "median_ms": statistics.median(case.times_ms),
-            "min_ms": min(case.times_ms),
-            "max_ms": max(case.times_ms),
-            "repeats_ms": case.times_ms,
-            "opt_state_bytes": case.state_bytes,
-            "param_bytes": case.param_bytes,
-            "opt_state_over_param_bytes": case.state_bytes / case.param_bytes,
-            "xla_temp_bytes": case.temp_bytes,
-            "minor_page_faults_per_step": statistics.median(case.faults_per_step),
-            "xla_temp_trees": (case.temp_bytes or 0) / case.param_bytes,
-            "traffic": case.traffic,
-            **case.sanity(),
-        })
+        rows.append(
+            {
+                "variant": case.variant.name,
+                "description": case.variant.description,
+                "dtype": case.dtype,
+                "median_ms": statistics.median(case.times_ms),
+                "min_ms": min(case.times_ms),
+                "max_ms": max(case.times_ms),
+                "repeats_ms": case.times_ms,
+                "opt_state_bytes": case.state_bytes,
+                "param_bytes": case.param_bytes,
+                "opt_state_over_param_bytes": case.state_bytes / case.param_bytes,
+                "xla_temp_bytes": case.temp_bytes,
+                "minor_page_faults_per_step": statistics.median(case.faults_per_step),
+                "xla_temp_trees": (case.temp_bytes or 0) / case.param_bytes,
+                "traffic": case.traffic,
+                **case.sanity(),
+            }
+        )
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     for dtype in dtypes:
         base = next(r for r in rows if r["variant"] == BASELINE and r["dtype"] == dtype)
@@ -307,10 +348,12 @@ def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants:
             if row["dtype"] == dtype:
                 row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]
                 row["ratio_to_adam_min"] = row["min_ms"] / base["min_ms"]
-                row["traffic_ratio_to_adam"] = (row["traffic"]["traffic_trees"]
-                                                / base["traffic"]["traffic_trees"])
-                ratios[dtype][row["variant"]] = {"median": row["ratio_to_adam_median"], "min": row["ratio_to_adam_min"],
-                                                 "traffic": row["traffic_ratio_to_adam"]}
+                row["traffic_ratio_to_adam"] = row["traffic"]["traffic_trees"] / base["traffic"]["traffic_trees"]
+                ratios[dtype][row["variant"]] = {
+                    "median": row["ratio_to_adam_median"],
+                    "min": row["ratio_to_adam_min"],
+                    "traffic": row["traffic_ratio_to_adam"],
+                }
     target_met = {}
     for dtype in dtypes:
         full = ratios[dtype].get(FULL_CHAIN)
@@ -323,8 +366,11 @@ def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants:
         "jaxlib_version": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
         "optax_version": optax.__version__,
         "lpjax_version": lpjax.__version__,
-        "machine": {**machine_info(), "loadavg_1_5_15_before": list(load_before),
-                    "loadavg_1_5_15_after": list(os.getloadavg())},
+        "machine": {
+            **machine_info(),
+            "loadavg_1_5_15_before": list(load_before),
+            "loadavg_1_5_15_after": list(os.getloadavg()),
+        },
         "config": {
             "sizes": sizes._asdict(),
             "steps": steps,
@@ -334,10 +380,10 @@ def run_benchmark(sizes: Sizes, steps: int, repeats: int, warmup: int, variants:
             "learning_rate": LEARNING_RATE,
             "grad_magnitude": GRAD_SCALED,
             "grad_note": "every variant gets the same gradients, +-1e-3 * loss_scale * 10**U(-1, 1) (loss-scaled "
-                         "magnitude; at 1e-3 unscaled, float16 optax.adam is not finite: (1-b2) g^2 rounds to 0)",
+            "magnitude; at 1e-3 unscaled, float16 optax.adam is not finite: (1-b2) g^2 rounds to 0)",
             "loss_scale": LOSS_SCALE,
             "timing": "median/min over rounds of (wall time of `steps` jitted steps incl. dispatch, "
-                      "block_until_ready at the end) / steps; params and opt state donated",
+            "block_until_ready at the end) / steps; params and opt state donated",
         },
         "param_count": param_count,
         "param_bytes": param_bytes,
@@ -376,8 +422,11 @@ def analysis(result: dict) -> dict:
             "traffic_ratio": chain["traffic_ratio_to_adam"],
             "traffic_trees_adam": adam["traffic"]["traffic_trees"],
             "traffic_trees_chain": chain["traffic"]["traffic_trees"],
-            "extra_traffic_trees_by_pass": {kind: trees(chain, kind) - trees(adam, kind) for kind in sorted(kinds)
-                                            if abs(trees(chain, kind) - trees(adam, kind)) >= 0.01},
+            "extra_traffic_trees_by_pass": {
+                kind: trees(chain, kind) - trees(adam, kind)
+                for kind in sorted(kinds)
+                if abs(trees(chain, kind) - trees(adam, kind)) >= 0.01
+            },
             "xla_temp_trees": chain["xla_temp_trees"],
         }
         for variant, part in (("ablation.cls(hadam)", "loss_scaling"), ("ablation.hadam+kahan", "kahan")):
@@ -393,31 +442,38 @@ def analysis(result: dict) -> dict:
         "and p + d) both need the old p and y = u + c, so y is one temporary tree (written once, read twice), "
         "c' reads y, p and c (c to leave it unchanged on a zero update), and the parameters' loop reads c' as "
         "well. With multi-output fusion (GPU, TPU) the same program is one pass per tree: about "
-        f"{BYTES_BOUND:.2f}x Adam's bytes.")
+        f"{BYTES_BOUND:.2f}x Adam's bytes."
+    )
     return out
 
 
 def format_table(result: dict) -> str:
-    header = (f"{'variant':<34} {'dtype':<8} {'median ms':>10} {'min ms':>9} {'x adam':>7} "
-              f"{'state/params':>12} {'XLA temp MiB':>12} {'faults/step':>11} {'traffic (trees)':>15} "
-              f"{'copies':>6}")
+    header = (
+        f"{'variant':<34} {'dtype':<8} {'median ms':>10} {'min ms':>9} {'x adam':>7} "
+        f"{'state/params':>12} {'XLA temp MiB':>12} {'faults/step':>11} {'traffic (trees)':>15} "
+        f"{'copies':>6}"
+    )
     lines = [header, "-" * len(header)]
     for row in result["results"]:
-        lines.append(f"{row['variant']:<34} {row['dtype']:<8} {row['median_ms']:>10.3f} {row['min_ms']:>9.3f} "
-                     f"{row['ratio_to_adam_median']:>7.2f} {row['opt_state_over_param_bytes']:>12.3f} "
-                     f"{(row['xla_temp_bytes'] or 0) / 2**20:>12.2f} {row['minor_page_faults_per_step']:>11.0f} "
-                     f"{row['traffic']['traffic_trees']:>15.2f} {row['traffic']['copies']:>6d}")
+        lines.append(
+            f"{row['variant']:<34} {row['dtype']:<8} {row['median_ms']:>10.3f} {row['min_ms']:>9.3f} "
+            f"{row['ratio_to_adam_median']:>7.2f} {row['opt_state_over_param_bytes']:>12.3f} "
+            f"{(row['xla_temp_bytes'] or 0) / 2**20:>12.2f} {row['minor_page_faults_per_step']:>11.0f} "
+            f"{row['traffic']['traffic_trees']:>15.2f} {row['traffic']['copies']:>6d}"
+        )
     lines.append("")
     for dtype, met in result["target_met"].items():
         ratio = result["ratios_to_adam"][dtype].get(FULL_CHAIN, {}).get("median")
         verdict = "n/a" if met is None else ("MET" if met else "MISSED")
-        lines.append(f"target {FULL_CHAIN} <= {result['target_ratio']}x {BASELINE} in {dtype}: "
-                     f"{ratio:.2f}x -> {verdict}")
+        lines.append(
+            f"target {FULL_CHAIN} <= {result['target_ratio']}x {BASELINE} in {dtype}: {ratio:.2f}x -> {verdict}"
+        )
     return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -435,17 +491,34 @@ def plot(result: dict, path: Path) -> None:
         pos = x - 0.4 + width * (i + 0.5)
         bars = ax.bar(pos, med, width, yerr=[lo, hi], capsize=3, label=variant)
         for bar, row in zip(bars, rows):  # ratio to optax.adam above the error bar
-            ax.annotate(f"{row['ratio_to_adam_median']:.2f}x", (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
-                        xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+            ax.annotate(
+                f"{row['ratio_to_adam_median']:.2f}x",
+                (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     for j, dtype in enumerate(dtypes):
         base = by_key[(BASELINE, dtype)]["median_ms"]
-        ax.hlines(TARGET_RATIO * base, x[j] - 0.42, x[j] + 0.42, colors="k", linestyles="dashed", linewidth=1,
-                  label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None)
+        ax.hlines(
+            TARGET_RATIO * base,
+            x[j] - 0.42,
+            x[j] + 0.42,
+            colors="k",
+            linestyles="dashed",
+            linewidth=1,
+            label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None,
+        )
     ax.set_xticks(x, dtypes)
     ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
-    ax.set_title(f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
-                 f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
-                 f"labels: median ratio to {BASELINE} in the same dtype", fontsize=9)
+    ax.set_title(
+        f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
+        f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
+        f"labels: median ratio to {BASELINE} in the same dtype",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper right")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
     _plot_traffic(traffic_ax, result, variants, dtypes)
@@ -454,8 +527,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-_TRAFFIC_KINDS = ("parameters", "first moment", "second moment", "Kahan compensation", "temporary", "reduction",
-                  "copy")
+_TRAFFIC_KINDS = ("parameters", "first moment", "second moment", "Kahan compensation", "temporary", "reduction", "copy")
 
 
 def _plot_traffic(ax, result: dict, variants: list[str], dtypes: list[str]) -> None:
@@ -466,16 +538,26 @@ def _plot_traffic(ax, result: dict, variants: list[str], dtypes: list[str]) -> N
     positions = np.arange(len(rows))
     bottoms = np.zeros(len(rows))
     for kind in _TRAFFIC_KINDS:
-        heights = np.array([sum(by_key[key]["traffic"]["by_output"].get(kind, {}).get(part, 0.0)
-                                for part in ("read_trees", "written_trees")) for key in rows])
+        heights = np.array(
+            [
+                sum(
+                    by_key[key]["traffic"]["by_output"].get(kind, {}).get(part, 0.0)
+                    for part in ("read_trees", "written_trees")
+                )
+                for key in rows
+            ]
+        )
         if heights.any():
             ax.bar(positions, heights, 0.7, bottom=bottoms, label=kind)
             bottoms += heights
     labels = [f"{variant}\n{dtype}" for variant, dtype in rows]
     ax.set_xticks(positions, labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("trees read + written per step (one tree = the parameters' bytes)")
-    ax.set_title("Memory traffic of the compiled step, by what each pass writes (from the optimized HLO;\n"
-                 "bodies of conditionals not counted)", fontsize=9)
+    ax.set_title(
+        "Memory traffic of the compiled step, by what each pass writes (from the optimized HLO;\n"
+        "bodies of conditionals not counted)",
+        fontsize=9,
+    )
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(fontsize=7, ncol=4, loc="upper left")
 
@@ -484,16 +566,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.optimizer_overhead",
         description="Time one jitted optimizer step (update + apply_updates) of optax.adam, lpjax hadam and the "
-                    f"full lpjax fp16 chain on a ~3.2M-parameter MLP, float32 and float16; target: the chain within "
-                    f"{TARGET_RATIO}x optax.adam. Writes {RESULT_NAME}.json and {RESULT_NAME}.png.")
+        f"full lpjax fp16 chain on a ~3.2M-parameter MLP, float32 and float16; target: the chain within "
+        f"{TARGET_RATIO}x optax.adam. Writes {RESULT_NAME}.json and {RESULT_NAME}.png.",
+    )
     parser.add_argument("--steps", type=int, default=None, help="steps per timed round (default 20; quick: 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per variant (default 21; quick: 2)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps after compiling (default 3; quick: 1)")
     parser.add_argument("--quick", action="store_true", help="tiny MLP and few steps: a smoke test, not a measurement")
-    parser.add_argument("--ablations", action="store_true",
-                        help="also time parts of the chain (loss scaling alone, hadam+kahan, optax.apply_if_finite)")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also time parts of the chain (loss scaling alone, hadam+kahan, optax.apply_if_finite)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -10,8 +10,8 @@ without allocating anything (``jax.eval_shape`` / ``jax.make_jaxpr`` on ``jax.Sh
 Configurations (``lpjax.agents.sac.SACConfig``):
 
 * ``fp32``: ``SACConfig(policy="fp32")``;
-* ``fp16``: ``SACConfig(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
-  softplus_fix=True, normal_fix=True)``;
+* ``fp16``: ``SACConfig(policy="fp16", methods=PrecisionMethods.paper())`` (hAdam, compound loss scaling,
+  Kahan-gradients, Kahan-momentum, softplus-fix and normal-fix);
 
 each with two hidden layers of width 1024 or 4096 (actor and both critics) and batch 1024 or 4096 (the paper's
 sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in dm_control; ``--obs-dim`` and
@@ -72,8 +72,9 @@ import io
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import flax
 import jax
@@ -82,17 +83,22 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, write_results
 import lpjax
+from benchmarks.common import command_line, write_results
 from lpjax.agents import sac
 from lpjax.agents.sac.learner import SACCritic, _actor_loss, _critic_loss, _networks, _temperature_loss
+from lpjax.methods import PrecisionMethods
 from lpjax.optim import loss_scale_or_one
 
 TARGET_RATIO = 1.8
 PAPER_TABLE_11 = (1.53, 1.73)  # fp32 / fp16 peak GPU memory, V100 (Björck et al. 2021)
 # Table 11 itself, MB (cheetah-run from states, V100, PyTorch) per (width, batch): (fp32, fp16 with the methods).
-PAPER_TABLE_11_MB = {(1024, 1024): (128, 77), (1024, 4096): (320, 185), (4096, 1024): (1265, 826),
-                     (4096, 4096): (1973, 1163)}
+PAPER_TABLE_11_MB = {
+    (1024, 1024): (128, 77),
+    (1024, 4096): (320, 185),
+    (4096, 1024): (1265, 826),
+    (4096, 4096): (1973, 1163),
+}
 OBS_DIM = 24  # walker-walk (dm_control) from states
 ACTION_DIM = 6
 HIDDEN_LAYERS = 2
@@ -100,14 +106,19 @@ FULL_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))  # (hidden
 QUICK_SIZES = ((16, 8), (32, 16))
 PRECISIONS: dict[str, dict[str, Any]] = {
     "fp32": dict(policy="fp32"),
-    "fp16": dict(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
-                 softplus_fix=True, normal_fix=True),
+    "fp16": dict(policy="fp16", methods=PrecisionMethods.paper()),
 }
 BASE, LOW = "fp32", "fp16"
 LOSSES = ("critic", "actor", "temperature")
 COMPONENTS = ("state", "critic_residuals", "actor_residuals", "temperature_residuals", "batch")
-STATE_PARTS = ("params", "adam_moments", "kahan_gradient_compensation", "target_critic",
-               "kahan_momentum_compensation", "scalars")
+STATE_PARTS = (
+    "params",
+    "adam_moments",
+    "kahan_gradient_compensation",
+    "target_critic",
+    "kahan_momentum_compensation",
+    "scalars",
+)
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
 RESULT_NAME = "sac_memory"
 
@@ -136,9 +147,14 @@ def abstract_state(config: sac.SACConfig, obs_dim: int, action_dim: int) -> sac.
 
 def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = jnp.float32) -> dict:
     """The replay batch ``sac.update`` takes, as ``jax.ShapeDtypeStruct`` leaves."""
-    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-    return {"obs": sds(batch_size, obs_dim), "action": sds(batch_size, action_dim), "reward": sds(batch_size),
-            "discount": sds(batch_size), "next_obs": sds(batch_size, obs_dim)}
+    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+    return {
+        "obs": sds(batch_size, obs_dim),
+        "action": sds(batch_size, action_dim),
+        "reward": sds(batch_size),
+        "discount": sds(batch_size),
+        "next_obs": sds(batch_size, obs_dim),
+    }
 
 
 def state_part(path: str) -> str:
@@ -167,9 +183,16 @@ def state_breakdown(state: Any) -> dict:
         by_dtype[np.dtype(leaf.dtype).name] = by_dtype.get(np.dtype(leaf.dtype).name, 0) + nbytes(leaf)
         network = name[1:].split(".")[0].split("[")[0]
         by_network[network] = by_network.get(network, 0) + nbytes(leaf)
-    return {"total": tree_bytes(state), "parts": parts, "by_dtype": by_dtype, "by_field": by_network,
-            "param_count": {net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
-                            for net in ("actor", "critic")}}
+    return {
+        "total": tree_bytes(state),
+        "parts": parts,
+        "by_dtype": by_dtype,
+        "by_field": by_network,
+        "param_count": {
+            net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
+            for net in ("actor", "critic")
+        },
+    }
 
 
 # ------------------------------------------------------------------------------------ the losses' backward passes
@@ -191,7 +214,8 @@ def _inputs(state: sac.SACState, batch: dict):
     _, critic_net = _networks(state.config, state.action_dim)
     _, critic_key, actor_key, _ = jax.random.split(state.key, 4)
     next_features = jax.lax.stop_gradient(
-        critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode))
+        critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
+    )
     features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, batch["obs"], method=SACCritic.encode))
     return critic_key, actor_key, next_features, features
 
@@ -231,8 +255,11 @@ def _is_constant(atom, producers: dict, constvars: set) -> bool:
     if isinstance(atom, jex.Literal) or atom in constvars:
         return True
     eqn = producers.get(atom)
-    return (eqn is not None and eqn.primitive.name in ("broadcast_in_dim", "convert_element_type", "reshape")
-            and all(_is_constant(x, producers, constvars) for x in eqn.invars))
+    return (
+        eqn is not None
+        and eqn.primitive.name in ("broadcast_in_dim", "convert_element_type", "reshape")
+        and all(_is_constant(x, producers, constvars) for x in eqn.invars)
+    )
 
 
 def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
@@ -255,7 +282,7 @@ def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
         raise AssertionError(f"make_jaxpr found {len(jaxpr.outvars)} residuals, eval_shape {len(leaves)}")
     producers = _producers(jaxpr)
     constvars = set(jaxpr.constvars)
-    invar_path = {var: path for var, path in zip(jaxpr.invars, in_paths)}
+    invar_path = dict(zip(jaxpr.invars, in_paths))
 
     kinds = dict.fromkeys(("input", "literal", "constant_broadcast", "bool_mask", "float_activation", "other"), 0)
     counts = dict.fromkeys(kinds, 0)
@@ -321,8 +348,11 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
     return {
         "precision": precision,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()},
-        "width": width, "batch_size": batch_size, "hidden_layers": HIDDEN_LAYERS,
-        "obs_dim": obs_dim, "action_dim": action_dim,
+        "width": width,
+        "batch_size": batch_size,
+        "hidden_layers": HIDDEN_LAYERS,
+        "obs_dim": obs_dim,
+        "action_dim": action_dim,
         "components": components,
         "total_bytes": sum(components.values()),
         "total_bytes_without_constant_broadcasts": sum(components.values()) - without,
@@ -336,7 +366,7 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
 
 def compare(base: dict, low: dict) -> dict:
     """fp32/fp16 ratios of every component and of the totals, and each component's ``excess_over_half``."""
-    ratio = lambda a, b: (a / b) if a and b else None  # noqa: E731  (None: a part only one precision has)
+    ratio = lambda a, b: (a / b) if a and b else None
     comps = {c: ratio(base["components"][c], low["components"][c]) for c in base["components"]}
     parts = {p: ratio(base["state"]["parts"][p], low["state"]["parts"][p]) for p in STATE_PARTS}
     excess = {c: low["components"][c] - base["components"][c] / 2 for c in base["components"]}
@@ -354,14 +384,17 @@ def compare(base: dict, low: dict) -> dict:
     paper = PAPER_TABLE_11_MB.get((base["width"], base["batch_size"]))
     base_masks = sum(base["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES)
     return {
-        "width": base["width"], "batch_size": base["batch_size"],
+        "width": base["width"],
+        "batch_size": base["batch_size"],
         "total_ratio": total,
         # Counterfactuals, to show what keeps the ratio below 2 (not configurations that exist):
         "total_ratio_without_kahan_buffers": base["total_bytes"] / (low["total_bytes"] - kahan),
-        "total_ratio_without_kahan_buffers_and_bool_masks": ((base["total_bytes"] - base_masks)
-                                                             / (low["total_bytes"] - kahan - masks)),
-        "total_ratio_without_constant_broadcasts": (base["total_bytes_without_constant_broadcasts"]
-                                                    / low["total_bytes_without_constant_broadcasts"]),
+        "total_ratio_without_kahan_buffers_and_bool_masks": (
+            (base["total_bytes"] - base_masks) / (low["total_bytes"] - kahan - masks)
+        ),
+        "total_ratio_without_constant_broadcasts": (
+            base["total_bytes_without_constant_broadcasts"] / low["total_bytes_without_constant_broadcasts"]
+        ),
         "component_ratios": comps,
         "state_part_ratios": parts,
         "excess_over_half_bytes": excess,
@@ -379,8 +412,18 @@ def compare(base: dict, low: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ cross-check
 
-_DTYPE_ABBREV = {"f16": np.float16, "bf16": jnp.bfloat16, "f32": np.float32, "f64": np.float64, "bool": np.bool_,
-                 "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u8": np.uint8, "u16": np.uint16}
+_DTYPE_ABBREV = {
+    "f16": np.float16,
+    "bf16": jnp.bfloat16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "bool": np.bool_,
+    "i32": np.int32,
+    "u32": np.uint32,
+    "i64": np.int64,
+    "u8": np.uint8,
+    "u16": np.uint16,
+}
 
 
 def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
@@ -411,8 +454,9 @@ def saved_residuals_of(loss: str, state: sac.SACState, batch: dict) -> list[tupl
         fn, params = _scaled(_actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
     else:
         _, log_prob = _actor_loss(state.actor.params, state, features, actor_key)
-        target_entropy = (-float(state.action_dim) if state.config.target_entropy is None
-                          else state.config.target_entropy)
+        target_entropy = (
+            -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
+        )
         fn = _scaled(_temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
         params = state.temperature.params
     out = io.StringIO()
@@ -433,8 +477,14 @@ def cross_check(loss: str, state: Any, batch: dict, ours: dict) -> dict:
     rows = found[0]
     groups: dict[str, int] = {}
     for size, description in rows:
-        kind = next((k for k in ("from the argument", "from a constant", "from a literal", "output of")
-                     if description.startswith(k)), "other")
+        kind = next(
+            (
+                k
+                for k in ("from the argument", "from a constant", "from a literal", "output of")
+                if description.startswith(k)
+            ),
+            "other",
+        )
         groups[kind] = groups.get(kind, 0) + size
     total = sum(size for size, _ in rows)
     return {
@@ -448,8 +498,12 @@ def cross_check(loss: str, state: Any, batch: dict, ours: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------- driver
 
 
-def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM,
-                  log: Callable[[str], None] = print) -> dict:
+def run_benchmark(
+    sizes: Sequence[tuple[int, int]],
+    obs_dim: int = OBS_DIM,
+    action_dim: int = ACTION_DIM,
+    log: Callable[[str], None] = print,
+) -> dict:
     start = time.perf_counter()
     rows, comparisons = [], []
     for width, batch_size in sizes:
@@ -459,9 +513,18 @@ def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, acti
             pair[precision] = measure(precision, width, batch_size, obs_dim, action_dim)
             rows.append(pair[precision])
         comparisons.append(compare(pair[BASE], pair[LOW]))
-    checks = [{"precision": r["precision"], "width": r["width"], "batch_size": r["batch_size"], "loss": loss,
-               "residual_leaf_bytes": r["residuals"][loss]["residual_leaf_bytes"],
-               **r["residuals"][loss]["print_saved_residuals"]} for r in rows for loss in LOSSES]
+    checks = [
+        {
+            "precision": r["precision"],
+            "width": r["width"],
+            "batch_size": r["batch_size"],
+            "loss": loss,
+            "residual_leaf_bytes": r["residuals"][loss]["residual_leaf_bytes"],
+            **r["residuals"][loss]["print_saved_residuals"],
+        }
+        for r in rows
+        for loss in LOSSES
+    ]
     check = {"all_equal": all(c["equal"] for c in checks), "checks": checks}
     return {
         "benchmark": RESULT_NAME,
@@ -472,26 +535,31 @@ def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, acti
         "python": sys.version.split()[0],
         "method": {
             "summary": "bytes = prod(shape) * itemsize of abstract values; no device memory statistics, nothing "
-                       "allocated (jax.eval_shape / jax.make_jaxpr on jax.ShapeDtypeStruct inputs)",
+            "allocated (jax.eval_shape / jax.make_jaxpr on jax.ShapeDtypeStruct inputs)",
             "state": "jax.eval_shape(sac.init) -> SACState; sum over leaves, grouped by role from the key path",
             "residuals": "jax.eval_shape(lambda s, b: jax.vjp(loss * loss_scale, params)[1]) -> leaves of the "
-                         "vjp function = residual_leaf_bytes; jax.make_jaxpr of the same function classifies each "
-                         "residual (input of the update / literal / constant broadcast / bool mask / float "
-                         "activation); residual_bytes = distinct residuals that are not inputs (inputs are in "
-                         "the state or batch already)",
+            "vjp function = residual_leaf_bytes; jax.make_jaxpr of the same function classifies each "
+            "residual (input of the update / literal / constant broadcast / bool mask / float "
+            "activation); residual_bytes = distinct residuals that are not inputs (inputs are in "
+            "the state or batch already)",
             "batch": "obs, action, reward, discount, next_obs, float32 (as the replay buffer stores them)",
             "total": "state + critic, actor and temperature residual_bytes + batch (gradients and XLA temporaries "
-                     "not included; critic and actor residuals are summed although they are live one at a time)",
+            "not included; critic and actor residuals are summed although they are live one at a time)",
             "ratio": "fp32 total bytes / fp16 total bytes; target >= 1.8",
             "ceiling": "total_ratio_ceiling_with_kahan_state = fp32 total / (fp16 state + (fp32 total - fp32 "
-                       "state) / 2): the ratio if everything but the fp16 training state (params, Adam moments, "
-                       "target critic and the two Kahan buffers) were exactly half of fp32's",
+            "state) / 2): the ratio if everything but the fp16 training state (params, Adam moments, "
+            "target critic and the two Kahan buffers) were exactly half of fp32's",
             "cross_check": "raw residual count vs jax.ad_checkpoint.print_saved_residuals of each loss as a "
-                           "function of its parameters only (state and batch closed over), under jax.eval_shape, "
-                           "for every configuration",
+            "function of its parameters only (state and batch closed over), under jax.eval_shape, "
+            "for every configuration",
         },
-        "precisions": {name: {k: v for k, v in spec.items()} for name, spec in PRECISIONS.items()},
-        "obs_dim": obs_dim, "action_dim": action_dim, "hidden_layers": HIDDEN_LAYERS,
+        "precisions": {
+            name: {k: dataclasses.asdict(v) if k == "methods" else v for k, v in spec.items()}
+            for name, spec in PRECISIONS.items()
+        },
+        "obs_dim": obs_dim,
+        "action_dim": action_dim,
+        "hidden_layers": HIDDEN_LAYERS,
         "env_note": f"obs dim {obs_dim}, action dim {action_dim}: dm_control walker-walk from states",
         "sizes": [{"width": w, "batch_size": b} for w, b in sizes],
         "target_ratio": TARGET_RATIO,
@@ -510,43 +578,67 @@ def _mib(n: float) -> str:
 
 def format_table(result: dict) -> str:
     by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
-    header = (f"{'width':>6} {'batch':>6} {'prec':<5} {'state':>10} {'critic res':>10} {'actor res':>10} "
-              f"{'temp res':>10} {'batch':>10} {'total MiB':>10}")
+    header = (
+        f"{'width':>6} {'batch':>6} {'prec':<5} {'state':>10} {'critic res':>10} {'actor res':>10} "
+        f"{'temp res':>10} {'batch':>10} {'total MiB':>10}"
+    )
     lines = [header, "-" * len(header)]
     for comp in result["comparisons"]:
         w, b = comp["width"], comp["batch_size"]
         for precision in PRECISIONS:
             c = by_key[(precision, w, b)]["components"]
-            lines.append(f"{w:>6} {b:>6} {precision:<5} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
-                         f"{_mib(c['actor_residuals'])} {_mib(c['temperature_residuals'])} {_mib(c['batch'])} "
-                         f"{_mib(by_key[(precision, w, b)]['total_bytes'])}")
+            lines.append(
+                f"{w:>6} {b:>6} {precision:<5} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
+                f"{_mib(c['actor_residuals'])} {_mib(c['temperature_residuals'])} {_mib(c['batch'])} "
+                f"{_mib(by_key[(precision, w, b)]['total_bytes'])}"
+            )
         r = comp["component_ratios"]
-        lines.append(f"{'':>6} {'':>6} {'ratio':<5} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
-                     f"{r['actor_residuals']:>10.3f} {r['temperature_residuals']:>10.3f} {r['batch']:>10.3f} "
-                     f"{comp['total_ratio']:>10.3f}   (without zero broadcasts: "
-                     f"{comp['total_ratio_without_constant_broadcasts']:.3f}; "
-                     f"target {TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; "
-                     f"largest excess: {comp['largest_excess']})")
-        lines.append(f"{'':>13} fp16 bytes beyond half of fp32 (MiB): " + ", ".join(
-            f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items())
+        lines.append(
+            f"{'':>6} {'':>6} {'ratio':<5} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
+            f"{r['actor_residuals']:>10.3f} {r['temperature_residuals']:>10.3f} {r['batch']:>10.3f} "
+            f"{comp['total_ratio']:>10.3f}   (without zero broadcasts: "
+            f"{comp['total_ratio_without_constant_broadcasts']:.3f}; "
+            f"target {TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; "
+            f"largest excess: {comp['largest_excess']})"
+        )
+        lines.append(
+            f"{'':>13} fp16 bytes beyond half of fp32 (MiB): "
+            + ", ".join(
+                f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items()
+            )
             + f"; ratio without the Kahan buffers {comp['total_ratio_without_kahan_buffers']:.3f}, "
-            f"and without bool masks {comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}")
+            f"and without bool masks {comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
+        )
         paper = comp["paper_table_11_mb"]
-        lines.append(f"{'':>13} ceiling with the Kahan state (all else halved): "
-                     f"{comp['total_ratio_ceiling_with_kahan_state']:.3f}"
-                     + ("" if paper is None else f"; MB here {comp['total_mb'][BASE]:.0f} / {comp['total_mb'][LOW]:.0f}"
-                        f", paper Table 11 {paper[BASE]} / {paper[LOW]}"))
+        lines.append(
+            f"{'':>13} ceiling with the Kahan state (all else halved): "
+            f"{comp['total_ratio_ceiling_with_kahan_state']:.3f}"
+            + (
+                ""
+                if paper is None
+                else f"; MB here {comp['total_mb'][BASE]:.0f} / {comp['total_mb'][LOW]:.0f}"
+                f", paper Table 11 {paper[BASE]} / {paper[LOW]}"
+            )
+        )
     lines.append("")
-    lines.append("state by role, fp32/fp16 ratio:  " + ", ".join(
-        f"{p} {v:.2f}" if v else f"{p} (fp16 only)" for p, v in result["comparisons"][0]["state_part_ratios"].items()))
+    lines.append(
+        "state by role, fp32/fp16 ratio:  "
+        + ", ".join(
+            f"{p} {v:.2f}" if v else f"{p} (fp16 only)"
+            for p, v in result["comparisons"][0]["state_part_ratios"].items()
+        )
+    )
     check = result["cross_check"]
-    lines.append(f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
-                 f"{'all equal' if check['all_equal'] else 'DIFFERENT'}")
+    lines.append(
+        f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
+        f"{'all equal' if check['all_equal'] else 'DIFFERENT'}"
+    )
     return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -554,50 +646,91 @@ def plot(result: dict, path: Path) -> None:
     comps = result["comparisons"]
     labels = [f"w{c['width']}\nb{c['batch_size']}" for c in comps]
     x = np.arange(len(comps))
-    colors = {"state": "tab:blue", "critic_residuals": "tab:orange", "actor_residuals": "tab:green",
-              "temperature_residuals": "tab:purple", "batch": "tab:gray"}
+    colors = {
+        "state": "tab:blue",
+        "critic_residuals": "tab:orange",
+        "actor_residuals": "tab:green",
+        "temperature_residuals": "tab:purple",
+        "batch": "tab:gray",
+    }
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.25, 1]})
     bar = 0.38
     for j, precision in enumerate(PRECISIONS):
         pos = x + (j - 0.5) * bar
         bottom = np.zeros(len(comps))
         for comp in COMPONENTS:
-            vals = np.array([by_key[(precision, c["width"], c["batch_size"])]["components"][comp]
-                             for c in comps]) / 2**20
-            ax.bar(pos, vals, bar, bottom=bottom, color=colors[comp], edgecolor="black" if j else "white",
-                   hatch="//" if j else None, linewidth=0.5, label=comp.replace("_", " ") if j == 0 else None)
+            vals = (
+                np.array([by_key[(precision, c["width"], c["batch_size"])]["components"][comp] for c in comps]) / 2**20
+            )
+            ax.bar(
+                pos,
+                vals,
+                bar,
+                bottom=bottom,
+                color=colors[comp],
+                edgecolor="black" if j else "white",
+                hatch="//" if j else None,
+                linewidth=0.5,
+                label=comp.replace("_", " ") if j == 0 else None,
+            )
             bottom += vals
         for p, total in zip(pos, bottom):
             ax.annotate(precision, (p, total), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
     for xi, c in zip(x, comps):
         top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
-        ax.annotate(f"{c['total_ratio']:.2f}x", (xi, top), xytext=(0, 12), textcoords="offset points",
-                    ha="center", fontsize=9, weight="bold")
+        ax.annotate(
+            f"{c['total_ratio']:.2f}x",
+            (xi, top),
+            xytext=(0, 12),
+            textcoords="offset points",
+            ha="center",
+            fontsize=9,
+            weight="bold",
+        )
     ax.set_xticks(x, labels)
     ax.set_ylabel("MiB (counted from shapes and dtypes)")
-    ax.set_title("SAC training memory: fp32 (left, plain) vs fp16 + all methods (right, hatched)\n"
-                 "bold: fp32/fp16 total", fontsize=9)
+    ax.set_title(
+        "SAC training memory: fp32 (left, plain) vs fp16 + all methods (right, hatched)\nbold: fp32/fp16 total",
+        fontsize=9,
+    )
     ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
     ax.legend(fontsize=8, loc="upper left")
 
     shown = [comp for comp in COMPONENTS if comp != "temperature_residuals"]  # a few KiB: not worth a bar
     series = [("total", lambda c: c["total_ratio"])] + [
-        (comp, lambda c, comp=comp: c["component_ratios"][comp]) for comp in shown]
+        (comp, lambda c, comp=comp: c["component_ratios"][comp]) for comp in shown
+    ]
     width = 0.8 / len(series)
     for i, (name, get) in enumerate(series):
         vals = [get(c) for c in comps]
-        ax_r.bar(x - 0.4 + width * (i + 0.5), vals, width, label=name.replace("_", " "),
-                 color="black" if name == "total" else colors[name])
-    ax_r.scatter(x - 0.4 + width / 2, [c["total_ratio_ceiling_with_kahan_state"] for c in comps], marker="_",
-                 s=400, color="tab:red", linewidths=2, zorder=3, label="total's ceiling with the Kahan state")
+        ax_r.bar(
+            x - 0.4 + width * (i + 0.5),
+            vals,
+            width,
+            label=name.replace("_", " "),
+            color="black" if name == "total" else colors[name],
+        )
+    ax_r.scatter(
+        x - 0.4 + width / 2,
+        [c["total_ratio_ceiling_with_kahan_state"] for c in comps],
+        marker="_",
+        s=400,
+        color="tab:red",
+        linewidths=2,
+        zorder=3,
+        label="total's ceiling with the Kahan state",
+    )
     ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
     ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
     ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
     ax_r.set_xticks(x, labels)
     ax_r.set_ylabel("fp32 bytes / fp16 bytes")
     ax_r.set_ylim(0, 2.75)
-    ax_r.set_title(f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
-                   f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}", fontsize=9)
+    ax_r.set_title(
+        f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
+        f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}",
+        fontsize=9,
+    )
     ax_r.legend(fontsize=7, loc="upper center", ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -618,19 +751,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.sac_memory",
         description="Count the bytes of SAC training (state, backward-pass residuals of the critic/actor/temperature "
-                    "losses, replay batch) for fp32 and for fp16 with all of the paper's methods, from shapes and "
-                    f"dtypes only (jax.eval_shape; nothing allocated). Target: fp32/fp16 total >= {TARGET_RATIO}. "
-                    f"Writes {RESULT_NAME}.json and {RESULT_NAME}.png.")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"tiny sizes {QUICK_SIZES} (width, batch): a smoke test, not the measurement")
-    parser.add_argument("--sizes", type=_sizes, default=None,
-                        help="hidden width x batch pairs, e.g. 1024x1024,4096x4096 (default: the paper's "
-                             "1024/4096 widths x 1024/4096 batches)")
+        "losses, replay batch) for fp32 and for fp16 with all of the paper's methods, from shapes and "
+        f"dtypes only (jax.eval_shape; nothing allocated). Target: fp32/fp16 total >= {TARGET_RATIO}. "
+        f"Writes {RESULT_NAME}.json and {RESULT_NAME}.png.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"tiny sizes {QUICK_SIZES} (width, batch): a smoke test, not the measurement",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="hidden width x batch pairs, e.g. 1024x1024,4096x4096 (default: the paper's "
+        "1024/4096 widths x 1024/4096 batches)",
+    )
     parser.add_argument("--obs-dim", type=int, default=OBS_DIM, help=f"observation dim (default {OBS_DIM}, walker)")
-    parser.add_argument("--action-dim", type=int, default=ACTION_DIM,
-                        help=f"action dim (default {ACTION_DIM}, walker)")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument("--action-dim", type=int, default=ACTION_DIM, help=f"action dim (default {ACTION_DIM}, walker)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
     if args.obs_dim < 1 or args.action_dim < 1:

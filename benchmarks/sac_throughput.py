@@ -110,8 +110,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +124,7 @@ from benchmarks.common import command_line, write_results
 from experiments import sac_brax_loop, sac_loop
 from experiments.configs.sac import _base as sac_base
 from lpjax.agents.sac import SACConfig
+from lpjax.methods import PrecisionMethods
 from lpjax.run_logging import read_metrics
 
 RESULT_NAME = "sac_throughput"
@@ -176,25 +178,72 @@ class Setting:
 
 
 SETTINGS = {
-    setting.name: setting for setting in (
-        Setting("brax_colab", "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per "
-                "vectorized step, 256x256): update-bound"),
-        Setting("one_update", "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
-                batch_size=256, updates_per_step=1, iterations=20),
-        Setting("mjx_cartpole", "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX "
-                "cartpole-swingup; the dm_control host loop on dmc:cartpole-swingup", env="mjx:cartpole-swingup",
-                backend=None, host_env="dmc:cartpole-swingup", num_envs=1, batch_size=256, updates_per_step=1,
-                replay_size=10_000, iterations=200, rounds=8),
-        Setting("mjx_cartpole_128", "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
-                env="mjx:cartpole-swingup", backend=None, batch_size=256, updates_per_step=1, iterations=20,
-                rounds=8),
+    setting.name: setting
+    for setting in (
+        Setting(
+            "brax_colab",
+            "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per "
+            "vectorized step, 256x256): update-bound",
+        ),
+        Setting(
+            "one_update",
+            "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
+            batch_size=256,
+            updates_per_step=1,
+            iterations=20,
+        ),
+        Setting(
+            "mjx_cartpole",
+            "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX "
+            "cartpole-swingup; the dm_control host loop on dmc:cartpole-swingup",
+            env="mjx:cartpole-swingup",
+            backend=None,
+            host_env="dmc:cartpole-swingup",
+            num_envs=1,
+            batch_size=256,
+            updates_per_step=1,
+            replay_size=10_000,
+            iterations=200,
+            rounds=8,
+        ),
+        Setting(
+            "mjx_cartpole_128",
+            "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
+            env="mjx:cartpole-swingup",
+            backend=None,
+            batch_size=256,
+            updates_per_step=1,
+            iterations=20,
+            rounds=8,
+        ),
     )
 }
-QUICK = Setting("quick", "a smoke test, not a measurement", env="mjx:cartpole-swingup", backend=None,
-                host_env="dmc:cartpole-swingup", num_envs=1, batch_size=32, updates_per_step=2, hidden=(32, 32),
-                replay_size=4096, iterations=8, rounds=2)
-OVERRIDABLE = ("env", "backend", "host_env", "num_envs", "batch_size", "updates_per_step", "hidden", "replay_size",
-               "iterations", "rounds")
+QUICK = Setting(
+    "quick",
+    "a smoke test, not a measurement",
+    env="mjx:cartpole-swingup",
+    backend=None,
+    host_env="dmc:cartpole-swingup",
+    num_envs=1,
+    batch_size=32,
+    updates_per_step=2,
+    hidden=(32, 32),
+    replay_size=4096,
+    iterations=8,
+    rounds=2,
+)
+OVERRIDABLE = (
+    "env",
+    "backend",
+    "host_env",
+    "num_envs",
+    "batch_size",
+    "updates_per_step",
+    "hidden",
+    "replay_size",
+    "iterations",
+    "rounds",
+)
 _TEXT_FIELDS = ("env", "backend", "host_env")
 
 
@@ -215,17 +264,28 @@ def _setting_error(setting: Setting) -> str | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="one tiny setting: a smoke test, not the measurement")
-    parser.add_argument("--settings", default=",".join(SETTINGS),
-                        help=f"comma-separated settings to run, from {list(SETTINGS)} (default: all)")
+    parser.add_argument(
+        "--settings",
+        default=",".join(SETTINGS),
+        help=f"comma-separated settings to run, from {list(SETTINGS)} (default: all)",
+    )
     for name in OVERRIDABLE:
-        kind = (lambda s: tuple(int(w) for w in s.split(","))) if name == "hidden" else (
-            (lambda s: s or None) if name in _TEXT_FIELDS else int)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS,
-                            help="override for every setting" + (" (widths, e.g. 256,256)" if name == "hidden" else
-                                                                 " ('' for none)" if name in _TEXT_FIELDS else ""))
+        kind = (
+            (lambda s: tuple(int(w) for w in s.split(",")))
+            if name == "hidden"
+            else ((lambda s: s or None) if name in _TEXT_FIELDS else int)
+        )
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=argparse.SUPPRESS,
+            help="override for every setting"
+            + (" (widths, e.g. 256,256)" if name == "hidden" else " ('' for none)" if name in _TEXT_FIELDS else ""),
+        )
     parser.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 variants")
     parser.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
     parser.add_argument("--seed", type=int, default=0)
@@ -294,13 +354,19 @@ def brax_jax_compat():
 
 def null_env(observation_size: int, action_size: int):
     """A brax ``Env`` with the given sizes that simulates nothing: brax's (untimed) evaluations cost nothing."""
-    from brax.envs.base import Env, State  # noqa: PLC0415
+    from brax.envs.base import Env, State
 
     class NullEnv(Env):
         def reset(self, rng):
             del rng
-            return State(pipeline_state=None, obs=jnp.zeros(observation_size), reward=jnp.zeros(()),
-                         done=jnp.zeros(()), metrics={}, info={})
+            return State(
+                pipeline_state=None,
+                obs=jnp.zeros(observation_size),
+                reward=jnp.zeros(()),
+                done=jnp.zeros(()),
+                metrics={},
+                info={},
+            )
 
         def step(self, state, action):
             del action
@@ -325,7 +391,7 @@ def brax_environment(env: str, backend: str | None):
     """brax's SAC's ``environment`` for ``env``: the brax env, or the bare Playground env (MJX)."""
     prefix, _, name = env.partition(":")
     if prefix == "brax":
-        from brax import envs  # noqa: PLC0415
+        from brax import envs
 
         return envs.get_environment(name, backend=backend)
     return lpjax.envs.load_playground(name)
@@ -334,8 +400,8 @@ def brax_environment(env: str, backend: str | None):
 def brax_wrap(env, **kwargs):
     """brax's SAC's ``wrap_env_fn``: Playground's wrapper for a Playground env (as Playground's brax training
     scripts use), brax's own for a brax env (as ``sac.train`` does without one)."""
-    from brax import envs  # noqa: PLC0415
-    from mujoco_playground import wrapper  # noqa: PLC0415
+    from brax import envs
+    from mujoco_playground import wrapper
 
     if isinstance(env, envs.Env):
         return envs.training.wrap(env, **kwargs)
@@ -344,16 +410,31 @@ def brax_wrap(env, **kwargs):
 
 def agent_config(setting: Setting, policy: str) -> SACConfig:
     """The SAC config of ``setting``: fp32 without methods, or fp16 with all the paper's methods."""
-    methods = sac_base.ALL_METHODS if policy == "fp16" else {}
-    return SACConfig(policy=policy, hidden_dims=setting.hidden, batch_size=setting.batch_size,
-                     actor_lr=LEARNING_RATE, critic_lr=LEARNING_RATE, gamma=GAMMA, tau=TAU, **methods)
+    methods = PrecisionMethods.paper() if policy == "fp16" else PrecisionMethods()
+    return SACConfig(
+        policy=policy,
+        hidden_dims=setting.hidden,
+        batch_size=setting.batch_size,
+        actor_lr=LEARNING_RATE,
+        critic_lr=LEARNING_RATE,
+        gamma=GAMMA,
+        tau=TAU,
+        methods=methods,
+    )
 
 
 def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
     """The jitted loop's settings matching ``setting``."""
-    return sac_brax_loop.LoopSettings(env=setting.env, backend=setting.backend, action_repeat=1,
-                                      agent=agent_config(setting, policy), num_envs=setting.num_envs, seed_steps=0,
-                                      updates_per_step=setting.updates_per_step, replay_capacity=setting.replay_size)
+    return sac_brax_loop.LoopSettings(
+        env=setting.env,
+        backend=setting.backend,
+        action_repeat=1,
+        agent=agent_config(setting, policy),
+        num_envs=setting.num_envs,
+        seed_steps=0,
+        updates_per_step=setting.updates_per_step,
+        replay_capacity=setting.replay_size,
+    )
 
 
 def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.ConfigDict:
@@ -362,9 +443,18 @@ def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.Conf
     Logs once per round (its rate over the round), evaluates one episode and checkpoints only at a round's end.
     """
     config = sac_base.get_config()
-    config.update(env=setting.host_env, seed=seed, seed_steps=0, updates_per_step=setting.updates_per_step,
-                  replay_capacity=setting.replay_size, log_every=setting.iterations, eval_every=2**31 - 1,
-                  eval_episodes=1, checkpoint_every=2**31 - 1, save_replay=True)
+    config.update(
+        env=setting.host_env,
+        seed=seed,
+        seed_steps=0,
+        updates_per_step=setting.updates_per_step,
+        replay_capacity=setting.replay_size,
+        log_every=setting.iterations,
+        eval_every=2**31 - 1,
+        eval_episodes=1,
+        checkpoint_every=2**31 - 1,
+        save_replay=True,
+    )
     config.agent = ml_collections.ConfigDict(dataclasses.asdict(agent_config(setting, policy)))
     return config
 
@@ -372,8 +462,9 @@ def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.Conf
 class LpjaxVariant:
     """The jitted loop in one configuration: its loop state and compiled chunk; a round is one chunk."""
 
-    def __init__(self, name: str, settings: sac_brax_loop.LoopSettings, iterations: int, seed: int,
-                 timer: CompileTimer):
+    def __init__(
+        self, name: str, settings: sac_brax_loop.LoopSettings, iterations: int, seed: int, timer: CompileTimer
+    ):
         self.name, self.settings, self.iterations = name, settings, iterations
         with timer.section(name):
             started = time.perf_counter()
@@ -431,8 +522,9 @@ class HostVariant:
             raise RuntimeError(f"{self.name}: {summary['status']}")
         metrics = read_metrics(self.run_dir)
         at_end = (metrics["step"] == self.steps) & np.isfinite(metrics["train/env_steps_per_s"])
-        sps, self.critic_loss = (float(metrics[column][at_end][-1])
-                                 for column in ("train/env_steps_per_s", "train/critic_loss"))
+        sps, self.critic_loss = (
+            float(metrics[column][at_end][-1]) for column in ("train/env_steps_per_s", "train/critic_loss")
+        )
         return sps
 
     def run_round(self) -> float:
@@ -454,11 +546,12 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer,
-                work_dir: Path) -> dict[str, Any]:
+def run_setting(
+    setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer, work_dir: Path
+) -> dict[str, Any]:
     """Times brax and the lpjax variants on one setting, interleaved round by round (module docstring)."""
-    from brax.training.agents.sac import networks as sac_networks  # noqa: PLC0415
-    from brax.training.agents.sac import train as brax_sac  # noqa: PLC0415
+    from brax.training.agents.sac import networks as sac_networks
+    from brax.training.agents.sac import train as brax_sac
 
     print(f"\n{setting.name}: {setting.description}", flush=True)
     ours: list[LpjaxVariant | HostVariant] = []
@@ -467,8 +560,15 @@ def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: Com
         print(f"{variant.name}: init {variant.init_s:.1f} s, chunk compile {variant.compile_s:.1f} s", flush=True)
         ours.append(variant)
     if setting.host_env is not None:
-        ours += [HostVariant(f"lpjax_host_{policy}", host_config(setting, policy, seed),
-                             work_dir / f"{setting.name}-host-{policy}", timer) for policy in policies]
+        ours += [
+            HostVariant(
+                f"lpjax_host_{policy}",
+                host_config(setting, policy, seed),
+                work_dir / f"{setting.name}-host-{policy}",
+                timer,
+            )
+            for policy in policies
+        ]
 
     epoch_steps = setting.env_steps_per_round
     brax_epochs: list[dict[str, float]] = []
@@ -477,8 +577,13 @@ def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: Com
         if "training/sps" not in metrics:  # the initial evaluation, before any training
             return
         sps = float(metrics["training/sps"])
-        brax_epochs.append({"sps": sps, "seconds": epoch_steps / sps,
-                            "critic_loss": float(metrics.get("training/critic_loss", float("nan")))})
+        brax_epochs.append(
+            {
+                "sps": sps,
+                "seconds": epoch_steps / sps,
+                "critic_loss": float(metrics.get("training/critic_loss", float("nan"))),
+            }
+        )
         round_ = len(brax_epochs) - 1
         order = ours if round_ % 2 == 0 else ours[::-1]
         with timer.section(None):
@@ -492,40 +597,82 @@ def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: Com
     network_factory = functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden)
     epochs = setting.rounds + 1
     with brax_jax_compat(), timer.section(f"brax/{setting.name}"):
-        brax_sac.train(environment=environment, num_timesteps=epochs * epoch_steps, episode_length=EPISODE_LENGTH,
-                       wrap_env_fn=brax_wrap, action_repeat=1, num_envs=setting.num_envs, num_eval_envs=1,
-                       learning_rate=LEARNING_RATE, discounting=GAMMA, seed=seed, batch_size=setting.batch_size,
-                       num_evals=epochs + 1, normalize_observations=False, reward_scaling=1.0, tau=TAU,
-                       min_replay_size=0, max_replay_size=setting.replay_size,
-                       grad_updates_per_step=setting.updates_per_step, network_factory=network_factory,
-                       progress_fn=progress, eval_env=eval_env)
+        brax_sac.train(
+            environment=environment,
+            num_timesteps=epochs * epoch_steps,
+            episode_length=EPISODE_LENGTH,
+            wrap_env_fn=brax_wrap,
+            action_repeat=1,
+            num_envs=setting.num_envs,
+            num_eval_envs=1,
+            learning_rate=LEARNING_RATE,
+            discounting=GAMMA,
+            seed=seed,
+            batch_size=setting.batch_size,
+            num_evals=epochs + 1,
+            normalize_observations=False,
+            reward_scaling=1.0,
+            tau=TAU,
+            min_replay_size=0,
+            max_replay_size=setting.replay_size,
+            grad_updates_per_step=setting.updates_per_step,
+            network_factory=network_factory,
+            progress_fn=progress,
+            eval_env=eval_env,
+        )
     if len(brax_epochs) != epochs:
         raise RuntimeError(f"brax ran {len(brax_epochs)} epochs, expected {epochs}")
 
     timed = slice(1, None)  # round 0 is the warm-up
     brax_sps = [e["sps"] for e in brax_epochs][timed]
     brax_epoch_s = statistics.median(e["seconds"] for e in brax_epochs[timed])
-    results = {"brax": {"sps": brax_sps, **_stats(brax_sps), "warmup_sps": brax_epochs[0]["sps"],
-                        "backend_compile_s": timer.seconds.get(f"brax/{setting.name}", 0.0),
-                        "first_epoch_overhead_s": brax_epochs[0]["seconds"] - brax_epoch_s,
-                        "last_critic_loss": brax_epochs[-1]["critic_loss"]}}
+    results = {
+        "brax": {
+            "sps": brax_sps,
+            **_stats(brax_sps),
+            "warmup_sps": brax_epochs[0]["sps"],
+            "backend_compile_s": timer.seconds.get(f"brax/{setting.name}", 0.0),
+            "first_epoch_overhead_s": brax_epochs[0]["seconds"] - brax_epoch_s,
+            "last_critic_loss": brax_epochs[-1]["critic_loss"],
+        }
+    }
     for variant in ours:
         sps = variant.sps[timed]
-        results[variant.name] = {"sps": sps, **_stats(sps), "warmup_sps": variant.sps[0],
-                                 "backend_compile_s": timer.seconds.pop(variant.name, 0.0),
-                                 "last_critic_loss": variant.critic_loss, **variant.extras()}
+        results[variant.name] = {
+            "sps": sps,
+            **_stats(sps),
+            "warmup_sps": variant.sps[0],
+            "backend_compile_s": timer.seconds.pop(variant.name, 0.0),
+            "last_critic_loss": variant.critic_loss,
+            **variant.extras(),
+        }
     ratios = {variant.name: [o / b for o, b in zip(variant.sps[timed], brax_sps)] for variant in ours}
     ratio = statistics.median(ratios["lpjax_fp32"])
-    config = {**dataclasses.asdict(setting), "hidden": list(setting.hidden), "env_steps_per_round": epoch_steps,
-              "episode_length": EPISODE_LENGTH, "learning_rate": LEARNING_RATE, "gamma": GAMMA, "tau": TAU,
-              "seed": seed, "lpjax_agents": {v.name: dataclasses.asdict(v.agent) for v in ours}}
-    summary = {"name": setting.name, "description": setting.description, "config": config, "results": results,
-               "ratios_per_round": ratios, "ratio": ratio,
-               "ratio_of_medians": results["lpjax_fp32"]["median"] / results["brax"]["median"],
-               "target_met": ratio >= TARGET_RATIO}
+    config = {
+        **dataclasses.asdict(setting),
+        "hidden": list(setting.hidden),
+        "env_steps_per_round": epoch_steps,
+        "episode_length": EPISODE_LENGTH,
+        "learning_rate": LEARNING_RATE,
+        "gamma": GAMMA,
+        "tau": TAU,
+        "seed": seed,
+        "lpjax_agents": {v.name: dataclasses.asdict(v.agent) for v in ours},
+    }
+    summary = {
+        "name": setting.name,
+        "description": setting.description,
+        "config": config,
+        "results": results,
+        "ratios_per_round": ratios,
+        "ratio": ratio,
+        "ratio_of_medians": results["lpjax_fp32"]["median"] / results["brax"]["median"],
+        "target_met": ratio >= TARGET_RATIO,
+    }
     if "lpjax_host_fp32" in results:
         summary["jitted_over_host"] = statistics.median(
-            j / h for j, h in zip(results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"]))
+            j / h for j, h in zip(results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"])
+        )
     return summary
 
 
@@ -535,15 +682,16 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
 
     ``sgd_step(state, transitions) -> (state, critic_loss)`` on a ``brax.training.types.Transition`` batch.
     """
-    import optax  # noqa: PLC0415
-    from brax.training import gradients  # noqa: PLC0415
-    from brax.training.acme import running_statistics, specs  # noqa: PLC0415
-    from brax.training.agents.sac import losses as sac_losses  # noqa: PLC0415
-    from brax.training.agents.sac import networks as sac_networks  # noqa: PLC0415
+    import optax
+    from brax.training import gradients
+    from brax.training.acme import running_statistics, specs
+    from brax.training.agents.sac import losses as sac_losses
+    from brax.training.agents.sac import networks as sac_networks
 
     network = sac_networks.make_sac_networks(observation_size, action_size, hidden_layer_sizes=hidden)
-    alpha_loss, critic_loss, actor_loss = sac_losses.make_losses(network, reward_scaling=1.0, discounting=GAMMA,
-                                                                 action_size=action_size)
+    alpha_loss, critic_loss, actor_loss = sac_losses.make_losses(
+        network, reward_scaling=1.0, discounting=GAMMA, action_size=action_size
+    )
     alpha_tx, policy_tx, q_tx = optax.adam(3e-4), optax.adam(LEARNING_RATE), optax.adam(LEARNING_RATE)
     alpha_update = gradients.gradient_update_fn(alpha_loss, alpha_tx, pmap_axis_name=None)
     critic_update = gradients.gradient_update_fn(critic_loss, q_tx, pmap_axis_name=None)
@@ -552,21 +700,47 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
     policy_key, q_key, key = jax.random.split(jax.random.PRNGKey(0), 3)
     policy, q = network.policy_network.init(policy_key), network.q_network.init(q_key)
     log_alpha = jnp.zeros([], jnp.float32)
-    state = dict(policy=policy, policy_opt=policy_tx.init(policy), q=q, q_opt=q_tx.init(q),
-                 target_q=jax.tree.map(jnp.copy, q), log_alpha=log_alpha, alpha_opt=alpha_tx.init(log_alpha), key=key)
+    state = dict(
+        policy=policy,
+        policy_opt=policy_tx.init(policy),
+        q=q,
+        q_opt=q_tx.init(q),
+        target_q=jax.tree.map(jnp.copy, q),
+        log_alpha=log_alpha,
+        alpha_opt=alpha_tx.init(log_alpha),
+        key=key,
+    )
 
     def sgd_step(state, transitions):
         key, alpha_key, critic_key, actor_key = jax.random.split(state["key"], 4)
-        _, log_alpha, alpha_opt = alpha_update(state["log_alpha"], state["policy"], normalizer, transitions,
-                                               alpha_key, optimizer_state=state["alpha_opt"])
+        _, log_alpha, alpha_opt = alpha_update(
+            state["log_alpha"], state["policy"], normalizer, transitions, alpha_key, optimizer_state=state["alpha_opt"]
+        )
         alpha = jnp.exp(state["log_alpha"])
-        loss, q, q_opt = critic_update(state["q"], state["policy"], normalizer, state["target_q"], alpha,
-                                       transitions, critic_key, optimizer_state=state["q_opt"])
-        _, policy, policy_opt = actor_update(state["policy"], normalizer, state["q"], alpha, transitions,
-                                             actor_key, optimizer_state=state["policy_opt"])
+        loss, q, q_opt = critic_update(
+            state["q"],
+            state["policy"],
+            normalizer,
+            state["target_q"],
+            alpha,
+            transitions,
+            critic_key,
+            optimizer_state=state["q_opt"],
+        )
+        _, policy, policy_opt = actor_update(
+            state["policy"], normalizer, state["q"], alpha, transitions, actor_key, optimizer_state=state["policy_opt"]
+        )
         target_q = jax.tree.map(lambda x, y: x * (1 - TAU) + y * TAU, state["target_q"], q)
-        return dict(policy=policy, policy_opt=policy_opt, q=q, q_opt=q_opt, target_q=target_q, log_alpha=log_alpha,
-                    alpha_opt=alpha_opt, key=key), loss
+        return dict(
+            policy=policy,
+            policy_opt=policy_opt,
+            q=q,
+            q_opt=q_opt,
+            target_q=target_q,
+            log_alpha=log_alpha,
+            alpha_opt=alpha_opt,
+            key=key,
+        ), loss
 
     return state, sgd_step
 
@@ -575,20 +749,29 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
     """One SAC update alone, lpjax fp32 against brax, at the setting's sizes: the work (XLA's flop count and
     number of matmuls of one jitted update) and the time per update (``rounds`` interleaved rounds of a
     ``lax.scan`` over ``updates`` updates on fixed random batches; round 0 excluded)."""
-    from brax.training import types as brax_types  # noqa: PLC0415
-    from lpjax.agents import sac  # noqa: PLC0415
+    from brax.training import types as brax_types
+
+    from lpjax.agents import sac
 
     env = sac_brax_loop.make_env(setting.env, setting.backend, 1)
     obs, act, batch = env.observation_size, env.action_dim, setting.batch_size
     rng = np.random.default_rng(0)
-    data = {"obs": rng.normal(size=(updates, batch, obs)), "action": rng.uniform(-1, 1, (updates, batch, act)),
-            "reward": rng.normal(size=(updates, batch)), "discount": np.ones((updates, batch)),
-            "next_obs": rng.normal(size=(updates, batch, obs))}
+    data = {
+        "obs": rng.normal(size=(updates, batch, obs)),
+        "action": rng.uniform(-1, 1, (updates, batch, act)),
+        "reward": rng.normal(size=(updates, batch)),
+        "discount": np.ones((updates, batch)),
+        "next_obs": rng.normal(size=(updates, batch, obs)),
+    }
     data = {k: jnp.asarray(v, jnp.float32) for k, v in data.items()}
     transitions = brax_types.Transition(
-        observation=data["obs"], action=data["action"], reward=data["reward"], discount=data["discount"],
+        observation=data["obs"],
+        action=data["action"],
+        reward=data["reward"],
+        discount=data["discount"],
         next_observation=data["next_obs"],
-        extras={"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}})
+        extras={"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}},
+    )
     agent_settings = lpjax_settings(setting, "fp32")
     ours = sac_brax_loop.init_loop(agent_settings, 0).agent
     theirs, sgd_step = brax_sgd_step(obs, act, setting.hidden)
@@ -601,30 +784,41 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
         state, losses = jax.lax.scan(sgd_step, state, transitions)
         return state, losses[-1]
 
-    variants = {"lpjax_fp32": [jax.jit(scan_ours, donate_argnums=0).lower(ours, data).compile(), ours, data],
-                "brax": [jax.jit(scan_theirs, donate_argnums=0).lower(theirs, transitions).compile(), theirs,
-                         transitions]}
+    variants = {
+        "lpjax_fp32": [jax.jit(scan_ours, donate_argnums=0).lower(ours, data).compile(), ours, data],
+        "brax": [jax.jit(scan_theirs, donate_argnums=0).lower(theirs, transitions).compile(), theirs, transitions],
+    }
     work = {}
-    for name, (update, state, batches) in (("lpjax_fp32", (sac.update, ours, data)),
-                                           ("brax", (sgd_step, theirs, transitions))):
+    for name, (update, state, batches) in (
+        ("lpjax_fp32", (sac.update, ours, data)),
+        ("brax", (sgd_step, theirs, transitions)),
+    ):
         one = jax.jit(update).lower(state, jax.tree.map(lambda x: x[0], batches)).compile()
         cost = one.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
     times = {name: [] for name in variants}
     for round_ in range(rounds + 1):
-        for name in (list(variants) if round_ % 2 == 0 else list(variants)[::-1]):
+        for name in list(variants) if round_ % 2 == 0 else list(variants)[::-1]:
             compiled, state, batches = variants[name]
             started = time.perf_counter()
             state, loss = compiled(state, batches)
             jax.block_until_ready(loss)
             times[name].append((time.perf_counter() - started) / updates * 1e3)
             variants[name][1] = state
-    result = {name: {**work[name], "ms_per_update": _stats(times[name][1:]), "ms": times[name][1:]}
-              for name in variants}
+    result = {
+        name: {**work[name], "ms_per_update": _stats(times[name][1:]), "ms": times[name][1:]} for name in variants
+    }
     ratios = [b / o for o, b in zip(times["lpjax_fp32"][1:], times["brax"][1:])]
-    return {"setting": setting.name, "batch_size": batch, "hidden": list(setting.hidden), "updates": updates,
-            "rounds": rounds, "results": result, "brax_time_over_lpjax_time": statistics.median(ratios)}
+    return {
+        "setting": setting.name,
+        "batch_size": batch,
+        "hidden": list(setting.hidden),
+        "updates": updates,
+        "rounds": rounds,
+        "results": result,
+        "brax_time_over_lpjax_time": statistics.median(ratios),
+    }
 
 
 def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
@@ -632,17 +826,18 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[
     timer = CompileTimer()
     policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
     with tempfile.TemporaryDirectory(prefix="sac_throughput-") as work_dir:
-        settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir))
-                    for setting in args.chosen]
+        settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir)) for setting in args.chosen]
     profile = None
     if not args.no_profile:
         first = args.chosen[0]
         profile = profile_updates(first, updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
-        print(f"\none SAC update ({first.name} sizes): lpjax fp32 "
-              f"{profile['results']['lpjax_fp32']['ms_per_update']['median']:.2f} ms, brax "
-              f"{profile['results']['brax']['ms_per_update']['median']:.2f} ms (median); flops "
-              f"{profile['results']['lpjax_fp32']['flops']:.4g} vs {profile['results']['brax']['flops']:.4g}",
-              flush=True)
+        print(
+            f"\none SAC update ({first.name} sizes): lpjax fp32 "
+            f"{profile['results']['lpjax_fp32']['ms_per_update']['median']:.2f} ms, brax "
+            f"{profile['results']['brax']['ms_per_update']['median']:.2f} ms (median); flops "
+            f"{profile['results']['lpjax_fp32']['flops']:.4g} vs {profile['results']['brax']['flops']:.4g}",
+            flush=True,
+        )
     run = run_metadata(args, argv)
     for measured in [*settings, profile]:
         if measured is not None:
@@ -652,22 +847,33 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[
 
 def run_metadata(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """What a run was: command, date, package versions, machine (load average at its end), quick or not."""
-    from importlib.metadata import version  # noqa: PLC0415
+    from importlib.metadata import version
 
-    return {"command": command_line("benchmarks.sac_throughput", argv),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": {package: version(package) for package in PACKAGES},
-            "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                        "cpu_count": os.cpu_count(), "devices": [str(d) for d in jax.devices()],
-                        "load_average": list(os.getloadavg())},
-            "quick": bool(args.quick)}
+    return {
+        "command": command_line("benchmarks.sac_throughput", argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": {package: version(package) for package in PACKAGES},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "devices": [str(d) for d in jax.devices()],
+            "load_average": list(os.getloadavg()),
+        },
+        "quick": bool(args.quick),
+    }
 
 
 def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
     """The json: the settings' results (each with its run) and the update profile, with medians and targets."""
-    return {"notes": NOTES, "target_ratio": TARGET_RATIO, "settings": settings,
-            "medians": {s["name"]: {name: row["median"] for name, row in s["results"].items()} for s in settings},
-            "target_met": {s["name"]: s["target_met"] for s in settings}, "update_profile": profile}
+    return {
+        "notes": NOTES,
+        "target_ratio": TARGET_RATIO,
+        "settings": settings,
+        "medians": {s["name"]: {name: row["median"] for name, row in s["results"].items()} for s in settings},
+        "target_met": {s["name"]: s["target_met"] for s in settings},
+        "update_profile": profile,
+    }
 
 
 def with_earlier_results(result: dict, earlier: dict) -> dict:
@@ -684,8 +890,10 @@ def _describe(setting: dict) -> str:
     cfg = setting["config"]
     env = cfg["env"] + (f" ({cfg['backend']})" if cfg["backend"] else "")
     host = f", host loop on {cfg['host_env']}" if cfg["host_env"] else ""
-    return (f"{env}{host}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, {cfg['updates_per_step']} updates per "
-            f"vectorized step, hidden {cfg['hidden']}")
+    return (
+        f"{env}{host}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, {cfg['updates_per_step']} updates per "
+        f"vectorized step, hidden {cfg['hidden']}"
+    )
 
 
 def format_table(result: dict) -> str:
@@ -693,35 +901,51 @@ def format_table(result: dict) -> str:
     for setting in result["settings"]:
         cfg = setting["config"]
         run = setting["run"]
-        lines += [f"{setting['name']}: {_describe(setting)}; {cfg['rounds']} rounds of {cfg['env_steps_per_round']} "
-                  f"env steps [run {run['date']}, jax {run['versions']['jax']}, load "
-                  f"{run['machine']['load_average'][0]:.1f}]",
-                  f"  {'variant':<16} {'median':>9} {'min':>9} {'max':>9}  (env steps/s)  XLA compile (s)"]
+        lines += [
+            f"{setting['name']}: {_describe(setting)}; {cfg['rounds']} rounds of {cfg['env_steps_per_round']} "
+            f"env steps [run {run['date']}, jax {run['versions']['jax']}, load "
+            f"{run['machine']['load_average'][0]:.1f}]",
+            f"  {'variant':<16} {'median':>9} {'min':>9} {'max':>9}  (env steps/s)  XLA compile (s)",
+        ]
         for name, row in setting["results"].items():
-            lines.append(f"  {name:<16} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  "
-                         f"{'':13}  {row['backend_compile_s']:.1f}")
-        lines.append(f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
-                     f"{result['target_ratio']}: {'met' if setting['target_met'] else 'NOT met'})")
+            lines.append(
+                f"  {name:<16} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  "
+                f"{'':13}  {row['backend_compile_s']:.1f}"
+            )
+        lines.append(
+            f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
+            f"{result['target_ratio']}: {'met' if setting['target_met'] else 'NOT met'})"
+        )
         if "jitted_over_host" in setting:
             lines.append(f"  jitted / host loop (fp32), median over rounds: {setting['jitted_over_host']:.3f}")
     profile = result.get("update_profile")
     if profile:
         rows = profile["results"]
-        lines.append(f"one SAC update alone ({profile['setting']} sizes: batch {profile['batch_size']}, hidden "
-                     f"{profile['hidden']}): " + ", ".join(
-                         f"{name} {row['ms_per_update']['median']:.2f} ms ({row['flops'] / 1e9:.3f} GFLOP, "
-                         f"{row['matmuls']} matmuls)" for name, row in rows.items())
-                     + f"; brax time / lpjax time {profile['brax_time_over_lpjax_time']:.3f}")
+        lines.append(
+            f"one SAC update alone ({profile['setting']} sizes: batch {profile['batch_size']}, hidden "
+            f"{profile['hidden']}): "
+            + ", ".join(
+                f"{name} {row['ms_per_update']['median']:.2f} ms ({row['flops'] / 1e9:.3f} GFLOP, "
+                f"{row['matmuls']} matmuls)"
+                for name, row in rows.items()
+            )
+            + f"; brax time / lpjax time {profile['brax_time_over_lpjax_time']:.3f}"
+        )
     return "\n".join(lines)
 
 
-COLORS = {"brax": "tab:gray", "lpjax_fp32": "tab:blue", "lpjax_fp16": "tab:orange", "lpjax_host_fp32": "tab:green",
-          "lpjax_host_fp16": "tab:olive"}
+COLORS = {
+    "brax": "tab:gray",
+    "lpjax_fp32": "tab:blue",
+    "lpjax_fp16": "tab:orange",
+    "lpjax_host_fp32": "tab:green",
+    "lpjax_host_fp16": "tab:olive",
+}
 
 
 def plot(result: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-    from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     settings = result["settings"]
     columns = min(len(settings), 2)
@@ -736,14 +960,17 @@ def plot(result: dict, path: Path) -> None:
             axes.bar(i, row["median"], color=COLORS.get(name, "tab:purple"), alpha=0.8)
             axes.plot([i] * len(row["sps"]), row["sps"], "k.", markersize=4)
             axes.text(i, max(row["sps"]), f"{row['median']:,.0f}", ha="center", va="bottom", fontsize=8)
-        axes.set_xticks(range(len(names)), [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n")
-                                            for n in names], fontsize=8)
+        axes.set_xticks(
+            range(len(names)), [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n") for n in names], fontsize=8
+        )
         axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
         cfg = setting["config"]
         run = setting["run"]
-        title = (f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
-                 f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
-                 f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}")
+        title = (
+            f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
+            f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
+            f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}"
+        )
         if "jitted_over_host" in setting:
             title += f"; jitted / host ({cfg['host_env']}) = {setting['jitted_over_host']:.2f}"
         axes.set_title(title, fontsize=8)

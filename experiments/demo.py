@@ -31,36 +31,54 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments.cli import REPO_ROOT
-from experiments.configs.sac import _base
+from lpjax.methods import PrecisionMethods
 
 CONFIG_FILE = REPO_ROOT / "experiments" / "configs" / "sac" / "demo.py"
-METHODS = tuple(_base.ALL_METHODS)
+METHODS = PrecisionMethods.switches()  # fp32 and naive fp16 turn every method off
 RUNS = {
     "fp16": {"label": "fp16 + lpjax methods", "color": "tab:blue", "overrides": {}},
-    "fp32": {"label": "fp32", "color": "black",
-             "overrides": {"agent.policy": "fp32", **{f"agent.{m}": False for m in METHODS}}},
-    "fp16_naive": {"label": "naive fp16", "color": "tab:red", "overrides": {f"agent.{m}": False for m in METHODS}},
+    "fp32": {
+        "label": "fp32",
+        "color": "black",
+        "overrides": {"agent.policy": "fp32", **{f"agent.methods.{m}": False for m in METHODS}},
+    },
+    "fp16_naive": {
+        "label": "naive fp16",
+        "color": "tab:red",
+        "overrides": {f"agent.methods.{m}": False for m in METHODS},
+    },
 }
 POLL_SECONDS = 2.0
 
 
-
 def define_flags() -> dict:
     """The command line's flags (defined when run as a program, so that importing this module defines none)."""
-    return {"config": config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "The shared SAC config of the "
-                                                      "three runs.", lock_config=True),
-            "run_dir": flags.DEFINE_string("run_dir", str(REPO_ROOT / "runs" / "demo"), "Directory of the three runs."),
-            "resume": flags.DEFINE_bool("resume", False, "Continue the three runs in --run_dir from their "
-                                        "checkpoints."),
-            "progress": flags.DEFINE_bool("progress", True, "Show a progress bar per run.")}
+    return {
+        "config": config_flags.DEFINE_config_file(
+            "config", str(CONFIG_FILE), "The shared SAC config of the three runs.", lock_config=True
+        ),
+        "run_dir": flags.DEFINE_string(
+            "run_dir", "runs/demo", "Directory of the three runs (relative: to the working directory)."
+        ),
+        "resume": flags.DEFINE_bool("resume", False, "Continue the three runs in --run_dir from their checkpoints."),
+        "progress": flags.DEFINE_bool("progress", True, "Show a progress bar per run."),
+    }
 
 
 def run_command(name: str, run_dir: pathlib.Path, user_overrides: list[str], resume: bool) -> list[str]:
     """The ``experiments.sac`` command line of one run: the demo config, the user's overrides, then the run's."""
     own = [f"--config.{key}={value}" for key, value in RUNS[name]["overrides"].items()]
-    return [sys.executable, "-m", "experiments.sac", f"--config={flags.FLAGS['config'].config_filename}",
-            *user_overrides, *own, f"--run_dir={run_dir / name}", "--progress=false",
-            *(["--resume"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.sac",
+        f"--config={flags.FLAGS['config'].config_filename}",
+        *user_overrides,
+        *own,
+        f"--run_dir={run_dir / name}",
+        "--progress=false",
+        *(["--resume"] if resume else []),
+    ]
 
 
 def last_step(run_dir: pathlib.Path) -> int:
@@ -81,7 +99,7 @@ def read_summary(log: pathlib.Path) -> dict | None:
     if not starts:
         return None
     try:
-        return json.loads("\n".join(lines[starts[-1]:]))
+        return json.loads("\n".join(lines[starts[-1] :]))
     except json.JSONDecodeError:
         return None
 
@@ -99,8 +117,11 @@ def evaluations(run_dir: pathlib.Path) -> tuple[list[int], list[float], list[flo
     if "eval/return" not in columns:
         return [], [], []
     rows = np.isfinite(columns["eval/return"])
-    return ([int(s) for s in columns["step"][rows]], [float(r) for r in columns["eval/return"][rows]],
-            [float(s) for s in columns["eval/return_std"][rows]])
+    return (
+        [int(s) for s in columns["step"][rows]],
+        [float(r) for r in columns["eval/return"][rows]],
+        [float(s) for s in columns["eval/return_std"][rows]],
+    )
 
 
 def verdict(results: dict) -> str:
@@ -108,8 +129,10 @@ def verdict(results: dict) -> str:
     parts = []
     fp16, fp32 = results["fp16"]["returns"], results["fp32"]["returns"]
     if fp16 and fp32 and fp32[-1] != 0:
-        parts.append(f"fp16 with lpjax's methods reached {fp16[-1] / fp32[-1]:.2f}x fp32's return "
-                     f"({fp16[-1]:.1f} vs {fp32[-1]:.1f} at step {results['fp32']['steps'][-1]})")
+        parts.append(
+            f"fp16 with lpjax's methods reached {fp16[-1] / fp32[-1]:.2f}x fp32's return "
+            f"({fp16[-1]:.1f} vs {fp32[-1]:.1f} at step {results['fp32']['steps'][-1]})"
+        )
     else:
         parts.append("fp16 or fp32 has no evaluation to compare (see their logs)")
     naive = results["fp16_naive"]
@@ -135,8 +158,15 @@ def plot(results: dict, config, path: pathlib.Path) -> None:
             ax.plot(steps, mean, marker="o", color=spec["color"], label=spec["label"])
             ax.fill_between(steps, mean - std, mean + std, color=spec["color"], alpha=0.15)
         if result["diverged_at_step"] is not None:
-            ax.plot([result["diverged_at_step"]], [0], marker="X", markersize=12, linestyle="none",
-                    color=spec["color"], label=f"{spec['label']}: diverged at step {result['diverged_at_step']}")
+            ax.plot(
+                [result["diverged_at_step"]],
+                [0],
+                marker="X",
+                markersize=12,
+                linestyle="none",
+                color=spec["color"],
+                label=f"{spec['label']}: diverged at step {result['diverged_at_step']}",
+            )
     ax.set_xlim(0, config.total_steps * 1.02)
     ax.set_xlabel("agent steps")
     ax.set_ylabel(f"evaluation return (mean ± std, {config.eval_episodes} episodes)")
@@ -153,7 +183,7 @@ def main(argv, defined: dict):
     import tqdm
 
     config = defined["config"].value
-    run_dir = pathlib.Path(defined["run_dir"].value)
+    run_dir = pathlib.Path(defined["run_dir"].value).absolute()  # the runs start in the checkout's root
     resume = defined["resume"].value
     run_dir.mkdir(parents=True, exist_ok=True)
     user_overrides = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
@@ -163,10 +193,24 @@ def main(argv, defined: dict):
     for name in RUNS:
         logs[name] = run_dir / f"{name}.log"
         with open(logs[name], "a" if resume else "w") as log:
-            procs[name] = subprocess.Popen(run_command(name, run_dir, user_overrides, resume), cwd=REPO_ROOT,
-                                           env=env, stdout=log, stderr=subprocess.STDOUT)
-    bars = {name: tqdm.tqdm(total=config.total_steps, desc=f"{name:>10s}", position=i, unit="step",
-                            disable=not defined["progress"].value, dynamic_ncols=True) for i, name in enumerate(RUNS)}
+            procs[name] = subprocess.Popen(
+                run_command(name, run_dir, user_overrides, resume),
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    bars = {
+        name: tqdm.tqdm(
+            total=config.total_steps,
+            desc=f"{name:>10s}",
+            position=i,
+            unit="step",
+            disable=not defined["progress"].value,
+            dynamic_ncols=True,
+        )
+        for i, name in enumerate(RUNS)
+    }
     started = time.perf_counter()
     try:
         while any(proc.poll() is None for proc in procs.values()):
@@ -189,13 +233,22 @@ def main(argv, defined: dict):
         summary = read_summary(logs[name]) or {}
         status = summary.get("status", f"failed (exit {procs[name].returncode}), see {logs[name]}")
         steps, returns, stds = evaluations(run_dir / name)
-        results[name] = {"status": status, "exit_code": procs[name].returncode, "steps": steps, "returns": returns,
-                         "return_stds": stds,
-                         "diverged_at_step": summary.get("env_steps") if status.startswith("diverged") else None}
+        results[name] = {
+            "status": status,
+            "exit_code": procs[name].returncode,
+            "steps": steps,
+            "returns": returns,
+            "return_stds": stds,
+            "diverged_at_step": summary.get("env_steps") if status.startswith("diverged") else None,
+        }
     line = verdict(results)
     plot(results, config, run_dir / "demo.png")
-    record = {"config": config.to_dict(), "wall_seconds": time.perf_counter() - started, "runs": results,
-              "verdict": line}
+    record = {
+        "config": config.to_dict(),
+        "wall_seconds": time.perf_counter() - started,
+        "runs": results,
+        "verdict": line,
+    }
     (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {run_dir / 'demo.png'} and {run_dir / 'summary.json'} ({record['wall_seconds'] / 60:.1f} min)")
     print(line)

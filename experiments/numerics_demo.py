@@ -5,8 +5,9 @@ In the fp16 variants *everything* is float16: data, parameters, activations, los
 state. Four optimizers are compared at Adam's usual settings (lr 1e-4, b1 0.9, b2 0.999, eps 1e-8):
 
 * ``adam_fp16``  naive ``optax.adam`` on float16 parameters. Its second moment ``v <- 0.999 v + 0.001 g^2`` is 0
-  for every ``|g| < 5.5e-3`` (``0.001 g^2`` is below half of float16's smallest subnormal, 6e-8) and ``eps = 1e-8`` is 0 in
-  float16 too, so the first update is ``m / 0 = inf`` and the parameters become inf/nan at step 1.
+  for every ``|g| < 5.5e-3`` (``0.001 g^2`` is below half of float16's smallest subnormal, 6e-8) and
+  ``eps = 1e-8`` is 0 in float16 too, so the first update is ``m / 0 = inf`` and the parameters become inf/nan
+  at step 1.
 * ``hadam_fp16`` ``lpjax.optim.hadam`` alone: no ``g^2``, so the second moment is fine, but each update (about
   ``lr = 1e-4``) is at or below half an ulp of a weight of magnitude >= 0.25 (float16 keeps 11 significant bits),
   so many updates are rounded away and training is slower.
@@ -34,7 +35,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,7 @@ import numpy as np
 import optax
 
 import lpjax
+from lpjax.methods import PrecisionMethods
 
 OPTIMIZERS: dict[str, str] = {
     "adam_fp16": "naive fp16 Adam (optax.adam)",
@@ -50,6 +53,14 @@ OPTIMIZERS: dict[str, str] = {
     "adam_fp32": "fp32 Adam (reference)",
 }
 """Variant name -> label. The suffix gives the dtype of the parameters, gradients and optimizer state."""
+
+METHODS: dict[str, PrecisionMethods] = {
+    "adam_fp16": PrecisionMethods(),
+    "hadam_fp16": PrecisionMethods(hadam=True),
+    "lpjax_fp16": PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True),
+    "adam_fp32": PrecisionMethods(),
+}
+"""Variant name -> its methods, for :func:`lpjax.optim.method_optimizer` (all off: ``optax.adam``)."""
 
 DEFAULT_STEPS = 5000
 DEFAULT_LR = 1e-4  # The paper's Adam learning rate (Table 4).
@@ -92,8 +103,12 @@ def make_problem(seed: int, n: int = 2048, target_scale: float = 1.0) -> Problem
 def init_params(key: jax.Array, dtype: Any, hidden: int = HIDDEN) -> dict[str, jax.Array]:
     """LeCun-normal weights and zero biases of the student MLP, cast to ``dtype``."""
     k1, k2 = jax.random.split(key)
-    params = {"w1": jax.random.normal(k1, (IN_DIM, hidden)) / math.sqrt(IN_DIM), "b1": jnp.zeros((hidden,)),
-              "w2": jax.random.normal(k2, (hidden, 1)) / math.sqrt(hidden), "b2": jnp.zeros((1,))}
+    params = {
+        "w1": jax.random.normal(k1, (IN_DIM, hidden)) / math.sqrt(IN_DIM),
+        "b1": jnp.zeros((hidden,)),
+        "w2": jax.random.normal(k2, (hidden, 1)) / math.sqrt(hidden),
+        "b2": jnp.zeros((1,)),
+    }
     return jax.tree.map(lambda p: p.astype(dtype), params)
 
 
@@ -114,15 +129,11 @@ def param_dtype(name: str) -> Any:
 
 
 def make_optimizer(name: str, learning_rate: float = DEFAULT_LR) -> optax.GradientTransformation:
-    """Builds the optimizer of variant ``name`` (a key of :data:`OPTIMIZERS`)."""
-    if name in ("adam_fp16", "adam_fp32"):
-        return optax.adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8)
-    if name == "hadam_fp16":
-        return lpjax.optim.hadam(learning_rate, b1=0.9, b2=0.999, eps=1e-8)
-    if name == "lpjax_fp16":
-        return optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(learning_rate)),
-                           lpjax.optim.kahan_summation())
-    raise ValueError(f"Unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}.")
+    """Builds the optimizer of variant ``name`` (a key of :data:`OPTIMIZERS`): the learners' factory,
+    :func:`lpjax.optim.method_optimizer`, with the variant's :data:`METHODS` and Adam's b1 0.9, b2 0.999, eps 1e-8."""
+    if name not in METHODS:
+        raise ValueError(f"Unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}.")
+    return lpjax.optim.method_optimizer(learning_rate, METHODS[name], b1=0.9, b2=0.999, eps=1e-8)
 
 
 def _uses_loss_scaling(opt_state) -> bool:
@@ -130,9 +141,16 @@ def _uses_loss_scaling(opt_state) -> bool:
     return any(isinstance(n, lpjax.optim.CompoundLossScalingState) for n in nodes)
 
 
-def run(name: str, steps: int = DEFAULT_STEPS, seed: int = 0, learning_rate: float = DEFAULT_LR,
-        batch_size: int = 256, target_scale: float = 1.0, chunk: int = 500,
-        progress: Callable[[int], Any] | None = None) -> TrainResult:
+def run(
+    name: str,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    learning_rate: float = DEFAULT_LR,
+    batch_size: int = 256,
+    target_scale: float = 1.0,
+    chunk: int = 500,
+    progress: Callable[[int], Any] | None = None,
+) -> TrainResult:
     """Trains variant ``name`` for ``steps`` minibatch steps; the data, init and batches depend only on ``seed``.
 
     The steps run in jitted ``lax.scan`` chunks of ``chunk`` steps; ``progress(n)`` is called after each chunk
@@ -165,7 +183,7 @@ def run(name: str, steps: int = DEFAULT_STEPS, seed: int = 0, learning_rate: flo
     keys = jax.random.split(data_key, steps)
     carry, losses = (params, opt_state), []
     for begin in range(0, steps, chunk):
-        carry, chunk_losses = run_chunk(carry, keys[begin:begin + chunk])
+        carry, chunk_losses = run_chunk(carry, keys[begin : begin + chunk])
         losses.append(np.asarray(chunk_losses, np.float64))
         if progress is not None:
             progress(len(chunk_losses))
@@ -184,8 +202,13 @@ def first_nonfinite(losses: np.ndarray) -> int | None:
     return int(bad[0]) + 1 if bad.size else None
 
 
-def run_all(names: Sequence[str] = tuple(OPTIMIZERS), steps: int = DEFAULT_STEPS, seed: int = 0,
-            show_progress: bool = True, **kwargs) -> dict[str, TrainResult]:
+def run_all(
+    names: Sequence[str] = tuple(OPTIMIZERS),
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    show_progress: bool = True,
+    **kwargs,
+) -> dict[str, TrainResult]:
     """Runs every variant in ``names`` with the same data, init and batches; shows a tqdm bar over all steps."""
     from tqdm import tqdm
 
@@ -209,14 +232,19 @@ def summary(results: dict[str, TrainResult]) -> dict[str, Any]:
             "final_loss": final if math.isfinite(final) else None,
             "min_loss": float(finite.min()) if finite.size else None,
             "first_nonfinite_step": first_nonfinite(result.losses),
-            "ratio_to_fp32": (final / reference if reference and math.isfinite(final) and name != "adam_fp32"
-                              else None),
+            "ratio_to_fp32": (
+                final / reference if reference and math.isfinite(final) and name != "adam_fp32" else None
+            ),
             "seconds": round(result.seconds, 2),
         }
         if _uses_loss_scaling(result.opt_state):
-            scaler = next(n for n in jax.tree.leaves(
-                result.opt_state, is_leaf=lambda n: isinstance(n, lpjax.optim.CompoundLossScalingState))
-                if isinstance(n, lpjax.optim.CompoundLossScalingState))
+            scaler = next(
+                n
+                for n in jax.tree.leaves(
+                    result.opt_state, is_leaf=lambda n: isinstance(n, lpjax.optim.CompoundLossScalingState)
+                )
+                if isinstance(n, lpjax.optim.CompoundLossScalingState)
+            )
             entry["final_loss_scale"] = float(scaler.scale)
             entry["skipped_steps"] = int(scaler.skipped_steps)
         out[name] = entry
@@ -227,14 +255,22 @@ def format_table(summary_: dict[str, Any]) -> str:
     """The final-loss table printed by :func:`main`."""
     rows = [("variant", "final loss", "best loss", "x fp32", "first nan/inf step")]
     for name, entry in summary_.items():
-        fmt = lambda v: "nan" if v is None else f"{v:.3e}"  # noqa: E731
+        fmt = lambda v: "nan" if v is None else f"{v:.3e}"
         ratio = entry["ratio_to_fp32"]
-        rows.append((name, fmt(entry["final_loss"]), fmt(entry["min_loss"]),
-                     "-" if ratio is None else f"{ratio:.2f}",
-                     "-" if entry["first_nonfinite_step"] is None else str(entry["first_nonfinite_step"])))
+        rows.append(
+            (
+                name,
+                fmt(entry["final_loss"]),
+                fmt(entry["min_loss"]),
+                "-" if ratio is None else f"{ratio:.2f}",
+                "-" if entry["first_nonfinite_step"] is None else str(entry["first_nonfinite_step"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
@@ -246,11 +282,18 @@ def plot_curves(results: dict[str, TrainResult], ax=None, title: str | None = No
     """
     if ax is None:
         from matplotlib.figure import Figure
+
         ax = Figure(figsize=(7, 4.2), layout="constrained").subplots()
-    styles = {"adam_fp16": ("tab:red", "-"), "hadam_fp16": ("tab:orange", "-"),
-              "lpjax_fp16": ("tab:green", "-"), "adam_fp32": ("black", "--")}
-    top = max((np.nanmax(r.losses[np.isfinite(r.losses)]) for r in results.values()
-               if np.isfinite(r.losses).any()), default=1.0)
+    styles = {
+        "adam_fp16": ("tab:red", "-"),
+        "hadam_fp16": ("tab:orange", "-"),
+        "lpjax_fp16": ("tab:green", "-"),
+        "adam_fp32": ("black", "--"),
+    }
+    top = max(
+        (np.nanmax(r.losses[np.isfinite(r.losses)]) for r in results.values() if np.isfinite(r.losses).any()),
+        default=1.0,
+    )
     diverged = 0
     for name, result in results.items():
         color, style = styles.get(name, (None, "-"))
@@ -260,10 +303,16 @@ def plot_curves(results: dict[str, TrainResult], ax=None, title: str | None = No
         bad = first_nonfinite(result.losses)
         if bad is not None:
             label += f" (nan/inf at step {bad})"
-            y = top * 0.7 ** diverged  # Staggered, so that runs diverging at the same step stay visible.
+            y = top * 0.7**diverged  # Staggered, so that runs diverging at the same step stay visible.
             ax.plot([bad], [y], marker="x", markersize=9, mew=2.5, color=color, linestyle="none")
-            ax.annotate(f"{name}: nan at step {bad}", (bad, y), xytext=(8, -3), textcoords="offset points",
-                        color=color, fontsize=8)
+            ax.annotate(
+                f"{name}: nan at step {bad}",
+                (bad, y),
+                xytext=(8, -3),
+                textcoords="offset points",
+                color=color,
+                fontsize=8,
+            )
             diverged += 1
         ax.plot(steps, losses, style, color=color, label=label, lw=1.4)
     ax.set_yscale("log")
@@ -279,20 +328,29 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.numerics_demo",
         description="Train a 2-layer MLP regression entirely in float16 with naive optax.adam, lpjax hAdam, and "
-                    "the full lpjax chain (compound loss scaling + hAdam + Kahan summation), against a float32 "
-                    "Adam reference. Prints a table of final losses and writes learning_curves.png and "
-                    "final_losses.json to --output_dir.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "the full lpjax chain (compound loss scaling + hAdam + Kahan summation), against a float32 "
+        "Adam reference. Prints a table of final losses and writes learning_curves.png and "
+        "final_losses.json to --output_dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per variant")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the init and the minibatches")
     parser.add_argument("--learning_rate", "--lr", type=float, default=DEFAULT_LR, help="Adam/hAdam learning rate")
     parser.add_argument("--batch_size", type=int, default=256, help="minibatch size")
-    parser.add_argument("--target_scale", type=float, default=1.0,
-                        help="multiplier of the regression targets (small values make gradients underflow)")
-    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
-                        help=f"comma-separated variants, from: {', '.join(OPTIMIZERS)}")
-    parser.add_argument("--output_dir", default=os.path.join("runs", "numerics_demo"),
-                        help="where learning_curves.png and final_losses.json are written")
+    parser.add_argument(
+        "--target_scale",
+        type=float,
+        default=1.0,
+        help="multiplier of the regression targets (small values make gradients underflow)",
+    )
+    parser.add_argument(
+        "--optimizers", default=",".join(OPTIMIZERS), help=f"comma-separated variants, from: {', '.join(OPTIMIZERS)}"
+    )
+    parser.add_argument(
+        "--output_dir",
+        default=os.path.join("runs", "numerics_demo"),
+        help="where learning_curves.png and final_losses.json are written",
+    )
     parser.add_argument("--no_progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     args.optimizers = [n.strip() for n in args.optimizers.split(",") if n.strip()]
@@ -307,11 +365,20 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point; returns the summary written to ``final_losses.json``."""
     args = _parse_args(argv)
-    print(f"jax {jax.__version__} on {jax.default_backend()}; {args.steps} steps, lr {args.learning_rate:g}, "
-          f"seed {args.seed}", flush=True)
-    results = run_all(args.optimizers, steps=args.steps, seed=args.seed, learning_rate=args.learning_rate,
-                      batch_size=args.batch_size, target_scale=args.target_scale,
-                      show_progress=not args.no_progress)
+    print(
+        f"jax {jax.__version__} on {jax.default_backend()}; {args.steps} steps, lr {args.learning_rate:g}, "
+        f"seed {args.seed}",
+        flush=True,
+    )
+    results = run_all(
+        args.optimizers,
+        steps=args.steps,
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+        target_scale=args.target_scale,
+        show_progress=not args.no_progress,
+    )
     table = summary(results)
     print(format_table(table))
 

@@ -2,18 +2,21 @@
 
 Each method is a field. Its consumers read it from here and nowhere else:
 
-=======================  ============================================================  ==========================
-field                    what it does                                                  read by
-=======================  ============================================================  ==========================
-``hadam``                hAdam instead of Adam (:func:`lpjax.optim.hadam`)             :func:`lpjax.optim.method_optimizer`
-``loss_scaling``         compound loss scaling (``init_scale``, ``growth_interval``)   :func:`lpjax.optim.method_optimizer`
-``kahan_gradients``      Kahan-compensated parameter updates                           :func:`lpjax.optim.method_optimizer`
-``moment_dtype``         dtype of Adam's / hAdam's moments (``None``: the params')     :func:`lpjax.optim.method_optimizer`
-``stochastic_rounding``  stochastically rounded parameter and target updates           :func:`lpjax.optim.method_optimizer`
-``kahan_momentum``       Kahan-compensated target (Polyak) updates                     :func:`lpjax.agents.training.target_updater`
-``softplus_fix``         the fp16-safe softplus of the policy's standard deviation     :mod:`lpjax.agents.sac`
-``normal_fix``           the fp16-safe Gaussian log-density                            :mod:`lpjax.agents.sac`
-=======================  ============================================================  ==========================
+===================  =========================================================  ======================
+field                what it does                                               read by
+===================  =========================================================  ======================
+hadam                hAdam instead of Adam (:func:`lpjax.optim.hadam`)          ``method_optimizer``
+loss_scaling         compound loss scaling (init_scale, growth_interval)        ``method_optimizer``
+kahan_gradients      Kahan-compensated parameter updates                        ``method_optimizer``
+moment_dtype         dtype of Adam's / hAdam's moments (None: the params')      ``method_optimizer``
+stochastic_rounding  stochastically rounded parameter and target updates        ``method_optimizer``
+kahan_momentum       Kahan-compensated target (Polyak) updates                  ``target_updater``
+softplus_fix         the fp16-safe softplus of the policy's standard deviation  :mod:`lpjax.agents.sac`
+normal_fix           the fp16-safe Gaussian log-density                         :mod:`lpjax.agents.sac`
+===================  =========================================================  ======================
+
+(``method_optimizer`` is :func:`lpjax.optim.method_optimizer`, ``target_updater``
+:func:`lpjax.agents.training.target_updater`.)
 
 Adding a method takes two edits: its field here and its consumer. Everything that lists the methods (the
 ablations, the inspector's fields, the reproduction's configs) derives the list from :meth:`switches`.
@@ -24,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from lpjax.precision import dtype_of
 
@@ -67,12 +72,21 @@ class PrecisionMethods:
                 raise ValueError(f"PrecisionMethods: {name} must be True or False, got {getattr(self, name)!r}.")
         if self.moment_dtype is not None:
             dtype_of(self.moment_dtype)  # raises ValueError listing the valid names
-        for ok, message in [(self.init_scale >= 1, "init_scale must be >= 1"),
-                            (self.growth_interval >= 1, "growth_interval must be >= 1"),
-                            (self.kahan_momentum_scale > 0, "kahan_momentum_scale must be > 0"),
-                            (not (self.stochastic_rounding and (self.kahan_gradients or self.kahan_momentum)),
-                             "stochastic_rounding replaces the Kahan buffers: turn kahan_gradients and "
-                             "kahan_momentum off")]:
+        # Numbers may be traced (lpjax.optim.inject_hyperparams(low_precision_adam)): only concrete ones are checked.
+        concrete = {
+            name: getattr(self, name)
+            for name in ("init_scale", "growth_interval", "kahan_momentum_scale")
+            if isinstance(getattr(self, name), (int, float, np.number))
+        }
+        for ok, message in [
+            (concrete.get("init_scale", 1) >= 1, "init_scale must be >= 1"),
+            (concrete.get("growth_interval", 1) >= 1, "growth_interval must be >= 1"),
+            (concrete.get("kahan_momentum_scale", 1) > 0, "kahan_momentum_scale must be > 0"),
+            (
+                not (self.stochastic_rounding and (self.kahan_gradients or self.kahan_momentum)),
+                "stochastic_rounding replaces the Kahan buffers: turn kahan_gradients and kahan_momentum off",
+            ),
+        ]:
             if not ok:
                 raise ValueError(f"PrecisionMethods: {message}.")
 
@@ -85,8 +99,19 @@ class PrecisionMethods:
     def paper(cls, **changes: Any) -> PrecisionMethods:
         """The six methods of Björck et al. (2021) on: hAdam, compound loss scaling, Kahan-gradients,
         Kahan-momentum, softplus-fix and normal-fix (plus ``changes``)."""
-        return cls(**{**dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True,
-                             softplus_fix=True, normal_fix=True), **changes})
+        return cls(
+            **{
+                **dict(
+                    hadam=True,
+                    loss_scaling=True,
+                    kahan_gradients=True,
+                    kahan_momentum=True,
+                    softplus_fix=True,
+                    normal_fix=True,
+                ),
+                **changes,
+            }
+        )
 
     @property
     def moment_numpy_dtype(self):

@@ -2,6 +2,7 @@
 against an independent one (real arrays' ``nbytes``, a hand count, ``print_saved_residuals``)."""
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -12,7 +13,8 @@ import pytest
 
 from benchmarks import sac_memory as bench
 from lpjax.agents import sac
-from lpjax.agents.sac.learner import _critic_loss, _networks, SACCritic
+from lpjax.agents.sac.learner import SACCritic, _critic_loss, _networks
+from lpjax.methods import PrecisionMethods
 from lpjax.optim import loss_scale_or_one
 
 WIDTH, BATCH, OBS, ACT = 16, 8, 5, 3
@@ -23,16 +25,29 @@ def real_small_case(precision):
     """A real ``sac.init`` state and a real random batch of the tested size."""
     state = _init(jax.random.PRNGKey(0), np.zeros((OBS,), np.float32), ACT, bench.make_config(precision, WIDTH, BATCH))
     rng = np.random.default_rng(0)
-    batch = {name: jnp.asarray(rng.uniform(-1.0, 1.0, s.shape).astype(s.dtype))
-             for name, s in bench.abstract_batch(BATCH, OBS, ACT).items()}
+    batch = {
+        name: jnp.asarray(rng.uniform(-1.0, 1.0, s.shape).astype(s.dtype))
+        for name, s in bench.abstract_batch(BATCH, OBS, ACT).items()
+    }
     return state, dict(batch, discount=jnp.ones((BATCH,), jnp.float32))
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("sac_memory")
-    result = bench.main(["--quick", "--sizes", f"{WIDTH}x{BATCH}", "--obs-dim", str(OBS), "--action-dim", str(ACT),
-                         "--out-dir", str(out)])
+    result = bench.main(
+        [
+            "--quick",
+            "--sizes",
+            f"{WIDTH}x{BATCH}",
+            "--obs-dim",
+            str(OBS),
+            "--action-dim",
+            str(ACT),
+            "--out-dir",
+            str(out),
+        ]
+    )
     assert (out / "sac_memory.png").stat().st_size > 0
     data = json.loads((out / "sac_memory.json").read_text())
     assert data["comparisons"] == json.loads(json.dumps(result["comparisons"]))
@@ -58,8 +73,19 @@ def _mlp_params(sizes) -> int:
 
 
 def test_json_structure(recorded):
-    for key in ("jax_version", "method", "obs_dim", "action_dim", "sizes", "target_ratio", "results", "comparisons",
-                "target_met", "cross_check", "paper_table_11_ratio_range"):
+    for key in (
+        "jax_version",
+        "method",
+        "obs_dim",
+        "action_dim",
+        "sizes",
+        "target_ratio",
+        "results",
+        "comparisons",
+        "target_met",
+        "cross_check",
+        "paper_table_11_ratio_range",
+    ):
         assert key in recorded, key
     assert recorded["jax_version"] == jax.__version__
     assert recorded["quick"] is True and recorded["target_ratio"] == 1.8
@@ -67,7 +93,8 @@ def test_json_structure(recorded):
     assert recorded["sizes"] == [{"width": WIDTH, "batch_size": BATCH}]
     rows = _rows(recorded)
     assert set(rows) == {"fp32", "fp16"}
-    assert rows["fp16"]["config"]["hadam"] and rows["fp16"]["config"]["kahan_momentum"]
+    assert rows["fp16"]["config"]["methods"] == dataclasses.asdict(PrecisionMethods.paper())
+    assert not any(rows["fp32"]["config"]["methods"][m] for m in PrecisionMethods.switches())
     assert rows["fp16"]["config"]["policy"] == "fp16" and rows["fp32"]["config"]["policy"] == "fp32"
     for row in rows.values():
         assert set(row["components"]) == set(bench.COMPONENTS)
@@ -122,13 +149,19 @@ def test_residual_bytes_equal_independent_counts(recorded, real_cases, precision
     with contextlib.redirect_stdout(out):
         jax.ad_checkpoint.print_saved_residuals(
             lambda p: _critic_loss(p, state, batch, next_features, key)[0].astype(jnp.float32) * scale,
-            state.critic.params)
-    assert row["residuals"]["critic"]["residual_leaf_bytes"] == sum(n for n, _ in bench.parse_saved_residuals(
-        out.getvalue()))
+            state.critic.params,
+        )
+    assert row["residuals"]["critic"]["residual_leaf_bytes"] == sum(
+        n for n, _ in bench.parse_saved_residuals(out.getvalue())
+    )
     # 3. By hand, the critic's new residuals: the concatenated (obs, action) input; per critic and hidden layer the
     # relu output, its bool mask and relu's JVP zeros; the (2, batch) errors; fp32's loss scale is a literal 1.
-    hand = (BATCH * (OBS + ACT) * size + 2 * 2 * BATCH * WIDTH * (size + 1 + size) + 2 * BATCH * size
-            + (4 if precision == "fp32" else 0))
+    hand = (
+        BATCH * (OBS + ACT) * size
+        + 2 * 2 * BATCH * WIDTH * (size + 1 + size)
+        + 2 * BATCH * size
+        + (4 if precision == "fp32" else 0)
+    )
     assert row["residuals"]["critic"]["residual_bytes"] == hand
     assert row["residuals"]["critic"]["by_kind"]["bool_mask"] == 2 * 2 * BATCH * WIDTH
     assert row["residuals"]["critic"]["by_kind"]["constant_broadcast"] == 2 * 2 * BATCH * WIDTH * size

@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from benchmarks import sac_throughput as bench
+from lpjax.methods import PrecisionMethods
 
 
 def _record(out, argv):
@@ -33,7 +34,7 @@ def _check_rows(setting, variants):
     for name in variants:
         agent = config["lpjax_agents"][name]
         assert agent["batch_size"] == config["batch_size"] and agent["hidden_dims"] == config["hidden"]
-        assert agent["policy"] == name[-4:] and agent["hadam"] == (name[-4:] == "fp16")
+        assert agent["policy"] == name[-4:] and agent["methods"]["hadam"] == (name[-4:] == "fp16")
         ratios = setting["ratios_per_round"][name]
         assert ratios == pytest.approx([o / b for o, b in zip(results[name]["sps"], results["brax"]["sps"])])
     assert setting["ratio"] == pytest.approx(statistics.median(setting["ratios_per_round"]["lpjax_fp32"]))
@@ -42,9 +43,10 @@ def _check_rows(setting, variants):
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    return _record(tmp_path_factory.mktemp("sac_throughput"),
-                   ["--env", "brax:inverted_pendulum", "--backend", "spring", "--host-env", "", "--num-envs", "8",
-                    "--no-fp16"])
+    return _record(
+        tmp_path_factory.mktemp("sac_throughput"),
+        ["--env", "brax:inverted_pendulum", "--backend", "spring", "--host-env", "", "--num-envs", "8", "--no-fp16"],
+    )
 
 
 def test_quick_run_records_matched_settings_and_consistent_throughput(recorded):
@@ -80,28 +82,38 @@ def test_quick_mjx_run_times_the_jitted_loop_brax_and_the_dm_control_host_loop(t
     data = _record(tmp_path, ["--no-profile"])
     (setting,) = data["settings"]
     config = setting["config"]
-    assert (config["env"], config["backend"], config["host_env"]) == ("mjx:cartpole-swingup", None,
-                                                                     "dmc:cartpole-swingup")
+    assert (config["env"], config["backend"], config["host_env"]) == (
+        "mjx:cartpole-swingup",
+        None,
+        "dmc:cartpole-swingup",
+    )
     variants = ["lpjax_fp32", "lpjax_fp16", "lpjax_host_fp32", "lpjax_host_fp16"]
     _check_rows(setting, variants)
     agents = config["lpjax_agents"]
     assert agents["lpjax_fp32"] == agents["lpjax_host_fp32"] and agents["lpjax_fp16"] == agents["lpjax_host_fp16"]
     host = setting["results"]["lpjax_host_fp32"]
     assert len(host["round_wall_s"]) == config["rounds"] + 1  # the warm-up round too
-    assert setting["jitted_over_host"] == pytest.approx(statistics.median(
-        j / h for j, h in zip(setting["results"]["lpjax_fp32"]["sps"], host["sps"])))
+    assert setting["jitted_over_host"] == pytest.approx(
+        statistics.median(j / h for j, h in zip(setting["results"]["lpjax_fp32"]["sps"], host["sps"]))
+    )
 
 
 def test_a_run_keeps_the_earlier_results_it_did_not_measure():
     def setting(name, run):
         return {"name": name, "results": {"brax": {"median": 1.0}}, "target_met": run == "new", "run": run}
 
-    earlier = bench.summarize([setting("quick", "old"), setting("one_update", "old"), setting("brax_colab", "old")],
-                              {"setting": "brax_colab", "run": "old"})
+    earlier = bench.summarize(
+        [setting("quick", "old"), setting("one_update", "old"), setting("brax_colab", "old")],
+        {"setting": "brax_colab", "run": "old"},
+    )
     result = bench.summarize([setting("mjx_cartpole", "new"), setting("one_update", "new")], None)
     merged = bench.with_earlier_results(result, earlier)
     assert [(s["name"], s["run"]) for s in merged["settings"]] == [
-        ("brax_colab", "old"), ("one_update", "new"), ("mjx_cartpole", "new"), ("quick", "old")]
+        ("brax_colab", "old"),
+        ("one_update", "new"),
+        ("mjx_cartpole", "new"),
+        ("quick", "old"),
+    ]
     assert merged["update_profile"] == {"setting": "brax_colab", "run": "old"}  # this run profiled nothing
     assert merged["target_met"] == {"brax_colab": False, "one_update": True, "mjx_cartpole": True, "quick": False}
     assert merged == bench.summarize(merged["settings"], merged["update_profile"])
@@ -114,8 +126,13 @@ def test_recorded_results_are_complete():
     assert recorded == bench.summarize(recorded["settings"], recorded["update_profile"])
     by_name = {s["name"]: s for s in recorded["settings"]}
     assert by_name["mjx_cartpole"]["run"] == by_name["mjx_cartpole_128"]["run"]
-    assert set(by_name["mjx_cartpole"]["results"]) == {"brax", "lpjax_fp32", "lpjax_fp16", "lpjax_host_fp32",
-                                                       "lpjax_host_fp16"}
+    assert set(by_name["mjx_cartpole"]["results"]) == {
+        "brax",
+        "lpjax_fp32",
+        "lpjax_fp16",
+        "lpjax_host_fp32",
+        "lpjax_host_fp16",
+    }
     assert not any(s["run"]["quick"] for s in recorded["settings"])
 
 
@@ -129,27 +146,29 @@ def test_brax_compat_shim_is_removed_after_use():
 def test_settings_overrides_and_the_fp16_reference():
     args = bench.parse_args(["--settings", "one_update", "--num-envs", "64", "--hidden", "64,64"])
     (setting,) = args.chosen
-    assert (setting.name, setting.num_envs, setting.hidden, setting.updates_per_step) == ("one_update", 64,
-                                                                                          (64, 64), 1)
+    assert (setting.name, setting.num_envs, setting.hidden, setting.updates_per_step) == ("one_update", 64, (64, 64), 1)
     assert [s.name for s in bench.parse_args([]).chosen] == list(bench.SETTINGS)
     agent = bench.lpjax_settings(setting, "fp16").agent
-    assert agent.policy == "fp16" and all(getattr(agent, m) for m in bench.sac_base.ALL_METHODS)
+    assert agent.policy == "fp16" and agent.methods == PrecisionMethods.paper()
     assert agent.hidden_dims == (64, 64) and agent.batch_size == setting.batch_size
     fp32 = bench.lpjax_settings(setting, "fp32").agent
-    assert dataclasses.replace(agent, policy="fp32", **{m: False for m in bench.sac_base.ALL_METHODS}) == fp32
+    assert dataclasses.replace(agent, policy="fp32", methods=PrecisionMethods()) == fp32
     host = bench.host_config(bench.SETTINGS["mjx_cartpole"], "fp16", seed=3)
     assert host.env == "dmc:cartpole-swingup" and host.seed == 3 and host.seed_steps == 0
     assert bench.sac_loop.validate(host) == bench.agent_config(bench.SETTINGS["mjx_cartpole"], "fp16")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--settings", "nope"], "unknown settings"),
-    (["--settings", "mjx_cartpole", "--num-envs", "8"], "host_env needs num_envs=1"),
-    (["--settings", "one_update", "--env", "dmc:cheetah-run"], "env must be 'brax:<env>' or 'mjx:"),
-    (["--settings", "one_update", "--env", "mjx:cartpole-swingup"], "backend is for brax envs only"),
-    (["--quick", "--host-env", "brax:halfcheetah"], "host_env must be 'dmc:<domain>-<task>'"),
-    (["--quick", "--rounds", "0"], "rounds and iterations must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--settings", "nope"], "unknown settings"),
+        (["--settings", "mjx_cartpole", "--num-envs", "8"], "host_env needs num_envs=1"),
+        (["--settings", "one_update", "--env", "dmc:cheetah-run"], "env must be 'brax:<env>' or 'mjx:"),
+        (["--settings", "one_update", "--env", "mjx:cartpole-swingup"], "backend is for brax envs only"),
+        (["--quick", "--host-env", "brax:halfcheetah"], "host_env must be 'dmc:<domain>-<task>'"),
+        (["--quick", "--rounds", "0"], "rounds and iterations must be >= 1"),
+    ],
+)
 def test_bad_settings_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)

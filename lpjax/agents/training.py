@@ -50,8 +50,9 @@ def trainable_init(params: Any, tx: optax.GradientTransformation) -> Trainable:
     return Trainable(params, tx.init(params))
 
 
-def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
-                  loss_fn: Callable[..., tuple[chex.Array, Any]], *args) -> tuple[Trainable, chex.Array, Any]:
+def gradient_step(
+    trainable: Trainable, tx: optax.GradientTransformation, loss_fn: Callable[..., tuple[chex.Array, Any]], *args
+) -> tuple[Trainable, chex.Array, Any]:
     """One optimizer step on ``loss_fn(params, *args) -> (loss, aux)``; returns ``(trainable, loss, aux)``.
 
     The gradients come from :func:`lpjax.optim.scaled_value_and_grad`: the loss is multiplied in float32 by the
@@ -66,12 +67,24 @@ def gradient_step(trainable: Trainable, tx: optax.GradientTransformation,
     return Trainable(params, opt_state), loss, aux
 
 
-def network_optimizer(learning_rate: optax.ScalarOrSchedule, config: LearnerConfig, *, weight_decay: float = 0.0,
-                      max_grad_norm: float | None = None) -> optax.GradientTransformation:
+def network_optimizer(
+    learning_rate: optax.ScalarOrSchedule,
+    config: LearnerConfig,
+    *,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> optax.GradientTransformation:
     """The optimizer of a learner's networks: :func:`lpjax.optim.method_optimizer` with ``config.methods`` and
     Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``."""
-    return method_optimizer(learning_rate, config.methods, b1=config.b1, b2=config.b2, eps=config.adam_eps,
-                            weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+    return method_optimizer(
+        learning_rate,
+        config.methods,
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.adam_eps,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+    )
 
 
 class TargetUpdater(NamedTuple):
@@ -148,8 +161,11 @@ class LearnerConfig:
         """
         object.__setattr__(self, "methods", PrecisionMethods.from_mapping(self.methods))
         get_policy(self.policy)
-        for ok, message in [(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
-                            (self.adam_eps >= 0, "adam_eps must be >= 0"), *checks]:
+        for ok, message in [
+            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
+            (self.adam_eps >= 0, "adam_eps must be >= 0"),
+            *checks,
+        ]:
             if not ok:
                 raise ValueError(f"{type(self).__name__}: {message}.")
 
@@ -201,8 +217,10 @@ class OffPolicyConfig(LearnerConfig):
         subclass's own fields), then the target fields read by :func:`target_updater`.
         """
         check_dense_options(get_policy(self.policy), self.matmul_impl, "none")
-        super().validate([
-            *checks,
-            (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
-            (self.target_update_period >= 1, "target_update_period must be >= 1"),
-        ])
+        super().validate(
+            [
+                *checks,
+                (0.0 < self.tau <= 1.0, "tau must be in (0, 1]"),
+                (self.target_update_period >= 1, "target_update_period must be >= 1"),
+            ]
+        )

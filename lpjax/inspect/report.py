@@ -65,15 +65,27 @@ _NUMERICS = os.path.join("lpjax", "numerics.py")
 _LOSS_SCALER = os.path.join("lpjax", "optim", "loss_scaling.py")
 _OPTAX_UPDATES = os.path.join("optax", "_src", "update.py")  # apply_updates, incremental_update (Polyak)
 _HARMLESS_SOURCES = (  # (source path, problems, why they are harmless there)
-    (_KAHAN, ("overflow", "underflow", "absorbed", "zero constant"),
-     "inside Kahan summation: the compensation keeps what the rounding drops"),
-    (_NUMERICS, ("underflow", "absorbed"),
-     "inside lpjax.numerics' fp16-safe forms: terms this small vanish next to those they are added to"),
+    (
+        _KAHAN,
+        ("overflow", "underflow", "absorbed", "zero constant"),
+        "inside Kahan summation: the compensation keeps what the rounding drops",
+    ),
+    (
+        _NUMERICS,
+        ("underflow", "absorbed"),
+        "inside lpjax.numerics' fp16-safe forms: terms this small vanish next to those they are added to",
+    ),
 )
-_SUBNORMAL_PARAMETERS = "updated parameters near 0 become subnormal, none flushed to 0: their absolute precision is kept"
-_LOSS_SCALED = ("handled by dynamic loss scaling: the step with non-finite gradients is skipped and the scale "
-                "lowered (a lower init_scale avoids the skipped steps)")
-_SCALAR_ABSORBED = "a broadcast scalar (an eps or offset) meets values that dwarf it or that it dwarfs, as an eps is meant to"
+_SUBNORMAL_PARAMETERS = (
+    "updated parameters near 0 become subnormal, none flushed to 0: their absolute precision is kept"
+)
+_LOSS_SCALED = (
+    "handled by dynamic loss scaling: the step with non-finite gradients is skipped and the scale "
+    "lowered (a lower init_scale, a learner's methods.init_scale, avoids the skipped steps)"
+)
+_SCALAR_ABSORBED = (
+    "a broadcast scalar (an eps or offset) meets values that dwarf it or that it dwarfs, as an eps is meant to"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,17 +190,24 @@ class PrecisionReport:
 
     def flagged(self, include_harmless: bool = True) -> list[Row]:
         """Rows with a finding (severity ``"error"`` or ``"warning"``), optionally without the harmless ones."""
-        return [row for row in self.rows
-                if row.severity in ("error", "warning") and (include_harmless or row.harmless is None)]
+        return [
+            row
+            for row in self.rows
+            if row.severity in ("error", "warning") and (include_harmless or row.harmless is None)
+        ]
 
-    def find(self, primitive: str | None = None, source: str | None = None, scope: str | None = None,
-             flagged: bool = True) -> list[Row]:
+    def find(
+        self, primitive: str | None = None, source: str | None = None, scope: str | None = None, flagged: bool = True
+    ) -> list[Row]:
         """Rows matching every given criterion (``source`` and ``scope`` match as substrings)."""
         rows = self.flagged() if flagged else self.rows
-        return [row for row in rows
-                if (primitive is None or row.primitive == primitive)
-                and (source is None or source in row.source)
-                and (scope is None or scope in row.scope)]
+        return [
+            row
+            for row in rows
+            if (primitive is None or row.primitive == primitive)
+            and (source is None or source in row.source)
+            and (scope is None or scope in row.scope)
+        ]
 
     def by_scope(self) -> dict[str, list[Row]]:
         """Flagged rows grouped by scope (Flax module path), scopes in order of their worst row."""
@@ -202,28 +221,36 @@ class PrecisionReport:
         rows = self.flagged(include_harmless)
         shown = rows if limit is None else rows[:limit]
         checked = self.dtype or "own narrow dtypes only"
-        lines = [f"precision report: {len(rows)} flagged of {len(self.rows)} rows, {self.equations} equations "
-                 f"evaluated in {self.seconds:.1f} s (float32 ops checked as: {checked})"]
+        lines = [
+            f"precision report: {len(rows)} flagged of {len(self.rows)} rows, {self.equations} equations "
+            f"evaluated in {self.seconds:.1f} s (float32 ops checked as: {checked})"
+        ]
         if not rows:
             return lines[0] + "\nnothing overflows, underflows, is absorbed or turns non-finite."
-        header = (f"{'severity':8} {'problem':13} {'primitive':14} {'format':13} {'ovf%':>6} {'unf%':>6} "
-                  f"{'abs%':>6} {'nan/inf':>7}  source / scope -> suggestion")
+        header = (
+            f"{'severity':8} {'problem':13} {'primitive':14} {'format':13} {'ovf%':>6} {'unf%':>6} "
+            f"{'abs%':>6} {'nan/inf':>7}  source / scope -> suggestion"
+        )
         lines += [header, "-" * len(header)]
         for row in shown:
             severity = "harmless" if row.harmless else row.severity
             advice = f"harmless: {row.harmless}" if row.harmless else row.suggestion
             context = "/".join(part for part in (row.scope, "backward" if row.backward else "") if part)
             where = row.source + (f"  [{context}]" if context else "")
-            lines.append(f"{severity:8} {row.problem:13} {row.primitive:14} {row.format or '-':13} "
-                         f"{100 * row.overflow_frac:6.2f} {100 * row.underflow_frac:6.2f} "
-                         f"{100 * row.absorbed_frac:6.2f} {row.nonfinite:7d}  {where}\n{'':>79}-> {advice}")
+            lines.append(
+                f"{severity:8} {row.problem:13} {row.primitive:14} {row.format or '-':13} "
+                f"{100 * row.overflow_frac:6.2f} {100 * row.underflow_frac:6.2f} "
+                f"{100 * row.absorbed_frac:6.2f} {row.nonfinite:7d}  {where}\n{'':>79}-> {advice}"
+            )
         if len(rows) > len(shown):
             lines.append(f"... {len(rows) - len(shown)} more flagged rows (report.flagged())")
         lines.append("by scope:")
         for scope, group in self.by_scope().items():
             counts = collections.Counter(row.severity for row in group if row.harmless is None)
             harmless = sum(row.harmless is not None for row in group)
-            parts = [f"{counts[s]} {s}" for s in SEVERITIES if counts[s]] + ([f"{harmless} harmless"] if harmless else [])
+            parts = [f"{counts[s]} {s}" for s in SEVERITIES if counts[s]] + (
+                [f"{harmless} harmless"] if harmless else []
+            )
             lines.append(f"  {scope}: " + ", ".join(parts))
         return "\n".join(lines)
 
@@ -232,8 +259,13 @@ class PrecisionReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary: dtype, counts, timing and the flagged rows."""
-        return {"dtype": self.dtype, "equations": self.equations, "seconds": self.seconds,
-                "rows": len(self.rows), "flagged": [row.to_dict() for row in self.flagged()]}
+        return {
+            "dtype": self.dtype,
+            "equations": self.equations,
+            "seconds": self.seconds,
+            "rows": len(self.rows),
+            "flagged": [row.to_dict() for row in self.flagged()],
+        }
 
 
 def precision_report(fn: Callable, *args, dtype: Any = jnp.float16, **kwargs) -> PrecisionReport:
@@ -256,8 +288,9 @@ def precision_report(fn: Callable, *args, dtype: Any = jnp.float16, **kwargs) ->
     rows = _merge(interp.records.values(), loss_scaled)  # in program order (of each row's first equation)
     rows.sort(key=lambda row: (SEVERITIES.index(row.severity), row.harmless is not None, -row.score))
     equations = sum(record.stats.calls for record in interp.records.values())
-    return PrecisionReport(tuple(rows), None if dtype is None else jnp.dtype(dtype).name, outputs, equations,
-                           time.perf_counter() - start)
+    return PrecisionReport(
+        tuple(rows), None if dtype is None else jnp.dtype(dtype).name, outputs, equations, time.perf_counter() - start
+    )
 
 
 def _merge(records, loss_scaled: bool) -> list[Row]:
@@ -271,15 +304,30 @@ def _merge(records, loss_scaled: bool) -> list[Row]:
         first, stats, count, power = groups[key]
         stats.merge(record.stats)
         groups[key] = (first, stats, count + 1, power or _is_power(record.equation))
-    return [_row(first, stats, count, power, *key[1:5], loss_scaled=loss_scaled)
-            for key, (first, stats, count, power) in groups.items()]
+    return [
+        _row(first, stats, count, power, *key[1:5], loss_scaled=loss_scaled)
+        for key, (first, stats, count, power) in groups.items()
+    ]
 
 
-def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: bool, source: str, function: str,
-         scope: str, backward: bool, loss_scaled: bool) -> Row:
+def _row(
+    record: EquationRecord,
+    stats: OpStatistics,
+    equations: int,
+    power: bool,
+    source: str,
+    function: str,
+    scope: str,
+    backward: bool,
+    loss_scaled: bool,
+) -> Row:
     accumulation = _OPTAX_UPDATES in source
-    fractions = dict(overflow_frac=stats.fraction(stats.overflow), underflow_frac=stats.fraction(stats.underflow),
-                     flushed_frac=stats.fraction(stats.flushed), absorbed_frac=stats.fraction(stats.absorbed))
+    fractions = dict(
+        overflow_frac=stats.fraction(stats.overflow),
+        underflow_frac=stats.fraction(stats.underflow),
+        flushed_frac=stats.fraction(stats.flushed),
+        absorbed_frac=stats.fraction(stats.absorbed),
+    )
     if stats.nonfinite:
         problem = "nonfinite"
     elif stats.overflow:
@@ -301,79 +349,141 @@ def _row(record: EquationRecord, stats: OpStatistics, equations: int, power: boo
         severity = "warning"
     else:
         severity = "info" if problem else "ok"
-    harmless = next((reason for path, problems, reason in _HARMLESS_SOURCES
-                     if path in source and problem in problems), None)
+    harmless = next(
+        (reason for path, problems, reason in _HARMLESS_SOURCES if path in source and problem in problems), None
+    )
     if problem == "absorbed" and stats.absorbed_scalar:
         harmless = _SCALAR_ABSORBED
     if problem in ("overflow", "nonfinite") and backward and loss_scaled:
         harmless = _LOSS_SCALED
     if problem == "underflow" and accumulation and not stats.flushed:
         harmless = _SUBNORMAL_PARAMETERS
-    return Row(primitive=record.primitive, source=source, function=function, code=_code(source), scope=scope,
-               name_stack=record.name_stack,
-               backward=backward, dtype=record.dtype, format=record.format, shape=record.shape, equations=equations,
-               calls=stats.calls, elements=stats.elements, nonfinite=stats.nonfinite,
-               zero_constant=stats.zero_constant, power=power, min_abs=stats.min_abs, max_abs=stats.max_abs,
-               dynamic_range=(None if math.isinf(stats.own_min_abs) else (stats.own_min_abs, stats.own_max_abs)),
-               exponents=dict(stats.exponents), severity=severity, problem=problem,
-               suggestion=_suggest(problem, record.primitive, record.format or record.dtype, power, backward,
-                                   in_optimizer, accumulation=accumulation),
-               harmless=harmless, **fractions)
+    return Row(
+        primitive=record.primitive,
+        source=source,
+        function=function,
+        code=_code(source),
+        scope=scope,
+        name_stack=record.name_stack,
+        backward=backward,
+        dtype=record.dtype,
+        format=record.format,
+        shape=record.shape,
+        equations=equations,
+        calls=stats.calls,
+        elements=stats.elements,
+        nonfinite=stats.nonfinite,
+        zero_constant=stats.zero_constant,
+        power=power,
+        min_abs=stats.min_abs,
+        max_abs=stats.max_abs,
+        dynamic_range=(None if math.isinf(stats.own_min_abs) else (stats.own_min_abs, stats.own_max_abs)),
+        exponents=dict(stats.exponents),
+        severity=severity,
+        problem=problem,
+        suggestion=_suggest(
+            problem,
+            record.primitive,
+            record.format or record.dtype,
+            power,
+            backward,
+            in_optimizer,
+            accumulation=accumulation,
+        ),
+        harmless=harmless,
+        **fractions,
+    )
 
 
-def _suggest(problem: str, primitive: str, fmt: str, power: bool, backward: bool, in_optimizer: bool,
-             accumulation: bool = False) -> str:
-    """The fix lpjax offers for a finding (Björck et al., 2021 for the RL methods)."""
+def _suggest(
+    problem: str, primitive: str, fmt: str, power: bool, backward: bool, in_optimizer: bool, accumulation: bool = False
+) -> str:
+    """The fix lpjax offers for a finding (Björck et al., 2021 for the RL methods): the function, and for a method
+    of the learners the field of their config's :class:`lpjax.methods.PrecisionMethods` that turns it on
+    (``methods.<field>``)."""
     if not problem:
         return ""
     if accumulation and problem == "absorbed":
-        return ("a parameter or target-network update loses its small steps: use Kahan summation "
-                "(lpjax.optim.kahan_summation for parameters, lpjax.optim.kahan_polyak for target networks)")
+        return (
+            "a parameter or target-network update loses its small steps: use Kahan summation "
+            "(lpjax.optim.kahan_summation for parameters, lpjax.optim.kahan_polyak for target networks; "
+            "methods.kahan_gradients and methods.kahan_momentum)"
+        )
     if accumulation and problem == "underflow":
-        return (f"parameters this close to 0 are subnormal in {fmt} (absolute precision kept, relative lost); "
-                "keep float32 master weights (lpjax.precision.Policy) if it matters")
+        return (
+            f"parameters this close to 0 are subnormal in {fmt} (absolute precision kept, relative lost); "
+            "keep float32 master weights (lpjax.precision.Policy) if it matters"
+        )
     if problem == "absorbed" and in_optimizer:
-        return ("small updates are lost in this sum: use Kahan summation (lpjax.optim.kahan_summation for "
-                "parameter updates, lpjax.optim.kahan_polyak for target networks)")
+        return (
+            "small updates are lost in this sum: use Kahan summation (lpjax.optim.kahan_summation for "
+            "parameter updates, lpjax.optim.kahan_polyak for target networks; methods.kahan_gradients and "
+            "methods.kahan_momentum)"
+        )
     if problem == "absorbed":
-        return ("the smaller addend does not change the result: harmless in a one-off sum; in a running sum, "
-                "use Kahan summation")
+        return (
+            "the smaller addend does not change the result: harmless in a one-off sum; in a running sum, "
+            "use Kahan summation"
+        )
     if problem == "zero constant":
-        return (f"adds a constant that is 0 in {fmt} (an eps that underflowed?): use compound loss scaling, "
-                "which scales Adam's eps with the loss scale (lpjax.optim.compound_loss_scaling), or a larger eps")
+        return (
+            f"adds a constant that is 0 in {fmt} (an eps that underflowed?): use compound loss scaling, "
+            "which scales Adam's eps with the loss scale (lpjax.optim.compound_loss_scaling; "
+            "methods.loss_scaling), or a larger eps"
+        )
     if problem == "nonfinite" and primitive == "div":
-        return ("nan/inf from a division: its denominator is 0 (underflowed, or counted from nan: see the rows "
-                "before); in Adam use hAdam (lpjax.optim.hadam) with compound loss scaling")
+        return (
+            "nan/inf from a division: its denominator is 0 (underflowed, or counted from nan: see the rows "
+            "before); in Adam use hAdam (lpjax.optim.hadam; methods.hadam) with compound loss scaling "
+            "(methods.loss_scaling)"
+        )
     if problem == "nonfinite" and primitive in ("log", "log1p"):
         return "log of 0 or a negative value: an argument underflowed; use a stable form from lpjax.numerics"
     if primitive == "exp" and problem in ("overflow", "nonfinite"):
-        return ("exp overflows: use the softplus-fix (lpjax.numerics.softplus, "
-                "lpjax.numerics.tanh_log_det_jacobian) or bound the exponent")
+        return (
+            "exp overflows: use the softplus-fix (lpjax.numerics.softplus, "
+            "lpjax.numerics.tanh_log_det_jacobian; SAC's methods.softplus_fix) or bound the exponent"
+        )
     if power and in_optimizer:
-        return f"Adam's second moment g^2 leaves {fmt}'s range: use hAdam (lpjax.optim.hadam), which keeps sqrt(v)"
+        return (
+            f"Adam's second moment g^2 leaves {fmt}'s range: use hAdam (lpjax.optim.hadam; methods.hadam), "
+            "which keeps sqrt(v)"
+        )
     if power:
-        return (f"a square or power leaves {fmt}'s range: compute it from a ratio, or in float32; for a Gaussian's "
-                "variance sigma^2 (or its inverse in the backward pass) use the normal-fix "
-                "(lpjax.numerics.normal_log_prob squares (x - mu) / sigma)")
+        return (
+            f"a square or power leaves {fmt}'s range: compute it from a ratio, or in float32; for a Gaussian's "
+            "variance sigma^2 (or its inverse in the backward pass) use the normal-fix "
+            "(lpjax.numerics.normal_log_prob squares (x - mu) / sigma; SAC's methods.normal_fix)"
+        )
     if in_optimizer:
-        return ("the optimizer's moments or updates leave {fmt}'s range: use compound loss scaling "
-                "(lpjax.optim.compound_loss_scaling, which rescales the moments) with hAdam").format(fmt=fmt)
+        return (
+            f"the optimizer's moments or updates leave {fmt}'s range: use compound loss scaling "
+            "(lpjax.optim.compound_loss_scaling, which rescales the moments; methods.loss_scaling) with hAdam "
+            "(methods.hadam)"
+        )
     if backward:
-        return "gradients leave the range: use loss scaling (lpjax.optim.compound_loss_scaling)"
+        return "gradients leave the range: use loss scaling (lpjax.optim.compound_loss_scaling; methods.loss_scaling)"
     if primitive in ("dot_general", "conv_general_dilated", "reduce_sum") and problem == "overflow":
-        return ("a sum of products overflows: accumulate in float32 (preferred_element_type) or standardize the "
-                "weights (lpjax.numerics.weight_standardize)")
+        return (
+            "a sum of products overflows: accumulate in float32 (preferred_element_type) or standardize the "
+            "weights (lpjax.numerics.weight_standardize)"
+        )
     if primitive == "convert_element_type":
-        return (f"values leave {fmt}'s range at this cast: rescale them (loss scaling), or keep this tensor in "
-                "float32 (lpjax.precision.Policy)")
+        return (
+            f"values leave {fmt}'s range at this cast: rescale them (loss scaling), or keep this tensor in "
+            "float32 (lpjax.precision.Policy)"
+        )
     return f"values leave {fmt}'s range: keep this operation in float32 (lpjax.precision.Policy) or rescale it"
 
 
 def _is_power(eqn) -> bool:
     """``x^2``, ``x^-2``, ``x^y``... (``square``, ``integer_pow`` with ``|y| >= 2``, ``pow``, ``x * x``)."""
     name = eqn.primitive.name
-    return (name in ("square", "pow") or (name == "integer_pow" and abs(eqn.params.get("y", 1)) >= 2)
-            or (name == "mul" and eqn.invars[0] is eqn.invars[1]))
+    return (
+        name in ("square", "pow")
+        or (name == "integer_pow" and abs(eqn.params.get("y", 1)) >= 2)
+        or (name == "mul" and eqn.invars[0] is eqn.invars[1])
+    )
 
 
 def _source(eqn) -> tuple[str, str]:

@@ -18,10 +18,14 @@ hAdam (or an injected ``optax.adam``) first, the true gradients everywhere else.
 
 from lpjax.optim.alias import inject_hyperparams, low_precision_adam, method_optimizer
 from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
-from lpjax.optim.kahan import (KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak,
-                               kahan_summation)
-from lpjax.optim.loss_scaling import (PYTORCH_AMP_DEFAULTS, CompoundLossScalingState, all_finite,
-                                      compound_loss_scaling, rescale_moments)
+from lpjax.optim.kahan import KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak, kahan_summation
+from lpjax.optim.loss_scaling import (
+    PYTORCH_AMP_DEFAULTS,
+    CompoundLossScalingState,
+    all_finite,
+    compound_loss_scaling,
+    rescale_moments,
+)
 from lpjax.optim.scaled_grad import loss_scale, loss_scale_or_one, scaled_value_and_grad
 
 OPTIMIZER_SCOPE = "optimizer"
@@ -29,8 +33,24 @@ OPTIMIZER_SCOPE = "optimizer"
 ``optax.apply_updates``); :mod:`lpjax.inspect` attributes operations in it to the optimizer."""
 
 __all__ = [
-    "OPTIMIZER_SCOPE", "PYTORCH_AMP_DEFAULTS", "CompoundLossScalingState", "KahanPolyak", "KahanPolyakState",
-    "KahanSummationState", "ScaleByHAdamState", "all_finite", "compound_loss_scaling", "hadam",
-    "inject_hyperparams", "kahan_polyak", "kahan_summation", "loss_scale", "loss_scale_or_one",
-    "low_precision_adam", "method_optimizer", "rescale_moments", "scale_by_hadam", "scaled_value_and_grad",
+    "OPTIMIZER_SCOPE",
+    "PYTORCH_AMP_DEFAULTS",
+    "CompoundLossScalingState",
+    "KahanPolyak",
+    "KahanPolyakState",
+    "KahanSummationState",
+    "ScaleByHAdamState",
+    "all_finite",
+    "compound_loss_scaling",
+    "hadam",
+    "inject_hyperparams",
+    "kahan_polyak",
+    "kahan_summation",
+    "loss_scale",
+    "loss_scale_or_one",
+    "low_precision_adam",
+    "method_optimizer",
+    "rescale_moments",
+    "scale_by_hadam",
+    "scaled_value_and_grad",
 ]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-INJECT_FIX = ("optax.inject_hyperparams stores hyperparameters in the parameters' dtype: use "
-              "lpjax.optim.inject_hyperparams (float32 hyperparameters) or pass hyperparam_dtype=jnp.float32")
+INJECT_FIX = (
+    "optax.inject_hyperparams stores hyperparameters in the parameters' dtype: use "
+    "lpjax.optim.inject_hyperparams (float32 hyperparameters) or pass hyperparam_dtype=jnp.float32"
+)
 
 
 def concrete(value) -> np.ndarray | None:

@@ -9,7 +9,8 @@ loss scaling and Kahan-gradients, in any combination.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,11 @@ from lpjax.optim.loss_scaling import compound_loss_scaling
 _DTYPE_ARGUMENTS = ("moment_dtype", "compensation_dtype")
 
 
-def inject_hyperparams(inner_factory: Callable[..., optax.GradientTransformation],
-                       static_args: str | Iterable[str] = (),
-                       hyperparam_dtype: Any = jnp.float32) -> Callable[..., optax.GradientTransformationExtraArgs]:
+def inject_hyperparams(
+    inner_factory: Callable[..., optax.GradientTransformation],
+    static_args: str | Iterable[str] = (),
+    hyperparam_dtype: Any = jnp.float32,
+) -> Callable[..., optax.GradientTransformationExtraArgs]:
     """``optax.inject_hyperparams`` with float32 hyperparameters, whatever the parameters' dtype.
 
     optax stores injected hyperparameters in the parameters' dtype by default, where a float16 ``eps=1e-8`` is 0
@@ -44,13 +47,19 @@ def inject_hyperparams(inner_factory: Callable[..., optax.GradientTransformation
     """
     static = {static_args} if isinstance(static_args, str) else set(static_args)
     static |= set(_DTYPE_ARGUMENTS) & set(inspect.signature(inner_factory).parameters)
-    return optax.inject_hyperparams(inner_factory, static_args=tuple(sorted(static)),
-                                    hyperparam_dtype=hyperparam_dtype)
+    return optax.inject_hyperparams(inner_factory, static_args=tuple(sorted(static)), hyperparam_dtype=hyperparam_dtype)
 
 
-def method_optimizer(learning_rate: optax.ScalarOrSchedule, methods: PrecisionMethods, *, b1: float = 0.9,
-                     b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-                     max_grad_norm: float | None = None) -> optax.GradientTransformation:
+def method_optimizer(
+    learning_rate: optax.ScalarOrSchedule,
+    methods: PrecisionMethods,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> optax.GradientTransformation:
     """The optimizer of a learner's network: Adam (or AdamW) with ``methods``' optimizer switches.
 
     The chain, each part present only when its switch or argument asks for it::
@@ -75,8 +84,11 @@ def method_optimizer(learning_rate: optax.ScalarOrSchedule, methods: PrecisionMe
     moment_dtype = methods.moment_numpy_dtype
     if weight_decay:
         if methods.hadam:  # the compound path: scale_by_hadam first, the learning rate applied in float32
-            inner = optax.chain(scale_by_hadam(b1, b2, eps, moment_dtype), optax.add_decayed_weights(weight_decay),
-                                descend(learning_rate))
+            inner = optax.chain(
+                scale_by_hadam(b1, b2, eps, moment_dtype),
+                optax.add_decayed_weights(weight_decay),
+                descend(learning_rate),
+            )
         else:
             inner = optax.adamw(learning_rate, b1, b2, eps, mu_dtype=moment_dtype, weight_decay=weight_decay)
     elif methods.hadam:
@@ -84,7 +96,8 @@ def method_optimizer(learning_rate: optax.ScalarOrSchedule, methods: PrecisionMe
     elif methods.loss_scaling:  # optax's Adam must expose eps, in the widest float available, for the scaler
         widest = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless float64 is enabled
         inner = optax.inject_hyperparams(optax.adam, static_args="mu_dtype", hyperparam_dtype=widest)(
-            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
+            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype
+        )
     else:
         inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, mu_dtype=moment_dtype)
     if max_grad_norm is not None:
@@ -94,10 +107,19 @@ def method_optimizer(learning_rate: optax.ScalarOrSchedule, methods: PrecisionMe
     return optax.chain(inner, kahan_summation()) if methods.kahan_gradients else inner
 
 
-def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-                       eps: float = 1e-8, *, hadam: bool = True, loss_scaling: bool = True, kahan: bool = True,
-                       init_scale: float = 1e4, growth_interval: int = 10_000,
-                       moment_dtype: Any = None) -> optax.GradientTransformation:
+def low_precision_adam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    hadam: bool = True,
+    loss_scaling: bool = True,
+    kahan: bool = True,
+    init_scale: float = 1e4,
+    growth_interval: int = 10_000,
+    moment_dtype: Any = None,
+) -> optax.GradientTransformation:
     """Adam, optionally with hAdam, compound loss scaling and Kahan-compensated parameter updates.
 
     Args:
@@ -117,7 +139,12 @@ def low_precision_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b
     ``lpjax.optim.inject_hyperparams(low_precision_adam)(learning_rate=1e-4)``.
     """
     require_wide("low_precision_adam", "learning_rate", learning_rate)
-    methods = PrecisionMethods(hadam=hadam, loss_scaling=loss_scaling, kahan_gradients=kahan,
-                               init_scale=init_scale, growth_interval=growth_interval,
-                               moment_dtype=None if moment_dtype is None else np.dtype(moment_dtype).name)
+    methods = PrecisionMethods(
+        hadam=hadam,
+        loss_scaling=loss_scaling,
+        kahan_gradients=kahan,
+        init_scale=init_scale,
+        growth_interval=growth_interval,
+        moment_dtype=None if moment_dtype is None else np.dtype(moment_dtype).name,
+    )
     return method_optimizer(learning_rate, methods, b1=b1, b2=b2, eps=eps)

@@ -75,8 +75,9 @@ def _squares_fit(storage, compute) -> bool:
     storage, compute = jnp.finfo(storage), jnp.finfo(compute)
     if storage.bits >= compute.bits:
         return False
-    return (float(storage.max) ** 2 < float(compute.max)
-            and float(storage.smallest_subnormal) ** 2 > float(compute.smallest_normal))
+    return float(storage.max) ** 2 < float(compute.max) and float(storage.smallest_subnormal) ** 2 > float(
+        compute.smallest_normal
+    )
 
 
 def _compute_dtype(*dtypes) -> np.dtype:
@@ -84,8 +85,9 @@ def _compute_dtype(*dtypes) -> np.dtype:
     return np.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
 
 
-def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                   moment_dtype: Any = None) -> optax.GradientTransformation:
+def scale_by_hadam(
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, moment_dtype: Any = None
+) -> optax.GradientTransformation:
     """Rescales updates by hAdam's ``m_hat / (w_hat + eps)`` (no learning rate, no sign flip).
 
     Args:
@@ -109,10 +111,16 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     def init_fn(params):
         def zeros(p):
             return jnp.zeros(jnp.shape(p), moment_dtype or jnp.result_type(p))
+
         # Two separate trees: a state whose moments share buffers cannot be donated to a jitted step.
-        return ScaleByHAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(zeros, params),
-                                 nu_sqrt=jax.tree.map(zeros, params), scale=jnp.ones([], jnp.float32),
-                                 moment_scale=jnp.ones([], jnp.float32), apply=jnp.ones([], jnp.bool_))
+        return ScaleByHAdamState(
+            count=jnp.zeros([], jnp.int32),
+            mu=jax.tree.map(zeros, params),
+            nu_sqrt=jax.tree.map(zeros, params),
+            scale=jnp.ones([], jnp.float32),
+            moment_scale=jnp.ones([], jnp.float32),
+            apply=jnp.ones([], jnp.bool_),
+        )
 
     def update_fn(updates, state, params=None):
         del params
@@ -148,9 +156,14 @@ def scale_by_hadam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
         # update, and a compiler reads them back from the state's buffers instead of recomputing them from the old
         # moments, which it would have to copy first to update them in place.
         updates = jax.tree.map(direction, mu, nu_sqrt)
-        return updates, ScaleByHAdamState(count=count, mu=mu, nu_sqrt=nu_sqrt, scale=state.scale,
-                                          moment_scale=jnp.where(apply, state.scale, state.moment_scale),
-                                          apply=jnp.ones([], jnp.bool_))
+        return updates, ScaleByHAdamState(
+            count=count,
+            mu=mu,
+            nu_sqrt=nu_sqrt,
+            scale=state.scale,
+            moment_scale=jnp.where(apply, state.scale, state.moment_scale),
+            apply=jnp.ones([], jnp.bool_),
+        )
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -162,11 +175,13 @@ def descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformati
     ``ScaleByScheduleState`` for a schedule), except that a float16 update is not multiplied by a float16-rounded
     learning rate, and an injected float32 learning rate does not promote the updates to float32.
     """
+
     def step(u, lr):
         dtype = jnp.promote_types(u.dtype, jnp.result_type(lr, jnp.float32))
         return (-jnp.asarray(lr, dtype) * u.astype(dtype)).astype(u.dtype)
 
     if callable(learning_rate):
+
         def init_fn(params):
             del params
             return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -174,17 +189,25 @@ def descend(learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformati
         def update_fn(updates, state, params=None):
             del params
             lr = learning_rate(state.count)
-            return (jax.tree.map(lambda u: step(u, lr), updates),
-                    optax.ScaleByScheduleState(count=optax.safe_increment(state.count)))
+            return (
+                jax.tree.map(lambda u: step(u, lr), updates),
+                optax.ScaleByScheduleState(count=optax.safe_increment(state.count)),
+            )
 
         return optax.GradientTransformation(init_fn, update_fn)
-    return optax.GradientTransformation(lambda params: optax.EmptyState(),
-                                        lambda updates, state, params=None: (
-                                            jax.tree.map(lambda u: step(u, learning_rate), updates), state))
+    return optax.GradientTransformation(
+        lambda params: optax.EmptyState(),
+        lambda updates, state, params=None: (jax.tree.map(lambda u: step(u, learning_rate), updates), state),
+    )
 
 
-def hadam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          moment_dtype: Any = None) -> optax.GradientTransformation:
+def hadam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    moment_dtype: Any = None,
+) -> optax.GradientTransformation:
     """The hAdam optimizer: :func:`scale_by_hadam` followed by ``-learning_rate`` (a float or an optax schedule).
 
     A drop-in replacement for ``optax.adam(learning_rate, b1, b2, eps)``: identical updates in exact arithmetic.

@@ -12,13 +12,14 @@ adds it back on the next step:
 In exact arithmetic ``d = y`` and ``c = 0``, so this is plain summation. The compensation only works if the
 rounding of ``t`` really happens. XLA may skip intermediate roundings of low-precision values when
 ``xla_allow_excess_precision`` is on (its default; GPU fusions use it), which would make ``t - p == y`` and turn
-the compensation off. XLA:CPU keeps float16 roundings today, but ``t`` is pinned to its dtype with
+the compensation off. XLA:CPU keeps float16 roundings, but ``t`` is pinned to its dtype with
 ``lax.reduce_precision`` (which that flag may not remove), and the tests compare ``jit`` against eager.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

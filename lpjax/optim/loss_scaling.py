@@ -59,7 +59,8 @@ inner state bit-identical and changes only ``scale``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -70,7 +71,7 @@ import optax
 from lpjax.optim._hyperparameters import concrete, require_wide
 from lpjax.optim.hadam import ScaleByHAdamState
 
-PYTORCH_AMP_DEFAULTS = dict(init_scale=2.0 ** 16, growth_interval=2000, growth_factor=2.0, backoff_factor=0.5)
+PYTORCH_AMP_DEFAULTS = dict(init_scale=2.0**16, growth_interval=2000, growth_factor=2.0, backoff_factor=0.5)
 """``torch.amp.GradScaler`` defaults, for ``compound_loss_scaling(inner, **PYTORCH_AMP_DEFAULTS)``."""
 
 
@@ -151,8 +152,10 @@ def rescale_moments(inner_state, factor: chex.Array):
     def rescale(node):
         if isinstance(node, ScaleByHAdamState):
             return node._replace(scale=node.scale * factor)
-        return node._replace(mu=jax.tree.map(lambda m: _scale_in_float32(m, factor), node.mu),
-                             nu=jax.tree.map(lambda v: _scale_in_float32(v, factor, factor), node.nu))
+        return node._replace(
+            mu=jax.tree.map(lambda m: _scale_in_float32(m, factor), node.mu),
+            nu=jax.tree.map(lambda v: _scale_in_float32(v, factor, factor), node.nu),
+        )
 
     def rescale_eps(inject):
         if "eps" not in inject.hyperparams or _first_consumer(inject.inner_state, True) != "adam":
@@ -165,11 +168,13 @@ def rescale_moments(inner_state, factor: chex.Array):
 
 def _moments_fit(inner_state, growth: chex.Array) -> chex.Array:
     """Whether the first consumer's moments, moved to a scale ``growth`` times larger, stay finite."""
+
     def fits(tree, power):
         def leaf_fits(x):
             dtype = jnp.promote_types(x.dtype, jnp.float32)
             moved = jnp.max(jnp.abs(x)).astype(dtype) * growth.astype(dtype) ** power
             return moved <= jnp.asarray(jnp.finfo(x.dtype).max, dtype)
+
         checks = [leaf_fits(x) for x in jax.tree.leaves(tree) if x.size]
         return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
 
@@ -210,11 +215,13 @@ def _select(pred, new, old):
 
 def _unscale(grads, scale):
     """The true gradients ``float32(s g) / s`` (float64 for float64 gradients)."""
+
     def unscale(g):
         if not jnp.issubdtype(jnp.result_type(g), jnp.inexact):
             return g
         dtype = jnp.promote_types(jnp.result_type(g), jnp.float32)
         return jnp.asarray(g).astype(dtype) / scale.astype(dtype)
+
     return jax.tree.map(unscale, grads)
 
 
@@ -232,6 +239,7 @@ def _check_hyperparameter(name: str, value, lower: float, upper: float = np.inf,
 
 def _check_injected_eps(inner_state) -> None:
     """Raises if the compound path's ``eps`` was stored by ``optax.inject_hyperparams`` in a dtype where it is 0."""
+
     def visit(node):
         if isinstance(node, _INJECT_STATES):
             if "eps" in node.hyperparams and _first_consumer(node.inner_state, True) is not None:
@@ -243,9 +251,14 @@ def _check_injected_eps(inner_state) -> None:
     visit(inner_state)
 
 
-def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float = 1e4,
-                          growth_interval: int = 10_000, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                          min_scale: float = 1.0) -> optax.GradientTransformationExtraArgs:
+def compound_loss_scaling(
+    inner: optax.GradientTransformation,
+    init_scale: float = 1e4,
+    growth_interval: int = 10_000,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    min_scale: float = 1.0,
+) -> optax.GradientTransformationExtraArgs:
     """Wraps any optax optimizer with dynamic loss scaling (see the module docstring for both paths).
 
     Gradients passed to ``update`` must come from ``loss * loss_scale(opt_state)``; the updates it returns are
@@ -281,8 +294,12 @@ def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float
         inner_state = inner.init(params)
         _check_injected_eps(inner_state)
         return CompoundLossScalingState(
-            scale=jnp.asarray(init_scale, jnp.float32), inner_scale=jnp.ones([], jnp.float32),
-            good_steps=jnp.zeros([], jnp.int32), skipped_steps=jnp.zeros([], jnp.int32), inner_state=inner_state)
+            scale=jnp.asarray(init_scale, jnp.float32),
+            inner_scale=jnp.ones([], jnp.float32),
+            good_steps=jnp.zeros([], jnp.int32),
+            skipped_steps=jnp.zeros([], jnp.int32),
+            inner_state=inner_state,
+        )
 
     def update_fn(updates, state, params=None, **extra_args):
         scale = jnp.asarray(state.scale, jnp.float32)
@@ -298,13 +315,13 @@ def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float
             if consumer == "adam":  # v = g^2 may overflow its dtype
                 finite = finite & all_finite(new_inner)
         else:
-            new_updates, new_inner = inner.update(_unscale(updates, scale), state.inner_state, params,
-                                                  **extra_args)
+            new_updates, new_inner = inner.update(_unscale(updates, scale), state.inner_state, params, **extra_args)
             new_inner = _select(True, new_inner, state.inner_state)
             finite = finite & all_finite(new_inner) & all_finite(new_updates)
             if params is not None:  # an unbounded update (SGD on a huge gradient) may overflow the parameters
-                finite = finite & all_finite(jax.tree.map(
-                    lambda p, u: (jnp.asarray(p) + u).astype(jnp.result_type(p)), params, new_updates))
+                finite = finite & all_finite(
+                    jax.tree.map(lambda p, u: (jnp.asarray(p) + u).astype(jnp.result_type(p)), params, new_updates)
+                )
         inner_state = _select(finite, new_inner, state.inner_state)
         if consumer == "hadam":  # hAdam selected its moments itself; its unit stays the scaler's inner_scale
             chosen, before = _first_node(new_inner), _first_node(state.inner_state)
@@ -318,15 +335,19 @@ def compound_loss_scaling(inner: optax.GradientTransformation, init_scale: float
         grown = scale * growth
         can_grow = wants_growth & jnp.isfinite(grown)
         if consumer is not None:
-            can_grow = can_grow & jax.lax.cond(wants_growth, lambda s: _moments_fit(s, growth),
-                                               lambda s: jnp.asarray(True), inner_state)
+            can_grow = can_grow & jax.lax.cond(
+                wants_growth, lambda s: _moments_fit(s, growth), lambda s: jnp.asarray(True), inner_state
+            )
         backed = scale * backoff
         backed = jnp.where(backed >= jnp.asarray(min_scale, jnp.float32), backed, scale)
         new_scale = jnp.where(finite, jnp.where(can_grow, grown, scale), backed)
         inner_scale = jnp.where(finite, scale, state.inner_scale) if consumer is not None else state.inner_scale
         return new_updates, CompoundLossScalingState(
-            scale=new_scale, inner_scale=inner_scale,
+            scale=new_scale,
+            inner_scale=inner_scale,
             good_steps=jnp.where(finite & ~wants_growth, state.good_steps + 1, 0).astype(jnp.int32),
-            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32), inner_state=inner_state)
+            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
+            inner_state=inner_state,
+        )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

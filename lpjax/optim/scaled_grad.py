@@ -24,7 +24,8 @@ a scaler in a ``multi_transform`` branch without ``label=`` (other branches must
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import chex
 import jax
@@ -33,8 +34,9 @@ import optax
 
 from lpjax.optim.loss_scaling import CompoundLossScalingState
 
-_BRANCHING_STATES = tuple(t for t in (getattr(optax, "MultiTransformState", None),
-                                      getattr(optax, "PartitionState", None)) if t is not None)
+_BRANCHING_STATES = tuple(
+    t for t in (getattr(optax, "MultiTransformState", None), getattr(optax, "PartitionState", None)) if t is not None
+)
 
 
 def _is_scaler(node) -> bool:
@@ -64,15 +66,20 @@ def _check_placement(holder, path) -> bool:
             raise ValueError(
                 "optax.apply_if_finite wraps compound_loss_scaling: on a non-finite step it restores the scaler's own "
                 "state, so the scale never backs off. compound_loss_scaling already skips non-finite steps: remove "
-                "apply_if_finite, or put it inside the scaler.")
+                "apply_if_finite, or put it inside the scaler."
+            )
         if isinstance(node, _BRANCHING_STATES):
             in_branch = True
-        if type(node) is tuple and isinstance(key, jax.tree_util.SequenceKey):
-            if any(not _scalers(sibling) for sibling in node[:key.idx]):
-                raise ValueError(
-                    "compound_loss_scaling follows other transforms in an optax.chain, which therefore receive the "
-                    "loss-scaled gradients (a clipping threshold or weight decay would be off by the scale). Move "
-                    "them inside the scaler: compound_loss_scaling(optax.chain(...)).")
+        if (
+            type(node) is tuple
+            and isinstance(key, jax.tree_util.SequenceKey)
+            and any(not _scalers(sibling) for sibling in node[: key.idx])
+        ):
+            raise ValueError(
+                "compound_loss_scaling follows other transforms in an optax.chain, which therefore receive the "
+                "loss-scaled gradients (a clipping threshold or weight decay would be off by the scale). Move "
+                "them inside the scaler: compound_loss_scaling(optax.chain(...))."
+            )
         child = _child(node, key)
         if child is None:
             break
@@ -110,19 +117,24 @@ def loss_scale(opt_state, label: str | None = None) -> chex.Array:
         matching = [(path, node) for path, node in found if label in _labels(path)]
         if len(matching) != 1:
             available = sorted({str(lab) for path, _ in found for lab in _labels(path)})
-            raise ValueError(f"loss_scale(label={label!r}) matches {len(matching)} loss scalers; labels of the "
-                             f"scalers found: {available or 'none'}.")
+            raise ValueError(
+                f"loss_scale(label={label!r}) matches {len(matching)} loss scalers; labels of the "
+                f"scalers found: {available or 'none'}."
+            )
         found = matching
     if len(found) != 1:
         where = ", ".join(jax.tree_util.keystr(path) or "<root>" for path, _ in found)
-        raise ValueError(f"loss_scale expects exactly one CompoundLossScalingState in opt_state, found {len(found)}"
-                         + (f" (at {where}); pass label= to pick a multi_transform branch." if found else "."))
+        raise ValueError(
+            f"loss_scale expects exactly one CompoundLossScalingState in opt_state, found {len(found)}"
+            + (f" (at {where}); pass label= to pick a multi_transform branch." if found else ".")
+        )
     path, node = found[0]
     if _check_placement(opt_state, path) and label is None:
         raise ValueError(
             f"The loss scaler sits in multi_transform branch {_labels(path)}: only that branch's gradients may carry "
             "its scale. Pass label= and scale only that branch's loss terms, or wrap the whole multi_transform in "
-            "one compound_loss_scaling.")
+            "one compound_loss_scaling."
+        )
     return _value(node.scale)
 
 
@@ -132,8 +144,9 @@ def loss_scale_or_one(opt_state, label: str | None = None) -> chex.Array:
     return loss_scale(opt_state, label) if _scalers(opt_state) else jnp.ones([], jnp.float32)
 
 
-def scaled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
-                          label: str | None = None) -> Callable[..., tuple[Any, Any]]:
+def scaled_value_and_grad(
+    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, label: str | None = None
+) -> Callable[..., tuple[Any, Any]]:
     """``jax.value_and_grad`` of ``fun`` with its loss multiplied by the loss scale found in an optimizer state.
 
     Args:

@@ -9,19 +9,21 @@ import numpy as np
 import pytest
 
 from lpjax.agents import sac
+from lpjax.methods import PrecisionMethods
 
-METHODS = dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True, softplus_fix=True,
-               normal_fix=True)
+METHODS = PrecisionMethods.paper()
 OBS_DIM, ACTION_DIM = 5, 2
 
 
 def _batch(n: int, seed: int, dtype=jnp.float32, obs_scale: float = 1.0):
     rng = np.random.default_rng(seed)
-    return {"obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype),
-            "action": jnp.asarray(rng.uniform(-1, 1, (n, ACTION_DIM)), dtype),
-            "reward": jnp.asarray(rng.uniform(0, 1, n), dtype),
-            "discount": jnp.asarray(rng.uniform(size=n) > 0.1, dtype),
-            "next_obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype)}
+    return {
+        "obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype),
+        "action": jnp.asarray(rng.uniform(-1, 1, (n, ACTION_DIM)), dtype),
+        "reward": jnp.asarray(rng.uniform(0, 1, n), dtype),
+        "discount": jnp.asarray(rng.uniform(size=n) > 0.1, dtype),
+        "next_obs": jnp.asarray(rng.normal(size=(n, OBS_DIM)) * obs_scale, dtype),
+    }
 
 
 def _train(config: sac.SACConfig, steps: int, dtype=jnp.float32, obs_scale: float = 1.0):
@@ -35,10 +37,14 @@ def _train(config: sac.SACConfig, steps: int, dtype=jnp.float32, obs_scale: floa
 
 def test_all_methods_are_the_identity_in_float64():
     f64 = "params=float64,compute=float64,output=float64"
-    base = sac.SACConfig(hidden_dims=(32, 32), batch_size=16, policy=f64, adam_eps=1e-3, init_scale=64.0)
+    base = sac.SACConfig(
+        hidden_dims=(32, 32), batch_size=16, policy=f64, adam_eps=1e-3, methods=PrecisionMethods(init_scale=64.0)
+    )
     with jax.enable_x64(True):
         plain, plain_history = _train(base, 6, jnp.float64)
-        fixed, fixed_history = _train(dataclasses.replace(base, **METHODS), 6, jnp.float64)
+        fixed, fixed_history = _train(
+            dataclasses.replace(base, methods=PrecisionMethods.paper(init_scale=64.0)), 6, jnp.float64
+        )
         for name in ("actor", "critic"):
             for a, b in zip(jax.tree.leaves(getattr(plain, name).params), jax.tree.leaves(getattr(fixed, name).params)):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-9)
@@ -50,7 +56,7 @@ def test_all_methods_are_the_identity_in_float64():
 
 def test_fp16_with_methods_stays_finite_where_naive_fp16_does_not():
     small = dict(hidden_dims=(64, 64), batch_size=64)
-    _, fixed = _train(sac.SACConfig(policy="fp16", **small, **METHODS), 20)
+    _, fixed = _train(sac.SACConfig(policy="fp16", **small, methods=METHODS), 20)
     _, naive = _train(sac.SACConfig(policy="fp16", **small), 20)
     assert all(np.isfinite(h["critic_loss"]) and np.isfinite(h["actor_loss"]) for h in fixed)
     assert fixed[-1]["critic_loss_scale"] == 1e4
@@ -58,7 +64,7 @@ def test_fp16_with_methods_stays_finite_where_naive_fp16_does_not():
 
 
 def test_fp16_state_dtypes_follow_the_policy_and_survive_updates():
-    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8, policy="fp16", **METHODS)
+    config = sac.SACConfig(hidden_dims=(16, 16), batch_size=8, policy="fp16", methods=METHODS)
     state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
     dtypes = jax.tree.map(lambda x: x.dtype, state)
     assert {x.dtype for x in jax.tree.leaves(state.actor.params)} == {jnp.dtype(jnp.float16)}
@@ -74,8 +80,12 @@ def test_target_critic_moves_every_target_update_period_steps():
     for i in range(6):
         before = jax.tree.map(np.asarray, state.target_critic)
         state, _ = sac.update(state, _batch(8, i))
-        moved.append(any(not np.array_equal(a, np.asarray(b))
-                         for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.target_critic))))
+        moved.append(
+            any(
+                not np.array_equal(a, np.asarray(b))
+                for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.target_critic))
+            )
+        )
     assert moved == [True, False, False, True, False, False]
     assert int(state.step) == 6
 
@@ -101,20 +111,35 @@ def test_act_is_deterministic_when_asked_and_bounded():
 
 
 def test_pixels_update_runs_and_actor_sees_detached_encoder_features():
-    config = sac.SACConfig(hidden_dims=(32,), batch_size=4, pixels=True, policy="fp16", log_std_bounds=(-10, 2),
-                           sigma_eps=1e-4, weight_standardization=True, encoder_clip=10.0,
-                           kahan_momentum_scale=1e2, **METHODS)
+    config = sac.SACConfig(
+        hidden_dims=(32,),
+        batch_size=4,
+        pixels=True,
+        policy="fp16",
+        log_std_bounds=(-10, 2),
+        sigma_eps=1e-4,
+        weight_standardization=True,
+        encoder_clip=10.0,
+        methods=PrecisionMethods.paper(kahan_momentum_scale=1e2),
+    )
     rng = np.random.default_rng(0)
     images = lambda: jnp.asarray(rng.integers(0, 256, (4, 84, 84, 9)), jnp.uint8)
-    batch = {"obs": images(), "action": jnp.asarray(rng.uniform(-1, 1, (4, 3)), jnp.float32),
-             "reward": jnp.ones(4), "discount": jnp.ones(4), "next_obs": images()}
+    batch = {
+        "obs": images(),
+        "action": jnp.asarray(rng.uniform(-1, 1, (4, 3)), jnp.float32),
+        "reward": jnp.ones(4),
+        "discount": jnp.ones(4),
+        "next_obs": images(),
+    }
     state = sac.init(jax.random.key(0), batch["obs"][0], 3, config)
     encoder_before = jax.tree.map(np.asarray, state.critic.params["params"]["encoder"])
     state, metrics = sac.update(state, batch)
     assert all(np.isfinite(float(v)) for v in metrics.values())
     assert "encoder" not in state.actor.params["params"]
-    changed = [not np.array_equal(a, np.asarray(b)) for a, b in
-               zip(jax.tree.leaves(encoder_before), jax.tree.leaves(state.critic.params["params"]["encoder"]))]
+    changed = [
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(jax.tree.leaves(encoder_before), jax.tree.leaves(state.critic.params["params"]["encoder"]))
+    ]
     assert any(changed)  # the critic trains the encoder
     assert sac.act(state, batch["obs"], jax.random.key(0)).shape == (4, 3)
 
@@ -125,15 +150,24 @@ def test_random_shift_crops_a_padded_image():
     shifted = np.asarray(sac.random_shift(jax.random.key(0), images, 2))
     padded = np.pad(np.asarray(images), [(0, 0), (2, 2), (2, 2), (0, 0)], mode="edge")
     for i in range(2):
-        assert any(np.array_equal(shifted[i], padded[i, y:y + 6, x:x + 6]) for y in range(5) for x in range(5))
+        assert any(np.array_equal(shifted[i], padded[i, y : y + 6, x : x + 6]) for y in range(5) for x in range(5))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(gamma=1.5), "gamma"), (dict(tau=0.0), "tau"), (dict(batch_size=0), "batch_size"),
-    (dict(policy="fp12"), "Unknown precision policy"), (dict(log_std_bounds=(2, -5)), "log_std_bounds"),
-    (dict(hidden_dims=()), "hidden_dims"), (dict(init_scale=0.5), "init_scale"),
-    (dict(matmul_impl="cuda"), "impl must be one of"), (dict(matmul_impl="pallas"), "matmul dtype is float32"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gamma=1.5), "gamma"),
+        (dict(tau=0.0), "tau"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(policy="fp12"), "Unknown precision policy"),
+        (dict(log_std_bounds=(2, -5)), "log_std_bounds"),
+        (dict(hidden_dims=()), "hidden_dims"),
+        (dict(methods=dict(init_scale=0.5)), "init_scale"),
+        (dict(methods=dict(hadm=True)), "Unknown precision method keys"),
+        (dict(matmul_impl="cuda"), "impl must be one of"),
+        (dict(matmul_impl="pallas"), "matmul dtype is float32"),
+    ],
+)
 def test_bad_configs_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sac.SACConfig(**kwargs)

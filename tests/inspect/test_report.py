@@ -3,8 +3,11 @@
 Each function below marks its lines with ``# <name>``; the tests assert the exact rows reported there.
 """
 
+import dataclasses
+import inspect
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +16,7 @@ import pytest
 
 from lpjax.inspect import precision_report
 from lpjax.inspect import report as report_module
+from lpjax.methods import PrecisionMethods
 from lpjax.optim import OPTIMIZER_SCOPE, compound_loss_scaling, hadam, loss_scale
 
 THIS_FILE = os.path.relpath(__file__)
@@ -94,8 +98,9 @@ def test_bf16_overflow_underflow_and_absorption():
     assert row.format == "bfloat16" and row.overflow_frac == 0.25 and row.underflow_frac == 0.25
     assert row.problem == "nonfinite" and row.nonfinite == 1
     one = jnp.ones(2, jnp.bfloat16)  # ulp(1) = 2^-7 in bfloat16
-    row = only_row(precision_report(accumulate_in_optimizer, one, jnp.array([1e-3, 1e-2], jnp.bfloat16)),
-                   line_of("optimizer add"))
+    row = only_row(
+        precision_report(accumulate_in_optimizer, one, jnp.array([1e-3, 1e-2], jnp.bfloat16)), line_of("optimizer add")
+    )
     assert row.absorbed_frac == 0.5 and row.problem == "absorbed"
 
 
@@ -114,8 +119,7 @@ def cast_to_e4m3(x):
 
 
 def test_float8_cast_checks_the_value_before_rounding():
-    row = only_row(precision_report(cast_to_e4m3, jnp.array([500.0, 1.0, 1e-4, 460.0], jnp.float32)),
-                   line_of("cast"))
+    row = only_row(precision_report(cast_to_e4m3, jnp.array([500.0, 1.0, 1e-4, 460.0], jnp.float32)), line_of("cast"))
     assert (row.primitive, row.format) == ("convert_element_type", "float8_e4m3fn")
     assert row.overflow_frac == 0.25 and row.nonfinite == 1  # e4m3fn has no inf: 500 -> nan; 460 -> 448
     assert row.underflow_frac == 0.25 and row.flushed_frac == 0.25  # 1e-4 <= 2^-9 / 2 rounds to 0
@@ -172,8 +176,9 @@ def test_nested_jaxprs_are_interpreted_with_loop_statistics_aggregated():
     assert square.overflow_frac == 0.5 and square.nonfinite == 1
     assert only_row(report, line_of("custom_jvp body")).overflow_frac == 0.5  # exp(30)
     assert only_row(report, line_of("custom_vjp body")).overflow_frac == 0.5
-    grads = precision_report(jax.grad(lambda v: jnp.sum(custom_vjp_exp(v)).astype(jnp.float32)),
-                             jnp.array([12.0], jnp.float16))
+    grads = precision_report(
+        jax.grad(lambda v: jnp.sum(custom_vjp_exp(v)).astype(jnp.float32)), jnp.array([12.0], jnp.float16)
+    )
     assert grads.find(primitive="exp", source=line_of("custom_vjp body"))  # the primal inside the vjp call
 
     xs = jnp.full((4, 2), 0.01, jnp.float16)  # scan: 0.01^k, k = 1..4 -> 1e-8 flushes at k = 4
@@ -198,8 +203,9 @@ def test_rows_sort_by_severity_then_score_then_program_order_and_serialise():
     x = jnp.array([12.0, 1.0], jnp.float16)
     report = precision_report(mixed, x, jnp.ones(2, jnp.float16))
     flagged = report.flagged()
-    assert [row.severity for row in flagged] == sorted((r.severity for r in flagged),
-                                                        key=["error", "warning", "info", "ok"].index)
+    assert [row.severity for row in flagged] == sorted(
+        (r.severity for r in flagged), key=["error", "warning", "info", "ok"].index
+    )
     errors = [row.source for row in flagged if row.severity == "error"]
     assert errors[:2] == [line_of("first error"), line_of("second error")]
     assert "log of 0" in report.find(primitive="log")[0].suggestion
@@ -212,8 +218,9 @@ def test_rows_sort_by_severity_then_score_then_program_order_and_serialise():
 def test_a_clean_function_reports_nothing_and_bad_dtypes_raise():
     report = precision_report(lambda a, b: a * b + a, jnp.ones(3, jnp.float16), jnp.ones(3, jnp.float16))
     assert report.flagged() == [] and "nothing overflows" in report.table()
-    keywords = precision_report(lambda x, *, y: {"p": x * y}, jnp.ones(2, jnp.float16),
-                                y=jnp.full(2, 1e-5, jnp.float16))  # pytrees and keyword arguments
+    keywords = precision_report(
+        lambda x, *, y: {"p": x * y}, jnp.ones(2, jnp.float16), y=jnp.full(2, 1e-5, jnp.float16)
+    )  # pytrees and keyword arguments
     assert keywords.rows[0].underflow_frac == 1.0 and set(keywords.outputs) == {"p"}
     with pytest.raises(ValueError, match="floating"):
         precision_report(product, jnp.ones(2), jnp.ones(2), dtype=jnp.int8)
@@ -247,11 +254,11 @@ def naive_fp8_matmul(x, w):
 
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
 def test_blockwise_fp8_scaling_keeps_e4m3_casts_in_range_where_a_naive_cast_overflows(impl):
-    import kernels
+    import lpjax.kernels as kernels
 
     keys = jax.random.split(jax.random.key(0), 2)
     x = jax.random.normal(keys[0], (16, 256)) * 1000.0  # activations far beyond e4m3's 448
-    w = jax.random.normal(keys[1], (256, 128)) * 1e-3    # weights mostly below e4m3's smallest normal 2^-6
+    w = jax.random.normal(keys[1], (256, 128)) * 1e-3  # weights mostly below e4m3's smallest normal 2^-6
     naive = precision_report(naive_fp8_matmul, x, w)
     casts = {row.source: row for row in naive.find(primitive="convert_element_type")}
     assert casts[line_of("naive x cast")].overflow_frac > 0.5  # about 64% of |N(0, 1000)| > 464
@@ -282,3 +289,10 @@ def test_source_paths_are_shown_relative_to_the_install_directory(install_dir):
     assert report_module._short_path(path) == os.path.join("lpjax", "nn", "dense.py")
     outside = os.path.join(os.sep, "elsewhere", "x.py")
     assert report_module._short_path(outside) == outside
+
+
+def test_suggestions_name_fields_of_the_learners_precision_methods():
+    """A suggestion's ``methods.<field>`` is a field a learner config's ``methods`` has."""
+    named = set(re.findall(r"(?<![\w.])methods\.(\w+)", inspect.getsource(report_module)))
+    assert {"hadam", "loss_scaling", "kahan_gradients", "kahan_momentum", "softplus_fix", "normal_fix"} <= named
+    assert named <= {field.name for field in dataclasses.fields(PrecisionMethods)}

@@ -13,14 +13,19 @@ import pytest
 
 from lpjax.agents import sac
 from lpjax.inspect import precision_report
+from lpjax.methods import PrecisionMethods
 
-METHODS = ("hadam", "loss_scaling", "kahan_gradients", "kahan_momentum", "softplus_fix", "normal_fix")
 OBS_DIM, ACTION_DIM, BATCH = 5, 2, 32
 SQUASHED_GAUSSIAN = "lpjax/agents/sac/squashed_gaussian.py"
 
 
 def fresh_state(methods: bool) -> sac.SACState:
-    config = sac.SACConfig(policy="fp16", hidden_dims=(32, 32), batch_size=BATCH, **{m: methods for m in METHODS})
+    config = sac.SACConfig(
+        policy="fp16",
+        hidden_dims=(32, 32),
+        batch_size=BATCH,
+        methods=PrecisionMethods.paper() if methods else PrecisionMethods(),
+    )
     return sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
 
 
@@ -37,23 +42,34 @@ def late_training_state(methods: bool) -> sac.SACState:
 def batch():
     keys = jax.random.split(jax.random.key(1), 3)
     obs = jax.random.normal(keys[0], (BATCH, OBS_DIM))
-    return dict(obs=obs, action=jax.random.uniform(keys[1], (BATCH, ACTION_DIM), minval=-1, maxval=1),
-                reward=jax.random.uniform(keys[2], (BATCH,)), discount=jnp.ones(BATCH), next_obs=obs[::-1])
+    return dict(
+        obs=obs,
+        action=jax.random.uniform(keys[1], (BATCH, ACTION_DIM), minval=-1, maxval=1),
+        reward=jax.random.uniform(keys[2], (BATCH,)),
+        discount=jnp.ones(BATCH),
+        next_obs=obs[::-1],
+    )
 
 
 def the_four(critic_report, actor_report) -> dict[str, list]:
     """The rows of the paper's four problems (non-harmless flagged rows only)."""
+
     def find(report, **criteria):
         return [row for row in report.find(**criteria) if row.harmless is None]
 
     return {
-        "g^2 underflow": [row for row in find(critic_report, primitive="integer_pow", scope="optimizer")
-                          if row.underflow_frac > 0 and row.source.startswith("optax")],
+        "g^2 underflow": [
+            row
+            for row in find(critic_report, primitive="integer_pow", scope="optimizer")
+            if row.underflow_frac > 0 and row.source.startswith("optax")
+        ],
         "eps rounds to 0": [row for row in find(critic_report, scope="optimizer") if row.zero_constant],
-        "variance underflow": [row for row in find(actor_report, primitive="square", source=SQUASHED_GAUSSIAN)
-                               if row.underflow_frac > 0],
-        "softplus exp overflow": [row for row in find(actor_report, primitive="exp", source=SQUASHED_GAUSSIAN)
-                                  if row.overflow_frac > 0],
+        "variance underflow": [
+            row for row in find(actor_report, primitive="square", source=SQUASHED_GAUSSIAN) if row.underflow_frac > 0
+        ],
+        "softplus exp overflow": [
+            row for row in find(actor_report, primitive="exp", source=SQUASHED_GAUSSIAN) if row.overflow_frac > 0
+        ],
     }
 
 
@@ -62,9 +78,12 @@ def reports():
     data = batch()
     out = {}
     for name, methods in (("naive", False), ("methods", True)):
-        out[name] = (precision_report(sac.critic_update, fresh_state(methods), data, jax.random.key(2), dtype=None),
-                     precision_report(sac.actor_update, late_training_state(methods), data["obs"],
-                                      jax.random.key(3), dtype=None))
+        out[name] = (
+            precision_report(sac.critic_update, fresh_state(methods), data, jax.random.key(2), dtype=None),
+            precision_report(
+                sac.actor_update, late_training_state(methods), data["obs"], jax.random.key(3), dtype=None
+            ),
+        )
     return out
 
 
@@ -75,6 +94,13 @@ def test_naive_fp16_report_names_the_four_problems_the_paper_fixes(reports):
     assert "compound_loss_scaling" in found["eps rounds to 0"][0].suggestion
     assert "normal-fix" in found["variance underflow"][0].suggestion
     assert "softplus-fix" in found["softplus exp overflow"][0].suggestion
+    for problem, switch in (
+        ("g^2 underflow", "hadam"),
+        ("eps rounds to 0", "loss_scaling"),
+        ("variance underflow", "normal_fix"),
+        ("softplus exp overflow", "softplus_fix"),
+    ):
+        assert f"methods.{switch}" in found[problem][0].suggestion, problem  # the switch of SACConfig.methods
     assert found["softplus exp overflow"][0].severity == "error"
 
 

@@ -27,8 +27,9 @@ def test_every_combination_matches_adam_in_float64(hadam, loss_scaling, kahan):
         params = random_tree(0, jnp.float64)
         grads = [random_tree(i, jnp.float64, scale=0.1) for i in range(20)]
         ref, _, _ = run_steps(optax.adam(1e-2, eps=1e-3), params, grads)
-        tx = optim.low_precision_adam(1e-2, eps=1e-3, hadam=hadam, loss_scaling=loss_scaling, kahan=kahan,
-                                      init_scale=256.0)
+        tx = optim.low_precision_adam(
+            1e-2, eps=1e-3, hadam=hadam, loss_scaling=loss_scaling, kahan=kahan, init_scale=256.0
+        )
         got, state, _ = run_steps(tx, params, grads, loss_scale_fn=optim.loss_scale_or_one)
         assert float(optim.loss_scale_or_one(state)) == (256.0 if loss_scaling else 1.0)
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
@@ -38,7 +39,7 @@ def test_every_combination_matches_adam_in_float64(hadam, loss_scaling, kahan):
 FACTORIES = {
     "hadam": (optim.hadam, dict(learning_rate=1e-3)),
     "scale_by_hadam": (optim.scale_by_hadam, dict(b1=0.8, moment_dtype=jnp.float32)),
-    "low_precision_adam": (optim.low_precision_adam, dict(learning_rate=1e-3, init_scale=2.0 ** 16)),
+    "low_precision_adam": (optim.low_precision_adam, dict(learning_rate=1e-3, init_scale=2.0**16)),
     "low_precision_adam_without_hadam": (optim.low_precision_adam, dict(learning_rate=1e-3, hadam=False)),
     "kahan_summation": (optim.kahan_summation, dict(compensation_dtype=jnp.float32)),
     "compound_loss_scaling": (optim.compound_loss_scaling, dict(inner=optim.hadam(1e-3), growth_interval=3)),
@@ -49,12 +50,15 @@ FACTORIES = {
 @pytest.mark.parametrize("inject", ["lpjax", "optax_float32"])
 def test_inject_hyperparams_works_with_every_factory_under_jit(name, inject):
     factory, kwargs = FACTORIES[name]
-    wrapper = (optim.inject_hyperparams(factory) if inject == "lpjax" else
-               optax.inject_hyperparams(factory, static_args=[k for k in kwargs if k.endswith("dtype")],
-                                        hyperparam_dtype=jnp.float32))
+    wrapper = (
+        optim.inject_hyperparams(factory)
+        if inject == "lpjax"
+        else optax.inject_hyperparams(
+            factory, static_args=[k for k in kwargs if k.endswith("dtype")], hyperparam_dtype=jnp.float32
+        )
+    )
     params = random_tree(0, jnp.float16)
-    grads = [jax.tree.map(lambda g: (g * 100).astype(jnp.float16), random_tree(i, jnp.float32, 0.1))
-             for i in range(6)]
+    grads = [jax.tree.map(lambda g: (g * 100).astype(jnp.float16), random_tree(i, jnp.float32, 0.1)) for i in range(6)]
     injected = wrapper(**kwargs)
     state = injected.init(params)
     floats = [v for v in state.hyperparams.values() if jnp.issubdtype(v.dtype, jnp.floating)]

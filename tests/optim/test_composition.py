@@ -16,15 +16,20 @@ from tests.optim.helpers import max_relative_error, random_tree, run_steps
 
 def test_chain_with_clipping_and_weight_decay_matches_optax_adamw_chain_in_float64():
     def build(adam_like):
-        return optax.chain(optax.clip_by_global_norm(0.5), adam_like, optax.add_decayed_weights(1e-2),
-                           optax.scale_by_learning_rate(1e-2))
+        return optax.chain(
+            optax.clip_by_global_norm(0.5),
+            adam_like,
+            optax.add_decayed_weights(1e-2),
+            optax.scale_by_learning_rate(1e-2),
+        )
 
     with jax.enable_x64(True):
         params = random_tree(0, jnp.float64)
         grads = [random_tree(i, jnp.float64) for i in range(50)]
         ref, _, _ = run_steps(build(optax.scale_by_adam(eps=1e-3)), params, grads)
-        got, _, _ = run_steps(optax.chain(build(optim.scale_by_hadam(eps=1e-3)), optim.kahan_summation()),
-                              params, grads)
+        got, _, _ = run_steps(
+            optax.chain(build(optim.scale_by_hadam(eps=1e-3)), optim.kahan_summation()), params, grads
+        )
         assert max_relative_error(got, ref) < 1e-10
 
 
@@ -37,10 +42,14 @@ def test_loss_scaled_chain_with_weight_decay_and_update_clipping_matches_unscale
     with jax.enable_x64(True):
         params = random_tree(0, jnp.float64)
         grads = [random_tree(i, jnp.float64) for i in range(50)]
-        ref, _, _ = run_steps(optax.chain(adamw(optax.scale_by_adam(eps=1e-3)), optax.clip_by_global_norm(1e-2)),
-                              params, grads)
-        tx = optax.chain(optim.compound_loss_scaling(adamw(optim.scale_by_hadam(eps=1e-3)), growth_interval=20),
-                         optax.clip_by_global_norm(1e-2), optim.kahan_summation())
+        ref, _, _ = run_steps(
+            optax.chain(adamw(optax.scale_by_adam(eps=1e-3)), optax.clip_by_global_norm(1e-2)), params, grads
+        )
+        tx = optax.chain(
+            optim.compound_loss_scaling(adamw(optim.scale_by_hadam(eps=1e-3)), growth_interval=20),
+            optax.clip_by_global_norm(1e-2),
+            optim.kahan_summation(),
+        )
         got, state, _ = run_steps(tx, params, grads, loss_scale_fn=optim.loss_scale)
         assert float(optim.loss_scale(state)) == 4e4  # grew twice in 50 steps
         assert max_relative_error(got, ref) < 1e-10
@@ -118,7 +127,8 @@ def _states():
         "hadam": optim.hadam(1e-3, eps=1e-4),
         "loss_scaled_hadam": optim.compound_loss_scaling(optim.hadam(1e-3)),
         "loss_scaled_adam": optim.compound_loss_scaling(
-            optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(learning_rate=1e-3)),
+            optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(learning_rate=1e-3)
+        ),
         "kahan": optim.kahan_summation(),
         "full_chain": optax.chain(optim.compound_loss_scaling(optim.hadam(1e-3)), optim.kahan_summation()),
     }
@@ -128,8 +138,9 @@ def _states():
     return states
 
 
-@pytest.mark.parametrize("name", ["hadam", "loss_scaled_hadam", "loss_scaled_adam", "kahan", "full_chain",
-                                  "kahan_polyak"])
+@pytest.mark.parametrize(
+    "name", ["hadam", "loss_scaled_hadam", "loss_scaled_adam", "kahan", "full_chain", "kahan_polyak"]
+)
 def test_states_survive_jit_vmap_tree_map_and_orbax(name, tmp_path):
     state = _states()[name]
     leaves, treedef = jax.tree.flatten(state)

@@ -9,7 +9,6 @@ Each chain is run twice on the same gradient stream: as is, on the true gradient
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
@@ -29,26 +28,55 @@ def _schedule():
 # (id, factory, the path the scaler takes, whether a skipped step is injected)
 CHAINS = [
     ("hadam", lambda: optim.hadam(1e-2, eps=1e-3), "compound", True),
-    ("injected_adamw", lambda: optim.inject_hyperparams(optax.adamw)(1e-2, eps=1e-3, weight_decay=1e-2),
-     "compound", True),
-    ("hadam_schedule_weight_decay", lambda: optax.chain(optim.scale_by_hadam(eps=1e-3),
-                                                        optax.add_decayed_weights(1e-2),
-                                                        optax.scale_by_learning_rate(_schedule())), "compound", True),
-    ("hadam_then_update_clipping", lambda: optax.chain(optim.hadam(1e-2, eps=1e-3), optax.clip_by_global_norm(1e-2)),
-     "compound", True),
-    ("gradient_clipping_then_hadam", lambda: optax.chain(optax.clip_by_global_norm(0.5),
-                                                         optim.hadam(1e-2, eps=1e-3)), "unscaled", True),
-    ("l2_regularisation_then_hadam", lambda: optax.chain(optax.add_decayed_weights(1e-2),
-                                                         optim.hadam(1e-2, eps=1e-3)), "unscaled", True),
+    (
+        "injected_adamw",
+        lambda: optim.inject_hyperparams(optax.adamw)(1e-2, eps=1e-3, weight_decay=1e-2),
+        "compound",
+        True,
+    ),
+    (
+        "hadam_schedule_weight_decay",
+        lambda: optax.chain(
+            optim.scale_by_hadam(eps=1e-3), optax.add_decayed_weights(1e-2), optax.scale_by_learning_rate(_schedule())
+        ),
+        "compound",
+        True,
+    ),
+    (
+        "hadam_then_update_clipping",
+        lambda: optax.chain(optim.hadam(1e-2, eps=1e-3), optax.clip_by_global_norm(1e-2)),
+        "compound",
+        True,
+    ),
+    (
+        "gradient_clipping_then_hadam",
+        lambda: optax.chain(optax.clip_by_global_norm(0.5), optim.hadam(1e-2, eps=1e-3)),
+        "unscaled",
+        True,
+    ),
+    (
+        "l2_regularisation_then_hadam",
+        lambda: optax.chain(optax.add_decayed_weights(1e-2), optim.hadam(1e-2, eps=1e-3)),
+        "unscaled",
+        True,
+    ),
     ("sgd", lambda: optax.sgd(1e-2), "unscaled", True),
     ("nesterov_momentum", lambda: optax.sgd(_schedule(), momentum=0.9, nesterov=True), "unscaled", True),
     ("lion", lambda: optax.lion(1e-3), "unscaled", True),
     ("adafactor", lambda: optax.adafactor(1e-2), "unscaled", True),
     ("masked_hadam", lambda: optax.masked(optim.hadam(1e-2, eps=1e-3), MASK), "unscaled", True),
-    ("multi_transform_hadam_sgd", lambda: optax.multi_transform(
-        {"adam": optim.hadam(1e-2, eps=1e-3), "sgd": optax.sgd(1e-2)}, LABELS), "unscaled", True),
-    ("multisteps_inside", lambda: optax.MultiSteps(optim.hadam(1e-2, eps=1e-3), every_k_schedule=3,
-                                                   accumulator_dtype=jnp.float64), "unscaled", True),
+    (
+        "multi_transform_hadam_sgd",
+        lambda: optax.multi_transform({"adam": optim.hadam(1e-2, eps=1e-3), "sgd": optax.sgd(1e-2)}, LABELS),
+        "unscaled",
+        True,
+    ),
+    (
+        "multisteps_inside",
+        lambda: optax.MultiSteps(optim.hadam(1e-2, eps=1e-3), every_k_schedule=3, accumulator_dtype=jnp.float64),
+        "unscaled",
+        True,
+    ),
     ("optax_adam_closure_eps", lambda: optax.adam(1e-2, eps=1e-3), "unscaled", True),
     ("apply_if_finite_inside", lambda: optax.apply_if_finite(optim.hadam(1e-2, eps=1e-3), 5), "unscaled", True),
 ]

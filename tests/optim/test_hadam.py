@@ -13,8 +13,9 @@ from tests.optim.helpers import max_relative_error, random_tree, run_steps
 def test_hadam_equals_adam_in_float64_over_200_random_steps():
     with jax.enable_x64(True):
         params = random_tree(0, jnp.float64)
-        grads = [random_tree(1 + i, jnp.float64, scale=10.0 ** np.random.default_rng(i).uniform(-4, 2))
-                 for i in range(200)]
+        grads = [
+            random_tree(1 + i, jnp.float64, scale=10.0 ** np.random.default_rng(i).uniform(-4, 2)) for i in range(200)
+        ]
         ref, _, ref_updates = run_steps(optax.adam(1e-3, eps=1e-3), params, grads)
         got, _, got_updates = run_steps(optim.hadam(1e-3, eps=1e-3), params, grads)
         assert max_relative_error(got, ref) < 1e-10
@@ -142,8 +143,8 @@ def test_float16_root_second_moment_is_rounded_once_from_the_exact_value():
 
 def _naive_float16_direction(m, w, t, b1=0.9, b2=0.999, eps=1e-4):
     """hAdam's direction with the bias corrections divided out in float16, as the update used to compute it."""
-    m_hat = m / jnp.asarray(1 - b1 ** t, m.dtype)
-    w_hat = w / jnp.asarray(np.sqrt(1 - b2 ** t), w.dtype)
+    m_hat = m / jnp.asarray(1 - b1**t, m.dtype)
+    w_hat = w / jnp.asarray(np.sqrt(1 - b2**t), w.dtype)
     return m_hat / (w_hat + jnp.asarray(eps, w.dtype))
 
 
@@ -156,8 +157,9 @@ def test_gradients_at_the_top_of_the_range_give_finite_exact_first_updates(dtype
     tx = optim.scale_by_hadam(eps=1e-30)
     updates, state = jax.jit(tx.update)(grads, tx.init(jnp.zeros(grads.shape, dtype)))
     # Exact up to the rounding of the stored moments (two ulps of the moments' dtype).
-    np.testing.assert_allclose(np.asarray(updates, np.float32), np.sign(np.asarray(grads, np.float32)),
-                               rtol=2 * float(jnp.finfo(dtype).eps))
+    np.testing.assert_allclose(
+        np.asarray(updates, np.float32), np.sign(np.asarray(grads, np.float32)), rtol=2 * float(jnp.finfo(dtype).eps)
+    )
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in (state.mu, state.nu_sqrt))
     if dtype == jnp.float16:
         naive = jax.jit(_naive_float16_direction, static_argnums=2)(state.mu, state.nu_sqrt, 1)
@@ -190,7 +192,7 @@ def test_a_change_of_unit_is_one_rounding_even_for_subnormal_moments():
     # The scaler halves `scale`; the next update multiplies the stored moments by 1/2 in float32 and rounds once.
     # Rounding the halved moment to float16 first (an eager rescale) loses the last bit of odd subnormals.
     rng = np.random.default_rng(0)
-    m = (rng.integers(1, 1024, 4096) * 2.0 ** -24).astype(np.float16)  # every float16 subnormal magnitude
+    m = (rng.integers(1, 1024, 4096) * 2.0**-24).astype(np.float16)  # every float16 subnormal magnitude
     tx = optim.scale_by_hadam()
     state = tx.init(jnp.zeros(m.shape, jnp.float16))._replace(mu=jnp.asarray(m), nu_sqrt=jnp.ones(m.shape, jnp.float16))
     state = optim.rescale_moments((state,), 0.5)[0]
@@ -208,8 +210,9 @@ def test_optax_inject_hyperparams_in_float16_is_refused_and_lpjax_inject_stores_
         optax.inject_hyperparams(optim.hadam)(learning_rate=1e-3).init(params)
     tx = optim.inject_hyperparams(optim.hadam)(learning_rate=1e-3, eps=1e-8, moment_dtype=jnp.float32)
     state = tx.init(params)
-    assert {k: v.dtype for k, v in state.hyperparams.items()} == {k: np.dtype(np.float32)
-                                                                    for k in ("learning_rate", "b1", "b2", "eps")}
+    assert {k: v.dtype for k, v in state.hyperparams.items()} == {
+        k: np.dtype(np.float32) for k in ("learning_rate", "b1", "b2", "eps")
+    }
     grads = [random_tree(i, jnp.float16, 1e-2) for i in range(5)]
     got, _, _ = run_steps(tx, params, grads)
     ref, _, _ = run_steps(optim.hadam(1e-3, eps=1e-8, moment_dtype=jnp.float32), params, grads)

@@ -54,8 +54,7 @@ def test_ten_thousand_updates_of_1e4_are_lost_without_kahan_and_kept_with_it_und
     kahan = _ten_thousand_small_updates(optim.kahan_summation(), jit=True)
     np.testing.assert_array_equal(np.asarray(plain), 1.0)  # 1 + 1e-4 rounds back to 1 in float16
     # 1 + 10000 * float16(1e-4) = 1.99994; float16 spacing at 2 is 2**-9.
-    np.testing.assert_allclose(np.asarray(kahan, np.float64), 1.0 + 10_000 * float(np.float16(1e-4)),
-                               atol=2.0 ** -9)
+    np.testing.assert_allclose(np.asarray(kahan, np.float64), 1.0 + 10_000 * float(np.float16(1e-4)), atol=2.0**-9)
 
 
 def test_kahan_compensation_survives_jit_bit_for_bit():
@@ -71,8 +70,7 @@ def test_float32_compensation_buffer_for_float16_params():
     assert state.compensation.dtype == jnp.float32
     result = _ten_thousand_small_updates(tx, jit=True)
     assert result.dtype == jnp.float16
-    np.testing.assert_allclose(np.asarray(result, np.float64), 1.0 + 10_000 * float(np.float16(1e-4)),
-                               atol=2.0 ** -9)
+    np.testing.assert_allclose(np.asarray(result, np.float64), 1.0 + 10_000 * float(np.float16(1e-4)), atol=2.0**-9)
 
 
 def test_kahan_summation_needs_params():
@@ -139,8 +137,7 @@ def test_scaled_buffer_keeps_increments_below_float16_subnormals():
     results = {}
     for scale in (1.0, 1e4):
         polyak = optim.kahan_polyak(tau=tau, scale=scale)
-        results[scale] = np.asarray(_polyak(online_arr, target, steps, polyak.update, polyak.init(target)),
-                                    np.float64)
+        results[scale] = np.asarray(_polyak(online_arr, target, steps, polyak.update, polyak.init(target)), np.float64)
     ulp = float(np.spacing(np.float16(reference)))
     np.testing.assert_allclose(results[1e4], reference, atol=ulp)
     assert np.all(np.abs(results[1.0] - reference) > 3 * ulp)
@@ -168,15 +165,16 @@ def test_kahan_polyak_jit_matches_eager():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("kwargs", [dict(tau=0.0), dict(tau=1.5), dict(tau=0.1, scale=0.0),
-                                    dict(tau=0.1, scale=float("inf"))])
+@pytest.mark.parametrize(
+    "kwargs", [dict(tau=0.0), dict(tau=1.5), dict(tau=0.1, scale=0.0), dict(tau=0.1, scale=float("inf"))]
+)
 def test_kahan_polyak_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         optim.kahan_polyak(**kwargs)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
-@given(exponents=st.lists(st.integers(-24, 4), min_size=1, max_size=20), seed=st.integers(0, 10 ** 6))
+@given(exponents=st.lists(st.integers(-24, 4), min_size=1, max_size=20), seed=st.integers(0, 10**6))
 def test_a_zero_update_after_any_history_leaves_parameters_and_compensation_bit_identical(exponents, seed):
     # A skipped step hands Kahan all-zero updates: fl(p + c) must be p, whatever updates came before.
     rng = np.random.default_rng(seed)
@@ -185,7 +183,7 @@ def test_a_zero_update_after_any_history_leaves_parameters_and_compensation_bit_
     state = tx.init(params)
     update = jax.jit(tx.update)
     for e in exponents:
-        u = jnp.asarray(rng.normal(0, 1, 16) * 2.0 ** e, jnp.float16)
+        u = jnp.asarray(rng.normal(0, 1, 16) * 2.0**e, jnp.float16)
         d, state = update(u, state, params)
         params = optax.apply_updates(params, d)
     d, new_state = update(jnp.zeros(16, jnp.float16), state, params)

@@ -15,17 +15,21 @@ def _injected_adam(lr, eps, dtype=jnp.float32):
 
 
 # eps is chosen large relative to the gradients so that a wrongly scaled eps changes the updates visibly.
-@pytest.mark.parametrize("make_inner", [
-    lambda: optim.hadam(1e-2, eps=0.05),
-    lambda: _injected_adam(1e-2, 0.05, jnp.float64),
-    lambda: optax.inject_hyperparams(optim.hadam)(learning_rate=1e-2, eps=0.05),
-], ids=["hadam", "injected_optax_adam", "injected_hadam"])
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda: optim.hadam(1e-2, eps=0.05),
+        lambda: _injected_adam(1e-2, 0.05, jnp.float64),
+        lambda: optax.inject_hyperparams(optim.hadam)(learning_rate=1e-2, eps=0.05),
+    ],
+    ids=["hadam", "injected_optax_adam", "injected_hadam"],
+)
 def test_constant_scale_equals_unscaled_adam_in_float64(make_inner):
     with jax.enable_x64(True):
         params = random_tree(0, jnp.float64)
         grads = [random_tree(i, jnp.float64, scale=0.1) for i in range(100)]
         ref, _, _ = run_steps(optax.adam(1e-2, eps=0.05), params, grads)
-        tx = optim.compound_loss_scaling(make_inner(), init_scale=1024.0, growth_interval=10 ** 6)
+        tx = optim.compound_loss_scaling(make_inner(), init_scale=1024.0, growth_interval=10**6)
         got, state, _ = run_steps(tx, params, grads, loss_scale_fn=optim.loss_scale)
         assert float(optim.loss_scale(state)) == 1024.0
         assert max_relative_error(got, ref) < 1e-10
@@ -64,8 +68,11 @@ def _bits(tree):
 @pytest.mark.parametrize("inner", ["hadam", "injected_adam", "sgd"])
 def test_nonfinite_gradients_skip_the_step_bit_identically_and_halve_the_scale(bad, inner):
     params = random_tree(0, jnp.float16)
-    make = {"hadam": lambda: optim.hadam(1e-3), "injected_adam": lambda: _injected_adam(1e-3, 1e-8),
-            "sgd": lambda: optax.sgd(1e-3, momentum=0.9)}[inner]
+    make = {
+        "hadam": lambda: optim.hadam(1e-3),
+        "injected_adam": lambda: _injected_adam(1e-3, 1e-8),
+        "sgd": lambda: optax.sgd(1e-3, momentum=0.9),
+    }[inner]
     tx = optax.chain(optim.compound_loss_scaling(make(), init_scale=1024.0), optim.kahan_summation())
     update = jax.jit(tx.update)
     state = tx.init(params)
@@ -102,8 +109,20 @@ def test_growth_happens_after_exactly_growth_interval_finite_steps():
         history.append((float(state.scale), int(state.good_steps)))
     # Steps 1-4: counting; step 5 grows to 16 and resets; steps 6-7 count; step 8 (i=7) overflows: 8 and reset;
     # then 4 more finite steps do not reach the interval.
-    assert history == [(8, 1), (8, 2), (8, 3), (8, 4), (16, 0), (16, 1), (16, 2), (8, 0),
-                       (8, 1), (8, 2), (8, 3), (8, 4)]
+    assert history == [
+        (8, 1),
+        (8, 2),
+        (8, 3),
+        (8, 4),
+        (16, 0),
+        (16, 1),
+        (16, 2),
+        (8, 0),
+        (8, 1),
+        (8, 2),
+        (8, 3),
+        (8, 4),
+    ]
     hadam = state.inner_state[0]
     assert float(hadam.scale) == float(hadam.moment_scale) == float(state.inner_scale) == 8.0
     assert int(hadam.count) == 11
@@ -128,7 +147,7 @@ def test_a_growth_moves_the_moments_lazily_and_exactly():
 def test_backoff_stops_above_min_scale_on_the_init_scale_lattice():
     params = random_tree(0, jnp.float32)
     nan_grads = jax.tree.map(lambda x: x * jnp.nan, params)
-    for init, floor in ((16.0, 2.0), (1e4, 1e4 / 2 ** 13)):
+    for init, floor in ((16.0, 2.0), (1e4, 1e4 / 2**13)):
         tx = optim.compound_loss_scaling(optim.hadam(1e-3), init_scale=init, min_scale=1.0 if init == 1e4 else floor)
         state = tx.init(params)
         update = jax.jit(tx.update)
@@ -167,7 +186,7 @@ def test_the_scale_recovers_after_a_transient():
     for _ in range(300):
         grads = jnp.full((4,), 1.0, jnp.float16) * optim.loss_scale(state).astype(jnp.float16)
         _, state = update(grads, state, params)
-    assert float(state.scale) >= 2.0 ** 10
+    assert float(state.scale) >= 2.0**10
     assert bool(jnp.all(jnp.isfinite(state.inner_state[0].nu_sqrt)))
 
 
@@ -199,11 +218,15 @@ def test_state_dtypes_are_float32_scales_and_int32_counters_and_stable_under_upd
     assert injected.dtype == jnp.float32 and float(injected) == pytest.approx(1e-8 * 1e4)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: optim.compound_loss_scaling(optim.hadam(1e-3), **optim.PYTORCH_AMP_DEFAULTS),
-    lambda: optim.low_precision_adam(1e-3, init_scale=2.0 ** 16, growth_interval=2000),
-    lambda: optim.low_precision_adam(1e-3, hadam=False, init_scale=2.0 ** 16),
-], ids=["hadam", "low_precision_adam", "low_precision_adam_without_hadam"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: optim.compound_loss_scaling(optim.hadam(1e-3), **optim.PYTORCH_AMP_DEFAULTS),
+        lambda: optim.low_precision_adam(1e-3, init_scale=2.0**16, growth_interval=2000),
+        lambda: optim.low_precision_adam(1e-3, hadam=False, init_scale=2.0**16),
+    ],
+    ids=["hadam", "low_precision_adam", "low_precision_adam_without_hadam"],
+)
 def test_init_scale_two_to_the_sixteen_with_float16_parameters(make):
     # 2^16 is inf in float16: a scale cast to the moments' dtype made 0 * inf = nan moments right after init.
     params = random_tree(0, jnp.float16)
@@ -212,27 +235,40 @@ def test_init_scale_two_to_the_sixteen_with_float16_parameters(make):
     assert float(optim.loss_scale(state)) == 65536.0
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(state))
     for i in range(5):
-        grads = jax.tree.map(lambda g: (g.astype(jnp.float32) * optim.loss_scale(state) * 1e-3).astype(jnp.float16),
-                             random_tree(i, jnp.float32))
+        grads = jax.tree.map(
+            lambda g: (g.astype(jnp.float32) * optim.loss_scale(state) * 1e-3).astype(jnp.float16),
+            random_tree(i, jnp.float32),
+        )
         updates, state = jax.jit(tx.update)(grads, state, params)
         params = optax.apply_updates(params, updates)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((params, state)))
 
 
-@pytest.mark.parametrize("inner, message", [
-    (optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "injected eps is a float16 array"),
-    (optax.inject_hyperparams(optim.hadam)(learning_rate=1e-3), "learning_rate is a float16 array"),
-])
+@pytest.mark.parametrize(
+    "inner, message",
+    [
+        (optax.inject_hyperparams(optax.adam)(learning_rate=1e-3), "injected eps is a float16 array"),
+        (optax.inject_hyperparams(optim.hadam)(learning_rate=1e-3), "learning_rate is a float16 array"),
+    ],
+)
 def test_injected_hyperparameters_in_float16_are_refused_with_the_fix(inner, message):
     with pytest.raises(ValueError, match=message) as error:
         optim.compound_loss_scaling(inner).init(jnp.ones((2,), jnp.float16))
     assert "lpjax.optim.inject_hyperparams" in str(error.value)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(init_scale=0.0), dict(min_scale=4.0, init_scale=2.0), dict(growth_factor=1.0),
-    dict(backoff_factor=1.0), dict(growth_interval=0), dict(growth_interval=2.5), dict(init_scale=np.inf),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(init_scale=0.0),
+        dict(min_scale=4.0, init_scale=2.0),
+        dict(growth_factor=1.0),
+        dict(backoff_factor=1.0),
+        dict(growth_interval=0),
+        dict(growth_interval=2.5),
+        dict(init_scale=np.inf),
+    ],
+)
 def test_bad_arguments_raise(kwargs):
     with pytest.raises(ValueError):
         optim.compound_loss_scaling(optim.hadam(1e-3), **kwargs)
@@ -248,8 +284,11 @@ def test_all_finite_is_exact_where_a_sum_would_overflow():
     assert bool(optim.all_finite({})) and bool(optim.all_finite({"steps": jnp.arange(3)}))
 
 
-@pytest.mark.parametrize("make_inner", [lambda: optim.hadam(1e-2, eps=0.05),
-                                        lambda: _injected_adam(1e-2, 0.05, jnp.float64)], ids=["hadam", "adam"])
+@pytest.mark.parametrize(
+    "make_inner",
+    [lambda: optim.hadam(1e-2, eps=0.05), lambda: _injected_adam(1e-2, 0.05, jnp.float64)],
+    ids=["hadam", "adam"],
+)
 def test_a_skip_right_after_a_growth_keeps_the_units_consistent(make_inner):
     # The growth is applied lazily at the next update; if that update is skipped, the pending change of unit must
     # survive it exactly once.

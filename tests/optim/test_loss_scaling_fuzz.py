@@ -30,15 +30,16 @@ def _bits(tree):
 
 
 def _finite(tree) -> bool:
-    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree)
-               if jnp.issubdtype(x.dtype, jnp.inexact))
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 @functools.cache
 def _optimizer(dtype_name: str, init_scale: float, kahan: bool, inner: str):
-    make = {"hadam": lambda: optim.hadam(1e-3),
-            "adam": lambda: optim.inject_hyperparams(optax.adam)(learning_rate=1e-3),
-            "sgd": lambda: optax.sgd(1e-3, momentum=0.9)}[inner]
+    make = {
+        "hadam": lambda: optim.hadam(1e-3),
+        "adam": lambda: optim.inject_hyperparams(optax.adam)(learning_rate=1e-3),
+        "sgd": lambda: optax.sgd(1e-3, momentum=0.9),
+    }[inner]
     scaler = optim.compound_loss_scaling(make(), init_scale=init_scale, growth_interval=2)
     tx = optax.chain(scaler, optim.kahan_summation()) if kahan else optax.chain(scaler)
     return tx, jax.jit(tx.update)
@@ -72,16 +73,23 @@ def _steps_of(values):
     return st.lists(st.lists(values, min_size=SIZE, max_size=SIZE), min_size=STEPS, max_size=STEPS)
 
 
-_ANY = st.integers(0, 2 ** 16 - 1)
+_ANY = st.integers(0, 2**16 - 1)
 # Mostly finite values (the exponent field below all ones), so that applied steps are exercised as much as skips.
-_FINITE = {jnp.float16: st.one_of(st.integers(0, 0x7BFF), st.integers(0x8000, 0xFBFF)),
-           jnp.bfloat16: st.one_of(st.integers(0, 0x7F7F), st.integers(0x8000, 0xFF7F))}
+_FINITE = {
+    jnp.float16: st.one_of(st.integers(0, 0x7BFF), st.integers(0x8000, 0xFBFF)),
+    jnp.bfloat16: st.one_of(st.integers(0, 0x7F7F), st.integers(0x8000, 0xFF7F)),
+}
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(data=st.data(), params_seed=st.integers(0, 3), init_scale=st.sampled_from([1.0, 1e4, 2.0 ** 16]),
-       kahan=st.booleans(), inner=st.sampled_from(["hadam", "adam", "sgd"]))
+@given(
+    data=st.data(),
+    params_seed=st.integers(0, 3),
+    init_scale=st.sampled_from([1.0, 1e4, 2.0**16]),
+    kahan=st.booleans(),
+    inner=st.sampled_from(["hadam", "adam", "sgd"]),
+)
 def test_steps_are_applied_finite_or_skipped_untouched(dtype, data, params_seed, init_scale, kahan, inner):
     patterns = data.draw(st.one_of(_steps_of(_ANY), _steps_of(_FINITE[dtype])), label="bit patterns")
     _check_steps(dtype, patterns, params_seed, init_scale, kahan, inner)

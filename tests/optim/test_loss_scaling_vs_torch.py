@@ -46,9 +46,10 @@ def _torch_trajectory(grads: np.ndarray, **kwargs) -> tuple[list[float], list[bo
     return scales, skipped
 
 
-def _lpjax_trajectory(grads: np.ndarray, inner: optax.GradientTransformation,
-                      **kwargs) -> tuple[list[float], list[bool]]:
-    tx = optim.compound_loss_scaling(inner, min_scale=2.0 ** -100, **kwargs)
+def _lpjax_trajectory(
+    grads: np.ndarray, inner: optax.GradientTransformation, **kwargs
+) -> tuple[list[float], list[bool]]:
+    tx = optim.compound_loss_scaling(inner, min_scale=2.0**-100, **kwargs)
     params = jnp.zeros(grads.shape[1], jnp.float32)
     state = tx.init(params)
     update = jax.jit(tx.update)
@@ -63,11 +64,15 @@ def _lpjax_trajectory(grads: np.ndarray, inner: optax.GradientTransformation,
     return scales, skipped
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=3),
-    dict(init_scale=1e4, growth_factor=2.0, backoff_factor=0.5, growth_interval=7),
-    dict(init_scale=2.0 ** 10, growth_factor=4.0, backoff_factor=0.25, growth_interval=5),
-], ids=["amp_defaults_interval_3", "paper_init_interval_7", "factors_4_and_quarter"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=3),
+        dict(init_scale=1e4, growth_factor=2.0, backoff_factor=0.5, growth_interval=7),
+        dict(init_scale=2.0**10, growth_factor=4.0, backoff_factor=0.25, growth_interval=5),
+    ],
+    ids=["amp_defaults_interval_3", "paper_init_interval_7", "factors_4_and_quarter"],
+)
 @pytest.mark.parametrize("inner", ["hadam", "sgd"])
 def test_scale_trajectory_and_skipped_steps_equal_torch_grad_scaler(kwargs, inner):
     grads = _gradient_stream(0)

@@ -25,11 +25,13 @@ def _loss(params, x):
 def test_scaled_value_and_grad_finds_the_scale_and_returns_scaled_gradients(holder):
     params = random_tree(0)
     x = jnp.ones((4,))
-    tx = {"raw": lambda: _scaler(),
-          "chain": lambda: optax.chain(_scaler(), optim.kahan_summation()),
-          "multisteps": lambda: optax.MultiSteps(_scaler(), every_k_schedule=2),
-          "inject": lambda: optim.inject_hyperparams(optim.low_precision_adam)(1e-3, init_scale=64.0),
-          "train_state": lambda: _scaler()}[holder]()
+    tx = {
+        "raw": lambda: _scaler(),
+        "chain": lambda: optax.chain(_scaler(), optim.kahan_summation()),
+        "multisteps": lambda: optax.MultiSteps(_scaler(), every_k_schedule=2),
+        "inject": lambda: optim.inject_hyperparams(optim.low_precision_adam)(1e-3, init_scale=64.0),
+        "train_state": lambda: _scaler(),
+    }[holder]()
     state = tx.init(params)
     if holder == "train_state":
         state = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
@@ -45,7 +47,8 @@ def test_has_aux_argnums_and_no_scaler():
     x = jnp.ones((4,))
     fun = lambda p, y: (_loss(p, y), {"norm": jnp.sum(y)})
     (loss, aux), (gp, gx) = optim.scaled_value_and_grad(fun, argnums=(0, 1), has_aux=True)(
-        _scaler(8.0).init(params), params, x)
+        _scaler(8.0).init(params), params, x
+    )
     assert float(aux["norm"]) == 4.0 and float(loss) == pytest.approx(float(_loss(params, x)))
     np.testing.assert_allclose(np.asarray(gx), 8.0 * np.asarray(jax.grad(_loss, argnums=1)(params, x)), rtol=1e-6)
     # Without a scaler the scale is 1: plain jax.value_and_grad.
@@ -61,9 +64,9 @@ def test_scale_above_float16_range_multiplies_a_float16_loss_in_float32():
     # computation is 2^17 / 1024 and the float16 gradient is finite; casting the scale to float16 gives inf.
     w = jnp.full((1024,), 0.5, jnp.float16)
     loss = lambda w: jnp.mean(jnp.square(w), dtype=jnp.float32)
-    state = optim.compound_loss_scaling(optim.hadam(1e-3), init_scale=2.0 ** 17).init(w)
+    state = optim.compound_loss_scaling(optim.hadam(1e-3), init_scale=2.0**17).init(w)
     _, grads = jax.jit(optim.scaled_value_and_grad(loss))(state, w)
-    assert grads.dtype == jnp.float16 and bool(jnp.all(grads == 2.0 ** 17 / 1024))
+    assert grads.dtype == jnp.float16 and bool(jnp.all(grads == 2.0**17 / 1024))
     cast = jax.grad(lambda w: loss(w) * optim.loss_scale(state).astype(jnp.float16))(w)
     assert not bool(jnp.all(jnp.isfinite(cast)))
 
@@ -116,18 +119,22 @@ def test_two_scalers_in_a_multi_transform_are_told_apart_by_label():
 
 def test_one_scaler_in_a_multi_transform_branch_needs_its_label():
     params = {"actor": jnp.ones((3,)), "critic": jnp.ones((2,))}
-    tx = optax.multi_transform({"actor": _scaler(16.0), "critic": optax.sgd(1e-2)},
-                               {"actor": "actor", "critic": "critic"})
+    tx = optax.multi_transform(
+        {"actor": _scaler(16.0), "critic": optax.sgd(1e-2)}, {"actor": "actor", "critic": "critic"}
+    )
     state = tx.init(params)
     with pytest.raises(ValueError, match="multi_transform branch \\['actor'\\].*label="):
         optim.loss_scale(state)
     assert float(optim.loss_scale(state, label="actor")) == 16.0
 
 
-@pytest.mark.parametrize("tx, message", [
-    (optax.apply_if_finite(_scaler(), max_consecutive_errors=5), "apply_if_finite wraps compound_loss_scaling"),
-    (optax.chain(optax.clip_by_global_norm(1.0), _scaler()), "Move them inside the scaler"),
-])
+@pytest.mark.parametrize(
+    "tx, message",
+    [
+        (optax.apply_if_finite(_scaler(), max_consecutive_errors=5), "apply_if_finite wraps compound_loss_scaling"),
+        (optax.chain(optax.clip_by_global_norm(1.0), _scaler()), "Move them inside the scaler"),
+    ],
+)
 def test_placements_that_cannot_be_correct_are_refused_with_the_fix(tx, message):
     with pytest.raises(ValueError, match=message):
         optim.loss_scale(tx.init(jnp.ones((2,))))

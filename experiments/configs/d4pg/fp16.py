@@ -7,5 +7,5 @@ from experiments.configs.d4pg import _base as base
 def get_config():
     config = base.get_config()
     config.agent.policy = "fp16"
-    config.agent.update(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True)
+    config.agent.methods.update(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True)
     return config

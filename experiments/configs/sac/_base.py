@@ -1,18 +1,16 @@
 """Shared defaults of the SAC configs: paper Table 4/5 hyper-parameters (states), no low-precision methods.
 
 Every other config starts from :func:`get_config` and changes only what differs. ``config.agent`` holds the
-fields of :class:`lpjax.agents.sac.SACConfig`; the rest drives the training loop.
+fields of :class:`lpjax.agents.sac.SACConfig`, its methods nested in ``config.agent.methods`` (the fields of
+:class:`lpjax.methods.PrecisionMethods`: ``--config.agent.methods.hadam=True``); the rest drives the training loop.
 """
 
 import dataclasses
 
 import ml_collections
+from ml_collections import config_dict
 
 from lpjax.agents.sac import SACConfig
-
-ALL_METHODS = dict(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True, softplus_fix=True,
-                   normal_fix=True)
-"""The paper's six fp16 methods (pixels add ``weight_standardization`` and ``encoder_clip``)."""
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -34,4 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.brax_backend = "spring"
     config.brax_num_envs = 1
     config.agent = ml_collections.ConfigDict(dataclasses.asdict(SACConfig()))
+    # None, typed: config_flags refuses to override a None-valued field (--config.agent.methods.moment_dtype=bf16).
+    config.agent.methods.moment_dtype = config_dict.placeholder(str)
+    config.agent.target_entropy = config_dict.placeholder(float)
+    config.agent.encoder_clip = config_dict.placeholder(float)
     return config

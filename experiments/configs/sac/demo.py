@@ -7,7 +7,10 @@ seed steps, evaluated every 2k steps on 5 episodes. ``experiments.demo`` trains 
 ``python -m experiments.sac --config=demo.py`` trains the fp16 run alone.
 """
 
+import dataclasses
+
 from experiments.configs.sac import _base as base
+from lpjax.methods import PrecisionMethods
 
 
 def get_config():
@@ -21,5 +24,6 @@ def get_config():
     config.eval_episodes = 5
     config.log_every = 500
     config.checkpoint_every = 5000
-    config.agent.update(policy="fp16", hidden_dims=(256, 256), batch_size=256, **base.ALL_METHODS)
+    config.agent.update(policy="fp16", hidden_dims=(256, 256), batch_size=256)
+    config.agent.methods.update(dataclasses.asdict(PrecisionMethods.paper()))
     return config

@@ -9,5 +9,5 @@ from experiments.configs.sac import _base as base
 def get_config():
     config = base.get_config()
     config.agent.policy = "fp8"
-    config.agent.kahan_momentum = False
+    config.agent.methods.kahan_momentum = False
     return config

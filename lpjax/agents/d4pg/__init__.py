@@ -10,14 +10,24 @@ Batches hold n-step transitions from :class:`lpjax.nstep.NStepAccumulator`.
 from lpjax.agents.d4pg.config import D4PGConfig
 from lpjax.agents.d4pg.distributional import categorical_l2_project, expected_value
 from lpjax.agents.d4pg.learner import (
-           D4PGState,
+    D4PGState,
     act,
-           actor_network,
+    actor_network,
     atoms,
-           critic_network,
+    critic_network,
     init,
     update,
 )
 
-__all__ = ["D4PGConfig", "D4PGState", "act", "actor_network", "atoms", "categorical_l2_project", "critic_network",
-           "expected_value", "init", "update"]
+__all__ = [
+    "D4PGConfig",
+    "D4PGState",
+    "act",
+    "actor_network",
+    "atoms",
+    "categorical_l2_project",
+    "critic_network",
+    "expected_value",
+    "init",
+    "update",
+]

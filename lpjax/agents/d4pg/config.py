@@ -1,4 +1,5 @@
-"""D4PG's hyper-parameters and the paper's low-precision methods, as one frozen (hashable) config."""
+"""D4PG's hyper-parameters and its low-precision methods (a nested :class:`lpjax.methods.PrecisionMethods`), as one
+frozen (hashable) config."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ class D4PGConfig(OffPolicyConfig):
     D4PG defaults for the control suite: with rewards in [0, 1] and gamma 0.99, discounted returns lie in [0, 100]).
 
     Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`), ``matmul_impl`` (see
-    :class:`lpjax.nn.Dense`) and the optimizer methods of Björck et al. (2021), each a switch: ``hadam``,
-    ``loss_scaling`` (with ``init_scale``, ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with
-    ``kahan_momentum_scale``). An fp16 D4PG learner with lpjax's numerics is
-    ``D4PGConfig(policy="fp16", hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True)``.
+    :class:`lpjax.nn.Dense`) and ``methods``, a :class:`lpjax.methods.PrecisionMethods`. D4PG reads the
+    optimizer's methods (``hadam``, ``loss_scaling``, ``kahan_gradients``, ``moment_dtype``) and the targets'
+    (``kahan_momentum``); its deterministic actor has no log-density, so ``softplus_fix`` and ``normal_fix`` have
+    no effect. An fp16 D4PG learner with lpjax's numerics is ``D4PGConfig(policy="fp16",
+    methods=PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True, kahan_momentum=True))``.
     """
 
     n_step: int = 5
@@ -42,13 +44,17 @@ class D4PGConfig(OffPolicyConfig):
     def __post_init__(self):
         object.__setattr__(self, "actor_hidden", tuple(int(w) for w in self.actor_hidden))
         object.__setattr__(self, "critic_hidden", tuple(int(w) for w in self.critic_hidden))
-        self.validate([
-            (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
-            (self.n_step >= 1, "n_step must be >= 1"),
-            (min(self.actor_lr, self.critic_lr) > 0, "learning rates must be > 0"),
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (all(len(h) >= 1 and min(h) >= 1 for h in (self.actor_hidden, self.critic_hidden)),
-             "actor_hidden and critic_hidden must be positive widths"),
-            (self.num_atoms >= 2, "num_atoms must be >= 2"),
-            (self.v_min < self.v_max, "v_min must be < v_max"),
-        ])
+        self.validate(
+            [
+                (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
+                (self.n_step >= 1, "n_step must be >= 1"),
+                (min(self.actor_lr, self.critic_lr) > 0, "learning rates must be > 0"),
+                (self.batch_size >= 1, "batch_size must be >= 1"),
+                (
+                    all(len(h) >= 1 and min(h) >= 1 for h in (self.actor_hidden, self.critic_hidden)),
+                    "actor_hidden and critic_hidden must be positive widths",
+                ),
+                (self.num_atoms >= 2, "num_atoms must be >= 2"),
+                (self.v_min < self.v_max, "v_min must be < v_max"),
+            ]
+        )

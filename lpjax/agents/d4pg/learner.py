@@ -2,13 +2,13 @@
 
 A deterministic actor ``mu`` and a categorical critic ``Z(s, a)`` (logits over atoms ``z_1..z_A`` evenly spaced on
 ``[v_min, v_max]``), as in Acme's D4PG and ActorQ, with every optimizer method of Björck et al. (2021) behind a
-switch of :class:`D4PGConfig`:
+switch of ``D4PGConfig.methods`` (:class:`lpjax.methods.PrecisionMethods`):
 
     critic:  p' = softmax(Z'(s', mu'(s'))),   y = Pi_z(r + D z, p')        (target actor and critic, no gradient)
              L_Z = mean_batch -sum_i y_i log softmax(Z(s, a))_i
     actor:   L_mu = -mean_batch Q(s, mu(s)),  Q(s, a) = sum_i softmax(Z(s, a))_i z_i   (DPG through the critic)
     targets: (mu', Z') <- (mu', Z') + tau ((mu, Z) - (mu', Z'))   (every target_update_period; tau = 1: hard copy;
-             Kahan-compensated with kahan_momentum)
+             Kahan-compensated with methods.kahan_momentum)
 
 ``Pi_z`` is :func:`~lpjax.agents.d4pg.distributional.categorical_l2_project`. ``r`` is the n-step discounted
 reward and ``D`` the bootstrap multiplier (``gamma^n`` times the environment's discounts: 0 at a terminal, kept
@@ -111,11 +111,16 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: D4PGCo
     critic_params = critic_network(config).init(critic_key, obs, jnp.zeros((1, action_dim), jnp.float32))
     copy = functools.partial(jax.tree.map, jnp.copy)  # own buffers: the state is donated to update
     return D4PGState(
-        config=config, action_dim=int(action_dim), step=jnp.zeros([], jnp.int32), key=key,
+        config=config,
+        action_dim=int(action_dim),
+        step=jnp.zeros([], jnp.int32),
+        key=key,
         actor=trainable_init(actor_params, network_optimizer(config.actor_lr, config)),
         critic=trainable_init(critic_params, network_optimizer(config.critic_lr, config)),
-        target_actor=copy(actor_params), target_critic=copy(critic_params),
-        target_compensation=target_updater(config).init((actor_params, critic_params)))
+        target_actor=copy(actor_params),
+        target_critic=copy(critic_params),
+        target_compensation=target_updater(config).init((actor_params, critic_params)),
+    )
 
 
 def _critic_loss(critic_params, state: D4PGState, batch):
@@ -130,8 +135,10 @@ def _critic_loss(critic_params, state: D4PGState, batch):
     target = categorical_l2_project(shifted, jax.nn.softmax(next_logits.astype(dtype), axis=-1), z)
     log_probs = jax.nn.log_softmax(logits.astype(dtype), axis=-1)
     loss = jnp.mean(-jnp.sum(jax.lax.stop_gradient(target) * log_probs, axis=-1), dtype=jnp.float32)
-    return loss, {"q_mean": jnp.mean(jnp.sum(jnp.exp(log_probs) * z, axis=-1), dtype=jnp.float32),
-                  "target_q_mean": jnp.mean(jnp.sum(target * z, axis=-1), dtype=jnp.float32)}
+    return loss, {
+        "q_mean": jnp.mean(jnp.sum(jnp.exp(log_probs) * z, axis=-1), dtype=jnp.float32),
+        "target_q_mean": jnp.mean(jnp.sum(target * z, axis=-1), dtype=jnp.float32),
+    }
 
 
 def _actor_loss(actor_params, state: D4PGState, obs):
@@ -145,22 +152,33 @@ def _actor_loss(actor_params, state: D4PGState, obs):
 def _update(state: D4PGState, batch: dict) -> tuple[D4PGState, dict]:
     config = state.config
     with jax.named_scope("critic"):  # name scopes (metadata only) label the phases in lpjax.inspect's reports
-        critic, critic_loss, critic_aux = gradient_step(state.critic, network_optimizer(config.critic_lr, config),
-                                                        _critic_loss, state, batch)
+        critic, critic_loss, critic_aux = gradient_step(
+            state.critic, network_optimizer(config.critic_lr, config), _critic_loss, state, batch
+        )
     state = state.replace(critic=critic)
     with jax.named_scope("actor"):
-        actor, actor_loss, _ = gradient_step(state.actor, network_optimizer(config.actor_lr, config), _actor_loss,
-                                             state, batch["obs"])
+        actor, actor_loss, _ = gradient_step(
+            state.actor, network_optimizer(config.actor_lr, config), _actor_loss, state, batch["obs"]
+        )
     with jax.named_scope("target"):
         (target_actor, target_critic), compensation = target_updater(config).update(
-            (actor.params, critic.params), (state.target_actor, state.target_critic), state.target_compensation,
-            state.step)
+            (actor.params, critic.params),
+            (state.target_actor, state.target_critic),
+            state.target_compensation,
+            state.step,
+        )
     metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, **critic_aux}
-    if config.loss_scaling:
-        metrics.update(critic_loss_scale=loss_scale_or_one(critic.opt_state),
-                       actor_loss_scale=loss_scale_or_one(actor.opt_state))
-    return state.replace(step=state.step + 1, actor=actor, target_actor=target_actor, target_critic=target_critic,
-                         target_compensation=compensation), metrics
+    if config.methods.loss_scaling:
+        metrics.update(
+            critic_loss_scale=loss_scale_or_one(critic.opt_state), actor_loss_scale=loss_scale_or_one(actor.opt_state)
+        )
+    return state.replace(
+        step=state.step + 1,
+        actor=actor,
+        target_actor=target_actor,
+        target_critic=target_critic,
+        target_compensation=compensation,
+    ), metrics
 
 
 update = jax.jit(_update, donate_argnums=0)
@@ -171,12 +189,13 @@ reward sum), ``discount`` (the bootstrap multiplier: ``gamma^n`` times the envir
 terminal) and ``next_obs`` (the observation ``n`` steps later), as :class:`lpjax.nstep.NStepAccumulator` emits
 them. Metrics are float32 scalars: ``critic_loss`` (cross-entropy), ``actor_loss`` (``-Q``), ``q_mean`` (the
 critic's expected value at the batch's actions), ``target_q_mean`` (of the projected targets), and
-``critic_loss_scale``/``actor_loss_scale`` with ``loss_scaling``."""
+``critic_loss_scale``/``actor_loss_scale`` with ``methods.loss_scaling``."""
 
 
 @functools.partial(jax.jit, static_argnames=("config", "action_dim"))
-def act(actor_params: Any, obs: jax.Array, key: jax.Array, sigma: jax.Array | float, config: D4PGConfig,
-        action_dim: int) -> jax.Array:
+def act(
+    actor_params: Any, obs: jax.Array, key: jax.Array, sigma: jax.Array | float, config: D4PGConfig, action_dim: int
+) -> jax.Array:
     """Exploration actions: ``clip(mu(obs) + sigma * N(0, 1), -1, 1)`` in float32.
 
     Args:

@@ -1,4 +1,5 @@
-"""SAC's hyper-parameters and the paper's low-precision methods, as one frozen (hashable) config."""
+"""SAC's hyper-parameters and its low-precision methods (a nested :class:`lpjax.methods.PrecisionMethods`), as one
+frozen (hashable) config."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ class SACConfig(OffPolicyConfig):
 
     Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`), ``matmul_impl`` (the MLPs'
     matmul implementation, see :class:`lpjax.nn.Dense`: ``"xla"`` by default, ``"pallas"`` or ``"reference"`` to
-    use lpjax's kernels, e.g. with the ``"fp8"`` policy) and the methods, each a
-    switch so every ablation row of the paper is a config: ``hadam``, ``loss_scaling`` (with ``init_scale``,
-    ``growth_interval``), ``kahan_gradients``, ``kahan_momentum`` (with ``kahan_momentum_scale``),
-    ``softplus_fix``, ``normal_fix``, ``weight_standardization`` and ``encoder_clip`` (pixels).
+    use lpjax's kernels, e.g. with the ``"fp8"`` policy) and ``methods``, a :class:`lpjax.methods.PrecisionMethods`
+    whose switches make every ablation row of the paper a config: the optimizer's (``hadam``, ``loss_scaling``,
+    ``kahan_gradients``, ``moment_dtype``), the targets' (``kahan_momentum``) and the policy distribution's
+    (``softplus_fix``, ``normal_fix``, read by :func:`lpjax.agents.sac.sample_and_log_prob`). The pixel encoder's
+    options are fields of this config: ``weight_standardization`` and ``encoder_clip``. The paper's fp16 agent is
+    ``SACConfig(policy="fp16", methods=PrecisionMethods.paper())``.
     """
 
     alpha_lr: float = 1e-4
@@ -40,23 +43,25 @@ class SACConfig(OffPolicyConfig):
     pixels: bool = False
     encoder_features: int = 50
     augmentation_pad: int = 4
-    softplus_fix: bool = False
-    normal_fix: bool = False
     weight_standardization: bool = False
     encoder_clip: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_dims", tuple(int(w) for w in self.hidden_dims))
         object.__setattr__(self, "log_std_bounds", tuple(float(b) for b in self.log_std_bounds))
-        self.validate([
-            (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
-            (min(self.actor_lr, self.critic_lr, self.alpha_lr) > 0, "learning rates must be > 0"),
-            (self.init_temperature > 0, "init_temperature must be > 0"),
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.actor_update_period >= 1, "actor_update_period must be >= 1"),
-            (len(self.hidden_dims) >= 1 and min(self.hidden_dims) >= 1, "hidden_dims must be positive widths"),
-            (len(self.log_std_bounds) == 2 and self.log_std_bounds[0] < self.log_std_bounds[1],
-             "log_std_bounds must be (lo, hi) with lo < hi"),
-            (self.sigma_eps >= 0, "sigma_eps must be >= 0"),
-            (self.augmentation_pad >= 0, "augmentation_pad must be >= 0"),
-        ])
+        self.validate(
+            [
+                (0.0 < self.gamma <= 1.0, "gamma must be in (0, 1]"),
+                (min(self.actor_lr, self.critic_lr, self.alpha_lr) > 0, "learning rates must be > 0"),
+                (self.init_temperature > 0, "init_temperature must be > 0"),
+                (self.batch_size >= 1, "batch_size must be >= 1"),
+                (self.actor_update_period >= 1, "actor_update_period must be >= 1"),
+                (len(self.hidden_dims) >= 1 and min(self.hidden_dims) >= 1, "hidden_dims must be positive widths"),
+                (
+                    len(self.log_std_bounds) == 2 and self.log_std_bounds[0] < self.log_std_bounds[1],
+                    "log_std_bounds must be (lo, hi) with lo < hi",
+                ),
+                (self.sigma_eps >= 0, "sigma_eps must be >= 0"),
+                (self.augmentation_pad >= 0, "augmentation_pad must be >= 0"),
+            ]
+        )

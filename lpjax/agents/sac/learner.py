@@ -1,13 +1,14 @@
 """Soft Actor-Critic (Haarnoja et al., 2018) as pure functions over a :class:`SACState` pytree.
 
 Follows pytorch_sac (Yarats & Kostrikov) and, for pixels, DrQ (Kostrikov et al., 2020), with every
-low-precision method of Björck et al. (2021) behind a switch of :class:`SACConfig`:
+low-precision method of Björck et al. (2021) behind a switch of ``SACConfig.methods``
+(:class:`lpjax.methods.PrecisionMethods`):
 
     critic:      y = r + gamma * d * (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
                  L_Q = mean_batch sum_i (Q_i(s, a) - y)^2
     actor:       L_pi = mean_batch (alpha log pi(a|s) - min_i Q_i(s, a)),  a ~ pi(s)   (every actor_update_period)
     temperature: L_alpha = mean_batch alpha (-log pi(a|s) - H_target),  alpha = exp(log_alpha)
-    target:      Q' <- Q' + tau (Q - Q')   (every target_update_period; Kahan-compensated with kahan_momentum)
+    target:      Q' <- Q' + tau (Q - Q')   (every target_update_period; Kahan-compensated with methods.kahan_momentum)
 
 ``d`` is 0 only at a true terminal state; time-limit truncations bootstrap (``d = 1``), as in pytorch_sac.
 Losses are reduced and scaled in float32; everything per-sample runs in the policy's compute dtype.
@@ -42,8 +43,13 @@ class SACCritic(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.encoder = (PixelEncoder(cfg.encoder_features, policy=cfg.policy, standardize=cfg.weight_standardization,
-                                     clip=cfg.encoder_clip) if cfg.pixels else None)
+        self.encoder = (
+            PixelEncoder(
+                cfg.encoder_features, policy=cfg.policy, standardize=cfg.weight_standardization, clip=cfg.encoder_clip
+            )
+            if cfg.pixels
+            else None
+        )
         self.q = DoubleCritic(cfg.hidden_dims, cfg.policy, cfg.matmul_impl)
 
     def encode(self, obs: jax.Array) -> jax.Array:
@@ -85,14 +91,16 @@ class SACState:
 
 
 def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
-    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy,
-                              config.matmul_impl)
+    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy, config.matmul_impl)
     return actor, SACCritic(config)
 
 
 def _optimizers(config: SACConfig):
-    return (network_optimizer(config.actor_lr, config), network_optimizer(config.critic_lr, config),
-            optax.adam(config.alpha_lr, config.b1, config.b2))
+    return (
+        network_optimizer(config.actor_lr, config),
+        network_optimizer(config.critic_lr, config),
+        optax.adam(config.alpha_lr, config.b1, config.b2),
+    )
 
 
 def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACConfig) -> SACState:
@@ -103,8 +111,9 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACCon
     """
     observation = jnp.asarray(observation)
     if config.pixels and (observation.ndim != 3 or observation.dtype != jnp.uint8):
-        raise ValueError(f"SAC from pixels needs uint8 (H, W, C) observations, got {observation.dtype} "
-                         f"{observation.shape}.")
+        raise ValueError(
+            f"SAC from pixels needs uint8 (H, W, C) observations, got {observation.dtype} {observation.shape}."
+        )
     if not config.pixels and observation.ndim != 1:
         raise ValueError(f"SAC from states needs flat observations, got shape {observation.shape}.")
     if action_dim < 1:
@@ -118,11 +127,16 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACCon
     actor_params = actor_net.init(actor_key, features)
     log_alpha = jnp.log(jnp.asarray(config.init_temperature, jnp.float32))
     return SACState(
-        config=config, action_dim=int(action_dim), step=jnp.zeros([], jnp.int32), key=key,
-        actor=trainable_init(actor_params, actor_tx), critic=trainable_init(critic_params, critic_tx),
+        config=config,
+        action_dim=int(action_dim),
+        step=jnp.zeros([], jnp.int32),
+        key=key,
+        actor=trainable_init(actor_params, actor_tx),
+        critic=trainable_init(critic_params, critic_tx),
         target_critic=jax.tree.map(jnp.copy, critic_params),  # own buffers: the state is donated to update
         target_compensation=target_updater(config).init(critic_params),
-        temperature=trainable_init(log_alpha, temperature_tx))
+        temperature=trainable_init(log_alpha, temperature_tx),
+    )
 
 
 def random_shift(key: jax.Array, images: jax.Array, pad: int) -> jax.Array:
@@ -136,14 +150,15 @@ def random_shift(key: jax.Array, images: jax.Array, pad: int) -> jax.Array:
     def crop(image, offset):
         return jax.lax.dynamic_slice(image, (offset[0], offset[1], 0), (height, width, image.shape[-1]))
 
-    return jax.vmap(crop)(padded.reshape((-1,) + padded.shape[-3:]),
-                          offsets.reshape(-1, 2)).reshape(images.shape)
+    return jax.vmap(crop)(padded.reshape((-1,) + padded.shape[-3:]), offsets.reshape(-1, 2)).reshape(images.shape)
 
 
 def _sample_action(config: SACConfig, actor_net, actor_params, features, key):
     mean, log_std = actor_net.apply(actor_params, features)
-    return sample_and_log_prob(key, mean, log_std, normal_fix=config.normal_fix, softplus_fix=config.softplus_fix,
-                               sigma_eps=config.sigma_eps)
+    methods = config.methods
+    return sample_and_log_prob(
+        key, mean, log_std, normal_fix=methods.normal_fix, softplus_fix=methods.softplus_fix, sigma_eps=config.sigma_eps
+    )
 
 
 def _critic_loss(critic_params, state: SACState, batch, next_features, key):
@@ -188,14 +203,18 @@ def critic_update(state: SACState, batch: dict, key: jax.Array) -> tuple[SACStat
     critic_tx = _optimizers(config)[1]
     with jax.named_scope("critic"):
         next_features = critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
-        critic, critic_loss, critic_aux = gradient_step(state.critic, critic_tx, _critic_loss, state, batch,
-                                                        jax.lax.stop_gradient(next_features), key)
+        critic, critic_loss, critic_aux = gradient_step(
+            state.critic, critic_tx, _critic_loss, state, batch, jax.lax.stop_gradient(next_features), key
+        )
     state = state.replace(critic=critic)
     with jax.named_scope("target"):
-        target_critic, compensation = target_updater(config).update(critic.params, state.target_critic,
-                                                                    state.target_compensation, state.step)
-    return (state.replace(target_critic=target_critic, target_compensation=compensation),
-            {"critic_loss": critic_loss, **critic_aux})
+        target_critic, compensation = target_updater(config).update(
+            critic.params, state.target_critic, state.target_compensation, state.step
+        )
+    return (
+        state.replace(target_critic=target_critic, target_compensation=compensation),
+        {"critic_loss": critic_loss, **critic_aux},
+    )
 
 
 def actor_update(state: SACState, obs: jax.Array, key: jax.Array) -> tuple[SACState, dict]:
@@ -213,11 +232,14 @@ def actor_update(state: SACState, obs: jax.Array, key: jax.Array) -> tuple[SACSt
     with jax.named_scope("actor"):
         actor, actor_loss, log_prob = gradient_step(state.actor, actor_tx, _actor_loss, state, features, key)
     with jax.named_scope("temperature"):
-        temperature, temperature_loss, _ = gradient_step(state.temperature, temperature_tx, _temperature_loss,
-                                                         log_prob, target_entropy)
+        temperature, temperature_loss, _ = gradient_step(
+            state.temperature, temperature_tx, _temperature_loss, log_prob, target_entropy
+        )
     entropy = -jnp.mean(log_prob, dtype=jnp.float32)
-    return (state.replace(actor=actor, temperature=temperature),
-            {"actor_loss": actor_loss, "temperature_loss": temperature_loss, "entropy": entropy})
+    return (
+        state.replace(actor=actor, temperature=temperature),
+        {"actor_loss": actor_loss, "temperature_loss": temperature_loss, "entropy": entropy},
+    )
 
 
 def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
@@ -225,8 +247,11 @@ def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
     key, critic_key, actor_key, aug_key = jax.random.split(state.key, 4)
     if config.pixels:  # critic: augmented + original batch (paper appendix G); actor: the augmented half
         obs_key, next_key = jax.random.split(aug_key)
-        augmented = dict(batch, obs=random_shift(obs_key, batch["obs"], config.augmentation_pad),
-                         next_obs=random_shift(next_key, batch["next_obs"], config.augmentation_pad))
+        augmented = dict(
+            batch,
+            obs=random_shift(obs_key, batch["obs"], config.augmentation_pad),
+            next_obs=random_shift(next_key, batch["next_obs"], config.augmentation_pad),
+        )
         critic_batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), augmented, batch)
         actor_obs = augmented["obs"]
     else:
@@ -237,14 +262,21 @@ def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
         state, actor_metrics = actor_update(state, actor_obs, actor_key)
     else:
         skipped = {name: jnp.float32(jnp.nan) for name in ("actor_loss", "temperature_loss", "entropy")}
-        state, actor_metrics = jax.lax.cond(state.step % config.actor_update_period == 0,
-                                            lambda s: actor_update(s, actor_obs, actor_key),
-                                            lambda s: (s, skipped), state)
+        state, actor_metrics = jax.lax.cond(
+            state.step % config.actor_update_period == 0,
+            lambda s: actor_update(s, actor_obs, actor_key),
+            lambda s: (s, skipped),
+            state,
+        )
 
     metrics = {
-        "critic_loss": critic_metrics["critic_loss"], "actor_loss": actor_metrics["actor_loss"],
-        "temperature_loss": actor_metrics["temperature_loss"], "alpha": jnp.exp(state.temperature.params),
-        "entropy": actor_metrics["entropy"], "q": critic_metrics["q"], "target_q": critic_metrics["target_q"],
+        "critic_loss": critic_metrics["critic_loss"],
+        "actor_loss": actor_metrics["actor_loss"],
+        "temperature_loss": actor_metrics["temperature_loss"],
+        "alpha": jnp.exp(state.temperature.params),
+        "entropy": actor_metrics["entropy"],
+        "q": critic_metrics["q"],
+        "target_q": critic_metrics["target_q"],
         "critic_loss_scale": loss_scale_or_one(state.critic.opt_state),
         "actor_loss_scale": loss_scale_or_one(state.actor.opt_state),
     }

@@ -31,8 +31,15 @@ def _torch_tanh_log_det_jacobian(u):
     return 2.0 * (math.log(2.0) - u - softplus)
 
 
-def sample_and_log_prob(key: jax.Array, mean: jax.Array, log_std: jax.Array, *, normal_fix: bool = True,
-                        softplus_fix: bool = True, sigma_eps: float = 0.0) -> tuple[jax.Array, jax.Array]:
+def sample_and_log_prob(
+    key: jax.Array,
+    mean: jax.Array,
+    log_std: jax.Array,
+    *,
+    normal_fix: bool = True,
+    softplus_fix: bool = True,
+    sigma_eps: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
     """Reparameterised sample ``a = tanh(mu + sigma e)`` and its log-probability summed over the last axis.
 
     ``sigma = exp(log_std) + sigma_eps`` (the paper adds 1e-4 for pixels, whose log-std reaches -10). Everything
