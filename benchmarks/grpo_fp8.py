@@ -16,13 +16,14 @@ Runs live in ``runs/grpo_fp8/<config>/seed<k>/`` and finished runs are not rerun
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from benchmarks import run_farm
 from benchmarks.common import command_line, write_results
 
 CONFIGS = ("fp32", "fp8_tis", "fp8_no_tis")
@@ -57,10 +58,13 @@ def train_run(name: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
     config = module.get_config()
     config.update(seed=seed, iterations=args.iterations, eval_every=max(args.iterations // 4, 1))
     run_dir = args.runs_dir / name / f"seed{seed}"
-    if (run_dir / "done.json").exists():
-        return run_dir
-    summary = grpo_loop.train(config, run_dir, resume=(run_dir / "checkpoints").exists(), progress=False)
-    (run_dir / "done.json").write_text(json.dumps(summary, indent=2) + "\n")
+    job = run_farm.Job(
+        f"{name}/seed{seed}",
+        run_dir,
+        unit="iterations",
+        train=lambda resume, progress: grpo_loop.train(config, run_dir, resume=resume, progress=progress),
+    )
+    run_farm.train_to_end(job)
     return run_dir
 
 
@@ -70,14 +74,18 @@ def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
     m = read_metrics(run_dir)
     rows = np.isfinite(m["train/reward"])
     evals = np.isfinite(m["eval/accuracy"])
-    return {"iterations": m["step"][rows].tolist(), "reward": m["train/reward"][rows].tolist(),
-            "mismatch_kl": m["train/mismatch_kl"][rows].tolist(),
-            "tis_weight_mean": m["train/tis_weight_mean"][rows].tolist(),
-            "eval_accuracy": m["eval/accuracy"][evals].tolist()}
+    return {
+        "iterations": m["step"][rows].tolist(),
+        "reward": m["train/reward"][rows].tolist(),
+        "mismatch_kl": m["train/mismatch_kl"][rows].tolist(),
+        "tis_weight_mean": m["train/tis_weight_mean"][rows].tolist(),
+        "eval_accuracy": m["eval/accuracy"][evals].tolist(),
+    }
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -88,8 +96,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
             axes[0].plot(run["iterations"], run["reward"], color=color, alpha=0.7, label=label)
             axes[1].plot(run["iterations"], run["mismatch_kl"], color=color, alpha=0.7, label=label)
     axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (logged iterations)", title="GRPO on 2-digit addition")
-    axes[1].set(xlabel="GRPO iteration", ylabel="mismatch KL(rollout || train) per token", yscale="symlog",
-                title="rollout/training mismatch")
+    axes[1].set(
+        xlabel="GRPO iteration",
+        ylabel="mismatch KL(rollout || train) per token",
+        yscale="symlog",
+        title="rollout/training mismatch",
+    )
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -111,19 +123,30 @@ def main(argv: Sequence[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.configs.split(",")
     runs = {name: {seed: read_run(train_run(name, seed, args)) for seed in seeds} for name in names}
-    final = {name: float(np.mean([np.mean(r["reward"][-5:]) for r in by_seed.values()]))
-             for name, by_seed in runs.items()}
+    final = {
+        name: float(np.mean([np.mean(r["reward"][-5:]) for r in by_seed.values()])) for name, by_seed in runs.items()
+    }
     reference = final.get("fp32")
     ratios = {name: value / reference if reference else None for name, value in final.items()}
-    llm = {"weights_4096x4096_x7_per_layer_x32": weight_bytes([(4096, 4096)] * 7 * 32),
-           "kv_cache_32l_32h_128d_4096tok": kv_cache_bytes(32, 32, 128, 4096)}
+    llm = {
+        "weights_4096x4096_x7_per_layer_x32": weight_bytes([(4096, 4096)] * 7 * 32),
+        "kv_cache_32l_32h_128d_4096tok": kv_cache_bytes(32, 32, 128, 4096),
+    }
     bytes_ = {"benchmark_model": model_bytes(fp32.get_config()), "llm_shape": llm}
     kv = llm["kv_cache_32l_32h_128d_4096tok"]
-    result = {"command": command_line("benchmarks.grpo_fp8", argv), "iterations": args.iterations, "seeds": seeds,
-              "final_reward_mean_last_logged": final, "ratio_to_fp32": ratios, "target_ratio": TARGET_RATIO,
-              "fp8_tis_meets_target": (ratios.get("fp8_tis") or 0) >= TARGET_RATIO if reference else None,
-              "bytes": bytes_, "fp8_kv_smaller_than_bf16": kv["bf16"] / kv["fp8"], "runs": runs,
-              "session_seconds": time.perf_counter() - started}
+    result = {
+        "command": command_line("benchmarks.grpo_fp8", argv),
+        "iterations": args.iterations,
+        "seeds": seeds,
+        "final_reward_mean_last_logged": final,
+        "ratio_to_fp32": ratios,
+        "target_ratio": TARGET_RATIO,
+        "fp8_tis_meets_target": (ratios.get("fp8_tis") or 0) >= TARGET_RATIO if reference else None,
+        "bytes": bytes_,
+        "fp8_kv_smaller_than_bf16": kv["bf16"] / kv["fp8"],
+        "runs": runs,
+        "session_seconds": time.perf_counter() - started,
+    }
     lines = [f"GRPO 2-digit addition, {args.iterations} iterations, seeds {seeds}"]
     lines += [f"{name:12s} final reward {final[name]:.3f}  ratio to fp32 {ratios[name]}" for name in names]
     lines.append(f"KV cache at the LLM shape: bf16 {kv['bf16']} B, fp8 {kv['fp8']} B ({kv['bf16'] / kv['fp8']:.3f}x)")

@@ -1,11 +1,13 @@
 """GRPO's training loop on a synthetic verifiable task: warm start, then rollout -> update -> sync iterations.
 
-The training model is float32; the rollout model is the same :class:`lpjax.nn.TransformerLM` built with the
-rollout precision (``agent.rollout_precision``: fp32, bf16 = bf16 activations, fp8 = blockwise W8A8 E4M3 GEMMs,
-fp8_kv = fp32 GEMMs) and KV-cache dtype (``agent.kv_cache_dtype``). Every iteration draws its prompts from
-``np.random.default_rng([seed, iteration])`` and its sampling key from ``fold_in(key(seed), iteration)``, so a
-resumed run continues exactly where the checkpoint left it. Evaluations measure the training model's greedy
-accuracy on a fixed set of held-out prompts.
+``config.agent`` is a :class:`lpjax.agents.grpo.GRPOConfig`: the training model is the
+:class:`lpjax.nn.TransformerLM` of ``config.model`` in the precision ``agent.policy``, the rollout model the same
+network in the precision ``agent.rollout`` (:class:`lpjax.agents.grpo.RolloutConfig`: matmul policy and KV-cache
+dtype; :func:`lpjax.agents.grpo.transformer_models` builds both). The supervised warm start stands in for a
+pretrained checkpoint: it trains in float32, and its parameters are then cast to the training model's dtypes.
+Every iteration draws its prompts from ``np.random.default_rng([seed, iteration])`` and its key from
+``fold_in(key(seed), iteration)``, so a resumed run continues exactly where the checkpoint left it. Evaluations
+measure the training model's greedy accuracy on a fixed set of held-out prompts.
 """
 
 from __future__ import annotations
@@ -17,17 +19,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 
-from lpjax.agents.grpo import GRPOConfig, init_state, iteration
-from lpjax.checkpoint import open_run_checkpoints
+from experiments.run import RunSpec, check_config, run
+from lpjax.agents.grpo import GRPOConfig, init_state, iteration, transformer_models
+from lpjax.checkpoint import Checkpointer
 from lpjax.nn.causal_lm import transformer_causal_lm
 from lpjax.rollout import RolloutEngine, SamplingSettings, sample
-from lpjax.run_logging import RunLogger, plot_run_curve
 from lpjax.tasks.synthetic import TASKS, make_task, warm_start
 
-ROLLOUT_POLICIES = {"fp32": "fp32", "bf16": "mixed_bf16", "fp8": "fp8", "fp8_kv": "fp32"}
-KV_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
 EOS_ID = 2
 EVAL_SEED = 2**31 - 1
 
@@ -39,23 +38,27 @@ def validate(config: ml_collections.ConfigDict) -> tuple[GRPOConfig, Any]:
         raise ValueError(f"env must be 'task:<name>' with name in {sorted(TASKS)}, got {config.env!r}.")
     task = make_task(name, config.num_digits)
     agent = GRPOConfig.from_mapping(dict(config.agent, max_new_tokens=task.seq_len - task.prompt_len))
-    for ok, message in [(config.iterations >= 1, "iterations must be >= 1"),
-                        (min(config.eval_every, config.log_every, config.checkpoint_every) >= 1,
-                         "eval_every, log_every and checkpoint_every must be >= 1"),
-                        (config.eval_prompts >= 1, "eval_prompts must be >= 1"),
-                        (config.warm_start_steps >= 0, "warm_start_steps must be >= 0"),
-                        (agent.ppo_epochs == 1 and agent.num_minibatches == 1,
-                         "this loop takes one update per rollout batch: ppo_epochs and num_minibatches must be 1")]:
-        if not ok:
-            raise ValueError(f"GRPO run config: {message}.")
+    check_config(
+        "GRPO run",
+        [
+            (config.log_every >= 1, "log_every must be >= 1"),
+            (config.eval_prompts >= 1, "eval_prompts must be >= 1"),
+            (config.warm_start_steps >= 0, "warm_start_steps must be >= 0"),
+        ],
+    )
     return agent, task
 
 
 def _models(config: ml_collections.ConfigDict, agent: GRPOConfig, task: Any):
+    """``(warm_model, train_model, rollout_model)``: the float32 model of the warm start, then those of GRPO."""
     lm = dict(config.model, vocab_size=task.vocab_size, max_len=task.seq_len)
-    rollout = transformer_causal_lm(dict(lm, policy=ROLLOUT_POLICIES[agent.rollout_precision]),
-                                    kv_dtype=KV_DTYPES[agent.effective_kv_cache_dtype])
-    return transformer_causal_lm(lm), rollout
+    return (transformer_causal_lm(dict(lm, policy="fp32")), *transformer_models(lm, agent))
+
+
+def _cast_like(params: Any, model: Any, tokens: jax.Array) -> Any:
+    """``params`` in the dtypes of ``model``'s own parameters (identity for a float32 model)."""
+    shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    return jax.tree.map(lambda p, s: p.astype(s.dtype), params, shapes)
 
 
 def greedy_accuracy(model: Any, params: Any, task: Any, prompts: jax.Array) -> float:
@@ -65,53 +68,102 @@ def greedy_accuracy(model: Any, params: Any, task: Any, prompts: jax.Array) -> f
     return float(jnp.mean(task.rewards(prompts, completions)))
 
 
-def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Runs (or resumes) GRPO; returns a summary (warm-start and final accuracy, paths)."""
+class GRPOLearner:
+    """GRPO for :func:`experiments.run.run`: ``advance`` runs one iteration (rollout, update, sync); a new run
+    starts with the supervised warm start, a resumed one from the checkpointed :class:`lpjax.agents.grpo.GRPOState`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, agent: GRPOConfig, task: Any):
+        self.config, self.agent, self.task = config, agent, task
+        self.warm_model, self.train_model, rollout_model = _models(config, agent, task)
+        self.init_tokens = jnp.zeros((1, task.seq_len), jnp.int32)
+        self.params = self.warm_model.init(jax.random.key(config.seed), self.init_tokens)
+        self.state = init_state(_cast_like(self.params, self.train_model, self.init_tokens), agent)
+        self.eval_prompts = jnp.asarray(task.sample_prompts(np.random.default_rng(EVAL_SEED), config.eval_prompts))
+        self.engine = RolloutEngine(
+            rollout_model, SamplingSettings(agent.max_new_tokens, EOS_ID, agent.temperature, agent.top_p)
+        )
+        self.base_key = jax.random.key(config.seed)
+        self.synced = False
+
+    def position(self) -> int:
+        return int(self.state.step)
+
+    def start(self, context) -> None:
+        params, curve = warm_start(
+            self.warm_model,
+            self.params,
+            self.task,
+            steps=self.config.warm_start_steps,
+            seed=self.config.seed,
+            target_accuracy=self.config.warm_start_target,
+        )
+        self.state = init_state(_cast_like(params, self.train_model, self.init_tokens), self.agent)
+        context.logger.log(
+            0,
+            {"accuracy": self._accuracy(), "warm_start_steps": float(curve.step[-1]) if len(curve.step) else 0.0},
+            prefix="eval",
+        )
+
+    def restore(self, checkpointer: Checkpointer, step: int) -> None:
+        self.state, _ = checkpointer.restore(step, target=self.state)
+
+    def _accuracy(self) -> float:
+        return greedy_accuracy(self.train_model, self.state.params, self.task, self.eval_prompts)
+
+    def advance(self, limit: int, context) -> None:
+        del limit  # one iteration at a time
+        if not self.synced:
+            self.engine.sync(self.state.params, int(self.state.step), self.eval_prompts[:64])
+            self.synced = True
+        it = int(self.state.step)
+        rng = np.random.default_rng([self.config.seed, it])
+        self.state, metrics = iteration(
+            self.train_model, self.engine, self.task, self.agent, self.state, rng, jax.random.fold_in(self.base_key, it)
+        )
+        if (it + 1) % self.config.log_every == 0:
+            context.logger.log(it + 1, metrics, prefix="train")
+            context.bar.set_postfix(
+                reward=f"{metrics['reward']:.2f}", kl=f"{metrics['mismatch_kl']:.4f}", refresh=False
+            )
+
+    def evaluate(self) -> dict[str, float]:
+        return {"accuracy": self._accuracy()}
+
+    def can_checkpoint(self) -> bool:
+        return True
+
+    def checkpoint(self) -> tuple[Any, dict]:
+        return self.state, {}
+
+    def summary(self) -> dict[str, Any]:
+        rollout = self.agent.rollout
+        return {
+            "policy": self.agent.policy,
+            "rollout_policy": rollout.policy,
+            "kv_cache_dtype": rollout.kv_cache_dtype,
+            "tis": self.agent.tis,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def train(
+    config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Runs (or resumes) GRPO; returns the run summary (:func:`experiments.run.run`) with the precisions used."""
     agent, task = validate(config)
-    run_dir = pathlib.Path(run_dir)
-    checkpointer, latest = open_run_checkpoints(run_dir, resume, save_replay=True)
-    train_model, rollout_model = _models(config, agent, task)
-    params = train_model.init(jax.random.key(config.seed), jnp.zeros((1, task.seq_len), jnp.int32))
-    state = init_state(params, agent)
-    logger = RunLogger(run_dir, config=config)
-    eval_prompts = jnp.asarray(task.sample_prompts(np.random.default_rng(EVAL_SEED), config.eval_prompts))
-    if resume and latest is not None:
-        state, _ = checkpointer.restore(latest, target=state)
-        logger.truncate_after(latest)
-        print(f"resumed {run_dir} at iteration {latest}")
-    else:
-        params, curve = warm_start(train_model, params, task, steps=config.warm_start_steps, seed=config.seed,
-                                   target_accuracy=config.warm_start_target)
-        state = init_state(params, agent)
-        logger.log(0, {"accuracy": greedy_accuracy(train_model, state.params, task, eval_prompts),
-                       "warm_start_steps": float(curve.step[-1]) if len(curve.step) else 0.0}, prefix="eval")
-    settings = SamplingSettings(agent.max_new_tokens, EOS_ID, agent.temperature, agent.top_p)
-    engine = RolloutEngine(rollout_model, settings)
-    engine.sync(state.params, int(state.step), eval_prompts[:64])
-    start = int(state.step)
-    base_key = jax.random.key(config.seed)
-    bar = tqdm.tqdm(total=config.iterations, initial=start, disable=not progress, unit="it", dynamic_ncols=True)
-    final = {}
-    try:
-        for it in range(start, config.iterations):
-            rng = np.random.default_rng([config.seed, it])
-            state, metrics = iteration(train_model, engine, task, agent, state, rng, jax.random.fold_in(base_key, it))
-            done = it + 1
-            bar.update(1)
-            if done % config.log_every == 0:
-                logger.log(done, metrics, prefix="train")
-                bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics['mismatch_kl']:.4f}", refresh=False)
-            if done % config.eval_every == 0 or done == config.iterations:
-                final = {"accuracy": greedy_accuracy(train_model, state.params, task, eval_prompts)}
-                logger.log(done, final, prefix="eval")
-            if done % config.checkpoint_every == 0 or done == config.iterations:
-                checkpointer.save(done, state, metadata={"config": config.to_dict()})
-    finally:
-        bar.close()
-        checkpointer.wait()
-        logger.close()
-    title = f"GRPO ({agent.rollout_precision} rollouts, TIS {'on' if agent.tis else 'off'}) on {config.env}"
-    return {"status": "finished", "iterations": int(state.step), "final_eval": final, "run_dir": str(run_dir),
-            "curve": plot_run_curve(run_dir, title, ("eval/accuracy", "train/reward")),
-            "rollout_precision": agent.rollout_precision, "tis": agent.tis}
+    rollout = agent.rollout
+    spec = RunSpec(
+        kind="GRPO run",
+        unit="iterations",
+        total=config.iterations,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+        title=(
+            f"GRPO ({agent.policy} training, {rollout.policy} rollouts with a {rollout.kv_cache_dtype} "
+            f"KV cache, TIS {'on' if agent.tis else 'off'}) on {config.env}"
+        ),
+        curve=("eval/accuracy", "train/reward"),
+    )
+    return run(config, run_dir, spec, lambda: GRPOLearner(config, agent, task), resume=resume, progress=progress)

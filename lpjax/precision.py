@@ -29,22 +29,43 @@ import jax.numpy as jnp
 import numpy as np
 
 DTYPE_NAMES: dict[str, Any] = {
-    "float64": jnp.float64, "f64": jnp.float64, "fp64": jnp.float64, "double": jnp.float64,
-    "float32": jnp.float32, "f32": jnp.float32, "fp32": jnp.float32, "single": jnp.float32, "full": jnp.float32,
-    "float16": jnp.float16, "f16": jnp.float16, "fp16": jnp.float16, "half": jnp.float16,
-    "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
-    "float8_e4m3fn": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "e4m3": jnp.float8_e4m3fn,
-    "float8_e5m2": jnp.float8_e5m2, "fp8_e5m2": jnp.float8_e5m2, "e5m2": jnp.float8_e5m2,
+    "float64": jnp.float64,
+    "f64": jnp.float64,
+    "fp64": jnp.float64,
+    "double": jnp.float64,
+    "float32": jnp.float32,
+    "f32": jnp.float32,
+    "fp32": jnp.float32,
+    "single": jnp.float32,
+    "full": jnp.float32,
+    "float16": jnp.float16,
+    "f16": jnp.float16,
+    "fp16": jnp.float16,
+    "half": jnp.float16,
+    "bfloat16": jnp.bfloat16,
+    "bf16": jnp.bfloat16,
+    "float8_e4m3fn": jnp.float8_e4m3fn,
+    "fp8_e4m3": jnp.float8_e4m3fn,
+    "e4m3": jnp.float8_e4m3fn,
+    "float8_e5m2": jnp.float8_e5m2,
+    "fp8_e5m2": jnp.float8_e5m2,
+    "e5m2": jnp.float8_e5m2,
     "fp8": jnp.float8_e4m3fn,
 }
 """The one table of dtype names of lpjax (policies, moment dtypes, KV caches): lower-case name -> dtype.
 ``"fp8"`` alone is float8_e4m3fn, the format of the forward pass (weights, activations, KV caches)."""
 
 _FIELD_ALIASES = {
-    "params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
-    "compute": "compute_dtype", "c": "compute_dtype",
-    "output": "output_dtype", "out": "output_dtype", "o": "output_dtype",
-    "matmul": "matmul_dtype", "m": "matmul_dtype",
+    "params": "param_dtype",
+    "param": "param_dtype",
+    "p": "param_dtype",
+    "compute": "compute_dtype",
+    "c": "compute_dtype",
+    "output": "output_dtype",
+    "out": "output_dtype",
+    "o": "output_dtype",
+    "matmul": "matmul_dtype",
+    "m": "matmul_dtype",
 }
 
 
@@ -116,7 +137,7 @@ class Policy:
         """Casts the floating-point leaves of ``tree`` to ``output_dtype``."""
         return _cast_floating(tree, self.output_dtype)
 
-    def with_output_dtype(self, dtype: Any) -> "Policy":
+    def with_output_dtype(self, dtype: Any) -> Policy:
         """Returns a copy of this policy with another output dtype."""
         return dataclasses.replace(self, output_dtype=dtype)
 
@@ -126,8 +147,7 @@ class Policy:
         return min(self.param_dtype.itemsize, self.compute_dtype.itemsize, self.matmul_dtype.itemsize) < 4
 
     def __str__(self) -> str:
-        text = (f"params={self.param_dtype.name},compute={self.compute_dtype.name},"
-                f"output={self.output_dtype.name}")
+        text = f"params={self.param_dtype.name},compute={self.compute_dtype.name},output={self.output_dtype.name}"
         if self.matmul_dtype != self.compute_dtype:
             text += f",matmul={self.matmul_dtype.name}"
         return text
@@ -185,7 +205,8 @@ def get_policy(spec: str | Policy) -> Policy:
         raise ValueError(
             f"Unknown precision policy {spec!r}. Valid names: {', '.join(POLICIES)}; a dtype name "
             f"({', '.join(sorted(_BARE_DTYPES))}); or key=dtype items such as 'params=float32,compute=float16,"
-            "output=float32' or 'p=f32,c=f16'.")
+            "output=float32' or 'p=f32,c=f16'."
+        )
     fields: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
@@ -193,7 +214,8 @@ def get_policy(spec: str | Policy) -> Policy:
         if not sep or key not in _FIELD_ALIASES:
             raise ValueError(
                 f"Bad policy item {item.strip()!r} in {spec!r}; expected key=dtype with key in "
-                f"{', '.join(sorted(_FIELD_ALIASES))}.")
+                f"{', '.join(sorted(_FIELD_ALIASES))}."
+            )
         field = _FIELD_ALIASES[key]
         if field in fields:
             raise ValueError(f"Policy {spec!r} sets {field} twice.")

@@ -4,8 +4,8 @@
 pre-LayerNorm blocks ``x += attn(LN(x)); x += mlp(LN(x))``, a final LayerNorm and a separate lm_head. The
 q/k/v/o and MLP projections are :class:`lpjax.nn.Dense` layers, so ``policy`` and ``impl`` pick their matmul
 (``"fp8"``: blockwise W8A8 E4M3 GEMMs with bf16 activations). Embeddings, LayerNorms, the residual stream, the
-attention core (``q k^T``, softmax, ``p v``) and the lm_head are float32, as in DESIGN.md's FP8-RL recipe; the
-logits are float32 whatever the policy.
+attention core (``q k^T``, softmax, ``p v``) and the lm_head are float32, as in the FP8-RL recipe
+(docs/design.md, "FP8 rollouts"); the logits are float32 whatever the policy.
 
 Interface (what :mod:`lpjax.nn.causal_lm` wraps for the GRPO learner; ``params`` is the dict ``lm.init``
 returns, ``{"params": ...}``)::
@@ -45,7 +45,7 @@ float32 scale ``s`` per layer and head for K and one for V. The scales come
 from :func:`calibrate_kv_scales`: a forward pass on calibration tokens with an *unquantized* (float32) cache,
 ``s = headroom * amax(|K|) / 448`` (same for V); values beyond the calibrated range saturate at ``+-448 s``.
 They are tied to the parameters, so the learner recalibrates after every policy update ("K/V scales are
-recalibrated after every policy update", DESIGN.md) and passes the new scales to :meth:`TransformerLM.init_cache`
+recalibrated after every policy update", docs/design.md) and passes the new scales to :meth:`TransformerLM.init_cache`
 for the next rollout. What the fp8 cache adds is a rounding error of at most ``max(2^-4 |x|, 2^-10 s)`` per
 key/value element (3 mantissa bits; ~3% RMS); tests/nn/test_transformer.py bounds its effect on the logits.
 """
@@ -62,14 +62,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.nn.dense import Dense
-from lpjax.precision import Policy, get_policy
+from lpjax.precision import Policy, dtype_of, get_policy
 from lpjax.quant.fp8 import E4M3_MAX
 
 KV_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
-"""Dtypes a :class:`KVCache` can store keys and values in."""
+"""Dtypes a :class:`KVCache` can store keys and values in (named by any of their names in
+:data:`lpjax.precision.DTYPE_NAMES`: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ...)."""
 
-_KV_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
-               "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 _FP8 = np.dtype(jnp.float8_e4m3fn)
 _TINY = float(np.finfo(np.float32).tiny)
 _MASKED = -1e30
@@ -117,13 +116,15 @@ class KVCache(NamedTuple):
 
 
 def kv_cache_dtype(kv_dtype: Any) -> np.dtype:
-    """The numpy dtype for a KV-cache dtype or name (``"float32"``, ``"bf16"``, ``"fp8"``, ...); ``ValueError`` else."""
-    if isinstance(kv_dtype, str):
-        kv_dtype = _KV_ALIASES.get(kv_dtype.strip().lower(), kv_dtype.strip().lower())
+    """The numpy dtype of a KV cache from a dtype or a name of :data:`lpjax.precision.DTYPE_NAMES`.
+
+    Raises:
+      ValueError: for an unknown name or a dtype not in :data:`KV_DTYPES`.
+    """
     try:
-        dtype = np.dtype(jnp.dtype(kv_dtype))
-    except TypeError as error:
-        raise ValueError(f"Unknown KV-cache dtype {kv_dtype!r}; valid: {KV_DTYPES}.") from error
+        dtype = dtype_of(kv_dtype)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"Unknown KV-cache dtype {kv_dtype!r}; a KV cache stores one of {KV_DTYPES}.") from error
     if dtype.name not in KV_DTYPES:
         raise ValueError(f"A KV cache stores one of {KV_DTYPES}, got {dtype.name}.")
     return dtype
@@ -179,8 +180,9 @@ class SelfAttention(nn.Module):
         policy = get_policy(self.policy)
         b, t, d = x.shape
         h = self.num_heads
-        q, k, v = (Dense(d, policy, self.impl, name=name)(x).reshape(b, t, h, d // h)
-                   for name in ("query", "key", "value"))
+        q, k, v = (
+            Dense(d, policy, self.impl, name=name)(x).reshape(b, t, h, d // h) for name in ("query", "key", "value")
+        )
         if cache is None:
             keys, values = k.astype(jnp.float32), v.astype(jnp.float32)
         else:
@@ -265,15 +267,16 @@ class TransformerLM(nn.Module):
         """``d_model // num_heads``."""
         return self.d_model // self.num_heads
 
-    def init_cache(self, batch_size: int, max_len: int | None = None, kv_dtype: Any = "float32",
-                   kv_scales: KVScales | None = None) -> KVCache:
+    def init_cache(
+        self, batch_size: int, max_len: int | None = None, kv_dtype: Any = "float32", kv_scales: KVScales | None = None
+    ) -> KVCache:
         """An empty :class:`KVCache` (``index = 0``) for ``batch_size`` rows of up to ``max_len`` positions.
 
         Args:
           batch_size: ``B``.
           max_len: ``S``, the positions the cache holds; ``None`` for ``self.max_len`` (it cannot be larger).
-          kv_dtype: storage of keys and values: float32, bfloat16, float16 or float8_e4m3fn (aliases ``"fp8"``,
-            ``"bf16"``, ...).
+          kv_dtype: storage of keys and values, one of :data:`KV_DTYPES` as a dtype or a name of
+            :data:`lpjax.precision.DTYPE_NAMES` (``"fp8"``, ``"bf16"``, ...).
           kv_scales: required for float8_e4m3fn (from :func:`calibrate_kv_scales`): :class:`KVScales` whose ``k``
             and ``v`` are ``(num_layers, num_heads)`` or ``(num_layers,)`` (one scale per layer). Ignored, and
             stored as ones, for the other dtypes.
@@ -281,26 +284,31 @@ class TransformerLM(nn.Module):
         self._check_config()
         max_len = self.max_len if max_len is None else max_len
         if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or not 0 < max_len <= self.max_len:
-            raise ValueError(f"cache max_len must be an int in [1, {self.max_len}] (the model's max_len), "
-                             f"got {max_len!r}.")
+            raise ValueError(
+                f"cache max_len must be an int in [1, {self.max_len}] (the model's max_len), got {max_len!r}."
+            )
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
         dtype = kv_cache_dtype(kv_dtype)
         shape = (self.num_layers, self.num_heads)
         if dtype == _FP8:
             if kv_scales is None:
-                raise ValueError("An fp8 KV cache needs kv_scales: pass calibrate_kv_scales(params, lm, tokens), "
-                                 "recomputed after every parameter update.")
-            k_scale, v_scale = (jnp.broadcast_to(jnp.asarray(s, jnp.float32).reshape(
-                self.num_layers, -1), shape) for s in kv_scales)
+                raise ValueError(
+                    "An fp8 KV cache needs kv_scales: pass calibrate_kv_scales(params, lm, tokens), "
+                    "recomputed after every parameter update."
+                )
+            k_scale, v_scale = (
+                jnp.broadcast_to(jnp.asarray(s, jnp.float32).reshape(self.num_layers, -1), shape) for s in kv_scales
+            )
         else:
             k_scale = v_scale = jnp.ones(shape, jnp.float32)
         entries = jnp.zeros((self.num_layers, batch_size, max_len, self.num_heads, self.head_dim), dtype)
         return KVCache(entries, entries, k_scale, v_scale, jnp.zeros((batch_size,), jnp.int32))
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, cache: KVCache | None = None,
-                 lengths: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self, tokens: jax.Array, cache: KVCache | None = None, lengths: jax.Array | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
         self._check_config()
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -317,30 +325,47 @@ class TransformerLM(nn.Module):
             overflow = None
         else:
             if cache.k.shape[:2] != (self.num_layers, b) or cache.k.shape[3:] != (self.num_heads, self.head_dim):
-                raise ValueError(f"cache of shape {cache.k.shape} does not match this model and a batch of {b}: "
-                                 f"expected ({self.num_layers}, {b}, S, {self.num_heads}, {self.head_dim}).")
+                raise ValueError(
+                    f"cache of shape {cache.k.shape} does not match this model and a batch of {b}: "
+                    f"expected ({self.num_layers}, {b}, S, {self.num_heads}, {self.head_dim})."
+                )
             index = cache.index.astype(jnp.int32)
             if _is_concrete(index) and int(jnp.max(index)) + t > cache.max_len:
-                raise ValueError(f"Writing {t} tokens at cache index {int(jnp.max(index))} overflows the cache "
-                                 f"(max_len {cache.max_len}).")
+                raise ValueError(
+                    f"Writing {t} tokens at cache index {int(jnp.max(index))} overflows the cache "
+                    f"(max_len {cache.max_len})."
+                )
             positions = index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
             overflow = index + t > cache.max_len
-        embed = nn.Embed(self.vocab_size, self.d_model, embedding_init=nn.initializers.normal(0.02),
-                         dtype=jnp.float32, param_dtype=jnp.float32, name="embed")
+        embed = nn.Embed(
+            self.vocab_size,
+            self.d_model,
+            embedding_init=nn.initializers.normal(0.02),
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            name="embed",
+        )
         pos_embed = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model), jnp.float32)
         x = embed(tokens) + jnp.take(pos_embed, jnp.minimum(positions, self.max_len - 1), axis=0)
         new_k, new_v = [], []
         for layer in range(self.num_layers):
-            layer_cache = None if cache is None else _LayerCache(
-                cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], cache.index)
-            x, layer_cache = Block(self.num_heads, self.d_ff, self.policy, self.impl, self.activation,
-                                   name=f"block_{layer}")(x, positions, layer_cache)
+            layer_cache = (
+                None
+                if cache is None
+                else _LayerCache(
+                    cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], cache.index
+                )
+            )
+            x, layer_cache = Block(
+                self.num_heads, self.d_ff, self.policy, self.impl, self.activation, name=f"block_{layer}"
+            )(x, positions, layer_cache)
             if layer_cache is not None:
                 new_k.append(layer_cache.k)
                 new_v.append(layer_cache.v)
         x = nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name="ln_final")(x)
-        logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
-                          name="lm_head")(x)
+        logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32, name="lm_head")(
+            x
+        )
         if cache is None:
             return logits, None
         logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
@@ -359,8 +384,9 @@ def kv_scales_from_amax(k_amax: jax.Array, v_amax: jax.Array, headroom: float = 
     return KVScales(scale(k_amax), scale(v_amax))
 
 
-def calibrate_kv_scales(params: Any, lm: TransformerLM, calibration_tokens: jax.Array, headroom: float = 1.0,
-                        per_head: bool = True) -> KVScales:
+def calibrate_kv_scales(
+    params: Any, lm: TransformerLM, calibration_tokens: jax.Array, headroom: float = 1.0, per_head: bool = True
+) -> KVScales:
     """Fp8 KV-cache scales ``amax(|K|) / 448`` and ``amax(|V|) / 448`` per layer (and head) on calibration data.
 
     Runs ``lm`` on ``calibration_tokens`` (as a prefill from position 0 into a float32 cache, so with the model's

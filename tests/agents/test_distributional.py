@@ -35,8 +35,7 @@ def test_bellman_shift_of_a_uniform_support():
 def test_identity_when_the_values_are_the_atoms_and_clipping_to_the_ends():
     z = jnp.linspace(-150.0, 150.0, 51)
     probs = jax.nn.softmax(jax.random.normal(jax.random.key(0), (4, 51)))
-    np.testing.assert_array_equal(np.asarray(project(jnp.broadcast_to(z, (4, 51)), probs, z)),
-                                  np.asarray(probs))
+    np.testing.assert_array_equal(np.asarray(project(jnp.broadcast_to(z, (4, 51)), probs, z)), np.asarray(probs))
     far = project(jnp.stack([z + 1e4, z - 1e4]), probs[:2], z)
     np.testing.assert_allclose(np.asarray(far[0]), np.eye(51)[-1], atol=1e-6)
     np.testing.assert_allclose(np.asarray(far[1]), np.eye(51)[0], atol=1e-6)
@@ -61,8 +60,11 @@ def test_jit_batch_axes_and_float64(run_x64):
     probs = jnp.full((2, 3, 3), 1 / 3)
     out = project(values, probs, ATOMS)
     assert out.shape == (2, 3, 3) and out.dtype == jnp.float32
-    out64 = run_x64(lambda: categorical_l2_project(jnp.array([[0.1]], jnp.float64), jnp.ones((1, 1)),
-                                                   jnp.array([0.0, 1.0], jnp.float64)))
+    out64 = run_x64(
+        lambda: categorical_l2_project(
+            jnp.array([[0.1]], jnp.float64), jnp.ones((1, 1)), jnp.array([0.0, 1.0], jnp.float64)
+        )
+    )
     assert out64.dtype == jnp.float64
     np.testing.assert_allclose(np.asarray(out64), [[0.9, 0.1]], rtol=1e-15)
 

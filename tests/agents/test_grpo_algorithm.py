@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lpjax.agents import grpo
+from lpjax.precision import get_policy
 
 P_ROLLOUT = np.array([0.20, 0.05, 0.01])
 P_TRAIN = np.array([0.22, 0.04, 0.03])
@@ -54,8 +55,16 @@ def test_group_advantages_hand_example():
     rewards = jnp.array([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 2.0, 2.0])
     adv = jax.jit(grpo.group_advantages, static_argnums=1)(rewards, 4)
     s = np.sqrt(0.5)
-    expected = [0.5 / 0.500001, -0.5 / 0.500001, -0.5 / 0.500001, 0.5 / 0.500001,
-                1 / (s + 1e-6), -1 / (s + 1e-6), 0.0, 0.0]
+    expected = [
+        0.5 / 0.500001,
+        -0.5 / 0.500001,
+        -0.5 / 0.500001,
+        0.5 / 0.500001,
+        1 / (s + 1e-6),
+        -1 / (s + 1e-6),
+        0.0,
+        0.0,
+    ]
     assert adv.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-6)
 
@@ -244,34 +253,88 @@ def test_config_defaults_and_derived_values():
     assert c.loss_kwargs() == dict(eps_low=0.2, eps_high=0.2, tis_cap=2.0, beta=0.0)
     assert grpo.GRPOConfig(clip_higher=True).effective_eps_high == 0.28
     assert grpo.GRPOConfig(tis=False).loss_kwargs()["tis_cap"] is None
-    assert grpo.GRPOConfig(rollout_precision="fp8_kv").effective_kv_cache_dtype == "fp8"
-    assert grpo.GRPOConfig(rollout_precision="fp8").effective_kv_cache_dtype == "bf16"
-    assert c.batch_size == 64 and hash(c) == hash(dataclasses.replace(c))
+    assert c.rollout == grpo.ROLLOUT_PRESETS["bf16"] and c.precision == get_policy("fp32")
+    assert c.batch_size == 64 and c.minibatch_size == 64 and hash(c) == hash(dataclasses.replace(c))
+    assert grpo.GRPOConfig(num_minibatches=4).minibatch_size == 16
     assert grpo.GRPOConfig.from_mapping({"group_size": 4, "tis": False}).group_size == 4
     with pytest.raises(ValueError, match="Unknown GRPO config keys"):
         grpo.GRPOConfig.from_mapping({"gruop_size": 4})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(group_size=1), "group_size"),
-    (dict(eps_low=0.0), "eps_low"),
-    (dict(eps_low=1.0), "eps_low"),
-    (dict(eps_high=-0.1), "eps_high"),
-    (dict(clip_higher=True, eps_high=0.1), "clip_higher"),
-    (dict(tis_cap=0.0), "tis_cap"),
-    (dict(beta=-1.0), "beta"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(learning_rate=0.0), "learning_rate"),
-    (dict(max_grad_norm=0.0), "max_grad_norm"),
-    (dict(num_minibatches=3), "num_minibatches"),
-    (dict(ppo_epochs=0), "ppo_epochs"),
-    (dict(rollout_precision="int8"), "rollout_precision"),
-    (dict(kv_cache_dtype="fp16"), "kv_cache_dtype"),
-    (dict(rollout_precision="fp8_kv", kv_cache_dtype="bf16"), "fp8_kv"),
-    (dict(policy="fp7"), "Unknown precision policy"),
-])
+@pytest.mark.parametrize(
+    "name, policy, kv_dtype",
+    [
+        ("fp32", "fp32", jnp.float32),
+        ("bf16", "mixed_bf16", jnp.bfloat16),
+        ("fp8", "fp8", jnp.bfloat16),
+        ("fp8_kv", "fp32", jnp.float8_e4m3fn),
+    ],
+)
+def test_rollout_presets_map_to_their_policy_and_kv_dtype(name, policy, kv_dtype):
+    preset = grpo.RolloutConfig.preset(name)
+    assert preset == grpo.ROLLOUT_PRESETS[name] == grpo.RolloutConfig.from_value(name)
+    assert preset.policy == policy and preset.precision == get_policy(policy) and preset.kv_dtype == kv_dtype
+    assert grpo.GRPOConfig(rollout=name).rollout == preset
+    assert grpo.GRPOConfig(rollout=dataclasses.asdict(preset)).rollout == preset
+    assert grpo.RolloutConfig.preset(name, kv_cache_dtype="fp16").kv_dtype == jnp.float16
+
+
+def test_rollout_presets_build_models_of_that_precision():
+    lm = dict(vocab_size=8, num_layers=1, num_heads=2, d_model=16, d_ff=32, max_len=8)
+    config = grpo.GRPOConfig(policy="fp16", rollout="fp8_kv")
+    train, rollout = grpo.transformer_models(lm, config)
+    assert train.module.policy == "fp16" and train.kv_dtype == jnp.float32
+    assert rollout.module.policy == "fp32" and rollout.kv_dtype == jnp.float8_e4m3fn
+    params = train.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    assert params["params"]["block_0"]["fc1"]["kernel"].dtype == jnp.float16  # the training policy's params
+
+
+def test_from_mapping_reads_old_flat_configs():
+    """An old run's config.json: flat rollout_precision / kv_cache_dtype / method fields and the unused seed."""
+    old = dict(group_size=4, rollout_precision="fp8", kv_cache_dtype="fp8", seed=3, hadam=True, loss_scaling=True)
+    c = grpo.GRPOConfig.from_mapping(old)
+    assert c.rollout == grpo.RolloutConfig("fp8", "fp8") and c.group_size == 4
+    assert c.methods.hadam and c.methods.loss_scaling and not c.methods.kahan_gradients
+    for precision, kv in [("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "bf16"), ("fp8_kv", "fp8")]:
+        for flat in (dict(rollout_precision=precision), dict(rollout_precision=precision, kv_cache_dtype=None)):
+            assert grpo.GRPOConfig.from_mapping(flat).rollout == grpo.RolloutConfig.preset(precision)
+            assert grpo.GRPOConfig.from_mapping(flat).rollout.kv_cache_dtype == kv
+    # merged over today's nested defaults (as a loader does): the flat keys win
+    merged = dict(dataclasses.asdict(grpo.GRPOConfig()), rollout_precision="fp32", kv_cache_dtype="fp8")
+    assert grpo.GRPOConfig.from_mapping(merged).rollout == grpo.RolloutConfig("fp32", "fp8")
+    only_kv = dict(rollout=dict(policy="fp8", kv_cache_dtype="bf16"), kv_cache_dtype="fp8")
+    assert grpo.GRPOConfig.from_mapping(only_kv).rollout == grpo.RolloutConfig("fp8", "fp8")
+    with pytest.raises(ValueError, match="rollout preset"):
+        grpo.GRPOConfig.from_mapping(dict(rollout_precision="int8"))
+    with pytest.raises(ValueError, match="Unknown rollout config keys"):
+        grpo.GRPOConfig.from_mapping(dict(rollout=dict(precision="fp8")))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(group_size=1), "group_size"),
+        (dict(eps_low=0.0), "eps_low"),
+        (dict(eps_low=1.0), "eps_low"),
+        (dict(eps_high=-0.1), "eps_high"),
+        (dict(clip_higher=True, eps_high=0.1), "clip_higher"),
+        (dict(tis_cap=0.0), "tis_cap"),
+        (dict(beta=-1.0), "beta"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(learning_rate=0.0), "learning_rate"),
+        (dict(max_grad_norm=0.0), "max_grad_norm"),
+        (dict(num_minibatches=3), "num_minibatches"),
+        (dict(ppo_epochs=0), "ppo_epochs"),
+        (dict(b1=1.0), "b1 and b2"),
+        (dict(rollout="int8"), "Unknown rollout preset"),
+        (dict(rollout=dict(policy="fp7")), "RolloutConfig: Unknown precision policy"),
+        (dict(rollout=dict(kv_cache_dtype="int8")), "RolloutConfig: Unknown KV-cache dtype"),
+        (dict(rollout=dict(kv_cache_dtype="fp8_e5m2")), "RolloutConfig: A KV cache stores one of"),
+        (dict(policy="fp7"), "Unknown precision policy"),
+    ],
+)
 def test_config_validation_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         grpo.GRPOConfig(**kwargs)

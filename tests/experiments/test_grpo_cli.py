@@ -1,45 +1,84 @@
-"""python -m experiments.grpo: --help, config errors before compute, a short fp8+TIS run that logs, evaluates,
-checkpoints, plots and resumes to the same result as an uninterrupted run."""
+"""python -m experiments.grpo: --help, config errors before compute, the configs and an old run's flat agent config
+load, a short fp16 run with PPO epochs stays finite, a short fp8+TIS run that logs, evaluates, checkpoints, plots
+and resumes to the same result as an uninterrupted run."""
 
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments import grpo_loop
 from experiments.cli import REPO_ROOT
-from experiments.configs.grpo import fp8_tis
+from experiments.configs.grpo import fp8_tis, fp16
+from lpjax.agents.grpo import RolloutConfig
 from lpjax.run_logging import read_metrics
 
 
 def _tiny(**overrides):
     config = fp8_tis.get_config()
-    config.update(iterations=20, warm_start_steps=100, eval_every=10, log_every=5, checkpoint_every=10,
-                  eval_prompts=64)
+    config.update(iterations=20, warm_start_steps=100, eval_every=10, log_every=5, checkpoint_every=10, eval_prompts=64)
     config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2)
     config.update(overrides)
     return config
 
 
 def test_help_lists_the_flags():
-    result = subprocess.run([sys.executable, "-m", "experiments.grpo", "--help"], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.grpo", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and "--config" in result.stdout and "--resume" in result.stdout
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env="task:multiply"), "task:<name>"), (dict(iterations=0), "iterations"),
-    (dict(agent={"group_size": 1}), "group_size"), (dict(agent={"ppo_epochs": 2}), "one update per rollout"),
-])
-def test_bad_configs_fail_before_compute(overrides, message, tmp_path):
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.update(env="task:multiply"), "task:<name>"),
+        (lambda c: c.update(iterations=0), "iterations"),
+        (lambda c: c.agent.update(group_size=1), "group_size"),
+        (lambda c: c.agent.update(num_minibatches=3), "num_minibatches"),
+        (lambda c: c.agent.rollout.update(policy="fp7"), "RolloutConfig: Unknown precision policy"),
+        (lambda c: c.agent.rollout.update(kv_cache_dtype="int8"), "RolloutConfig: Unknown KV-cache dtype"),
+        (lambda c: c.agent.methods.update(init_scale=0.5), "init_scale must be >= 1"),
+    ],
+)
+def test_bad_configs_fail_before_compute(change, message, tmp_path):
     config = _tiny()
-    agent = overrides.pop("agent", None)
-    config.update(overrides)
-    if agent:
-        config.agent.update(agent)
+    change(config)
     with pytest.raises(ValueError, match=message):
         grpo_loop.train(config, tmp_path, progress=False)
+
+
+def test_configs_and_old_flat_agent_configs_load():
+    """Every config validates; an old run's flat agent (rollout_precision, kv_cache_dtype, seed) still loads."""
+    for name in ("fp32", "bf16", "fp8_tis", "fp8_no_tis", "fp8_kv", "fp16"):
+        module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
+        agent, _ = grpo_loop.validate(module.get_config())
+        assert agent.rollout.policy in ("fp32", "mixed_bf16", "fp8", "fp16"), name
+    agent, _ = grpo_loop.validate(fp16.get_config())
+    assert agent.policy == "fp16" and agent.rollout == RolloutConfig("fp16", "fp16")
+    assert agent.methods.hadam and agent.methods.loss_scaling and agent.methods.kahan_gradients
+    old = fp8_tis.get_config().to_dict()
+    old["agent"] = {k: v for k, v in old["agent"].items() if k not in ("rollout", "methods")}
+    old["agent"].update(rollout_precision="fp8", kv_cache_dtype="fp8", seed=0)
+    agent, _ = grpo_loop.validate(ml_collections.ConfigDict(old))
+    assert agent == grpo_loop.validate(fp8_tis.get_config())[0]
+
+
+def test_short_fp16_run_with_ppo_epochs_stays_finite(tmp_path):
+    config = fp16.get_config()
+    config.update(iterations=10, warm_start_steps=100, eval_every=10, log_every=5, checkpoint_every=10, eval_prompts=64)
+    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2)
+    config.agent.update(num_prompts=4, group_size=4, ppo_epochs=2, num_minibatches=2)
+    summary = grpo_loop.train(config, tmp_path, progress=False)
+    assert summary["iterations"] == 10 and summary["policy"] == "fp16" and summary["rollout_policy"] == "fp16"
+    metrics = read_metrics(tmp_path)
+    rows = np.isfinite(metrics["train/reward"])
+    assert rows.sum() == 2
+    for name in ("train/loss", "train/pg_loss", "train/ppo_clip_frac", "train/ppo_clip_frac_last", "train/mismatch_kl"):
+        assert np.all(np.isfinite(metrics[name][rows])), name
+    assert np.all(metrics["train/loss_scale"][rows] >= 1)
 
 
 def test_short_fp8_tis_run_resumes_to_the_same_result(tmp_path):

@@ -30,6 +30,8 @@ from lpjax.nn import (
     recomputing_causal_lm,
     transformer_causal_lm,
 )
+from lpjax.nn.transformer import KV_DTYPES, kv_cache_dtype
+from lpjax.precision import DTYPE_NAMES
 
 V, L, H, D, FF, MAX = 15, 2, 2, 32, 64, 16
 FP8_TOL = 2 * 2.0**-4
@@ -68,7 +70,7 @@ def decode(lm, params, toks, kv_dtype="float32", scales=None, chunks=(4, 4)):
     step = jitted(lm)[1]
     outs, start = [], 0
     for size in list(chunks) + [1] * (toks.shape[1] - sum(chunks)):
-        logits, cache = step(params, toks[:, start:start + size], cache)
+        logits, cache = step(params, toks[:, start : start + size], cache)
         outs.append(logits)
         start += size
     np.testing.assert_array_equal(cache.index, toks.shape[1])
@@ -188,6 +190,7 @@ def test_causal_lm_adapters():
             token, cache = carry
             logits, cache = model.apply(params, token, cache)
             return (jnp.argmax(logits[:, -1:], -1).astype(jnp.int32), cache), logits[:, 0]
+
         _, out = jax.lax.scan(body, (jnp.argmax(logits[:, -1:], -1).astype(jnp.int32), cache), length=3)
         return out, logits
 
@@ -244,3 +247,20 @@ def test_clear_errors():
         TransformerLM(V, 1, 3, 32, 64, 8).init(jax.random.key(0), tokens(length=4))
     with pytest.raises(ValueError, match="config keys"):
         transformer_causal_lm(dict(vocab_size=V, num_layers=1, num_heads=1, d_model=8, d_ff=8, max_len=4, dim=3))
+
+
+def test_kv_cache_dtype_names_are_lpjax_precision_dtype_names():
+    """Every name of lpjax.precision.DTYPE_NAMES for a KV dtype is accepted (one table, no aliases of its own)."""
+    names = {name: np.dtype(dtype) for name, dtype in DTYPE_NAMES.items() if np.dtype(dtype).name in KV_DTYPES}
+    assert set(names) >= {"fp32", "float32", "bf16", "fp16", "f16", "fp8", "e4m3", "float8_e4m3fn"}
+    for name, dtype in names.items():
+        assert kv_cache_dtype(name) == kv_cache_dtype(name.upper()) == kv_cache_dtype(dtype) == dtype
+    assert kv_cache_dtype("fp8") == jnp.float8_e4m3fn and make().init_cache(1, kv_dtype="bf16").dtype == jnp.bfloat16
+    for bad, message in [
+        ("int8", "Unknown KV-cache dtype"),
+        ("float8_e5m2", "A KV cache stores one of"),
+        (jnp.int8, "A KV cache stores one of"),
+        ("float64", "A KV cache stores one of"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            kv_cache_dtype(bad)

@@ -1,14 +1,16 @@
 """Shared defaults of the GRPO configs: a small transformer warm-started on 2-digit addition, then GRPO.
 
 ``config.agent`` holds the fields of :class:`lpjax.agents.grpo.GRPOConfig` (``max_new_tokens`` is set from the
-task); the rest chooses the task, the model and the loop.
+task), with ``agent.methods`` (:class:`lpjax.methods.PrecisionMethods`) and ``agent.rollout``
+(:class:`lpjax.agents.grpo.RolloutConfig`: the rollout's matmul policy and KV-cache dtype) nested; the rest
+chooses the task, the model and the loop. The default trains and rolls out in float32.
 """
 
 import dataclasses
 
 import ml_collections
 
-from lpjax.agents.grpo import GRPOConfig
+from lpjax.agents.grpo import GRPOConfig, RolloutConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -24,6 +26,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_prompts = 512
     config.log_every = 10
     config.checkpoint_every = 200
-    agent = dataclasses.asdict(GRPOConfig(learning_rate=3e-4, rollout_precision="fp32"))
+    agent = dataclasses.asdict(GRPOConfig(learning_rate=3e-4, rollout=RolloutConfig.preset("fp32")))
     config.agent = ml_collections.ConfigDict(agent)
     return config

@@ -1,9 +1,11 @@
-"""GRPO with FP8 rollouts and no importance correction (the mismatch left uncorrected)."""
+"""GRPO with FP8 rollouts (W8A8 E4M3 GEMMs and an fp8 KV cache) and no importance correction (the mismatch left
+uncorrected)."""
 
 from experiments.configs.grpo import _base as base
 
 
 def get_config():
     config = base.get_config()
-    config.agent.update(rollout_precision="fp8", kv_cache_dtype="fp8", tis=False)
+    config.agent.rollout.update(policy="fp8", kv_cache_dtype="fp8")
+    config.agent.tis = False
     return config

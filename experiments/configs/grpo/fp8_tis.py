@@ -5,5 +5,6 @@ from experiments.configs.grpo import _base as base
 
 def get_config():
     config = base.get_config()
-    config.agent.update(rollout_precision="fp8", kv_cache_dtype="fp8", tis=True)
+    config.agent.rollout.update(policy="fp8", kv_cache_dtype="fp8")
+    config.agent.tis = True
     return config

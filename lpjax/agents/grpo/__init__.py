@@ -6,6 +6,9 @@
                                                 **config.loss_kwargs())
 
 The maths is model-agnostic: it sees per-token log-probabilities only (see :mod:`lpjax.agents.grpo.algorithm`).
+:class:`GRPOConfig` holds the hyper-parameters, the training precision and the rollout precision
+(:class:`RolloutConfig`, presets :data:`ROLLOUT_PRESETS`); :mod:`lpjax.agents.grpo.learner` runs the iterations
+(rollout, rewards, PPO epochs of minibatch updates, weight sync).
 """
 
 from lpjax.agents.grpo.algorithm import (
@@ -17,8 +20,33 @@ from lpjax.agents.grpo.algorithm import (
     sequence_logprobs,
     tis_weights,
 )
-from lpjax.agents.grpo.config import KV_CACHE_DTYPES, ROLLOUT_PRECISIONS, GRPOConfig
-from lpjax.agents.grpo.learner import GRPOState, init_state, iteration, train_step
+from lpjax.agents.grpo.config import ROLLOUT_PRESETS, GRPOConfig, RolloutConfig
+from lpjax.agents.grpo.learner import (
+    GRPOState,
+    init_state,
+    iteration,
+    minibatch_indices,
+    optimizer,
+    train_step,
+    transformer_models,
+)
 
-__all__ = ["ADVANTAGE_EPS", "CLIP_HIGHER_EPS", "KV_CACHE_DTYPES", "MAX_LOG_RATIO", "ROLLOUT_PRECISIONS", "GRPOConfig",
-           "GRPOState", "group_advantages", "init_state", "iteration", "train_step", "grpo_loss", "sequence_logprobs", "tis_weights"]
+__all__ = [
+    "ADVANTAGE_EPS",
+    "CLIP_HIGHER_EPS",
+    "MAX_LOG_RATIO",
+    "ROLLOUT_PRESETS",
+    "GRPOConfig",
+    "GRPOState",
+    "RolloutConfig",
+    "group_advantages",
+    "grpo_loss",
+    "init_state",
+    "iteration",
+    "minibatch_indices",
+    "optimizer",
+    "sequence_logprobs",
+    "tis_weights",
+    "train_step",
+    "transformer_models",
+]

@@ -47,7 +47,7 @@ CLIP_HIGHER_EPS = 0.28
 """DAPO's clip-higher upper clip range ``eps_high`` (with ``eps_low = 0.2``)."""
 
 ADVANTAGE_EPS = 1e-6
-"""``eps`` of ``(r - mean) / (std + eps)``: the DESIGN's value, as in DeepSeekMath's GRPO."""
+"""``eps`` of ``(r - mean) / (std + eps)``: as in DeepSeekMath's GRPO (docs/design.md, "GRPO objective")."""
 
 
 def sequence_logprobs(logits: chex.Array, tokens: chex.Array, *, temperature: float = 1.0) -> chex.Array:
@@ -85,7 +85,7 @@ def group_advantages(rewards: chex.Array, group_size: int, *, eps: float = ADVAN
 
         A_i = (r_i - mean_g) / (std_g + eps),   std_g = sqrt(mean_g((r - mean_g)^2))
 
-    with the *population* standard deviation (``ddof = 0``, as DeepSeekMath and the DESIGN): a group of two
+    with the *population* standard deviation (``ddof = 0``, as DeepSeekMath; docs/design.md): a group of two
     rewards ``{0, 1}`` gives ``{-1, +1}`` (up to ``eps``). A group whose rewards are all equal carries no
     learning signal and gets advantages of exactly ``0`` (not merely ``~0``: the float mean of equal values
     may differ from them by an ulp, which ``/ (std + eps)`` would blow up to ~1e-3), never NaN.
@@ -136,10 +136,19 @@ def _k3(log_ratio: chex.Array) -> chex.Array:
     return jnp.expm1(x) - x
 
 
-def grpo_loss(logp_new: chex.Array, logp_old: chex.Array, logp_rollout: chex.Array | None,
-              advantages: chex.Array, mask: chex.Array, *, eps_low: float = 0.2, eps_high: float = 0.2,
-              tis_cap: float | None = 2.0, beta: float = 0.0,
-              logp_ref: chex.Array | None = None) -> tuple[chex.Array, dict[str, chex.Array]]:
+def grpo_loss(
+    logp_new: chex.Array,
+    logp_old: chex.Array,
+    logp_rollout: chex.Array | None,
+    advantages: chex.Array,
+    mask: chex.Array,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    tis_cap: float | None = 2.0,
+    beta: float = 0.0,
+    logp_ref: chex.Array | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
     """GRPO's clipped surrogate with token-level TIS and an optional KL penalty, averaged over response tokens.
 
     Per token (``b`` the sequence, ``t`` the position; see the module docstring)::
@@ -257,4 +266,3 @@ def grpo_loss(logp_new: chex.Array, logp_old: chex.Array, logp_rollout: chex.Arr
     }
     metrics = jax.tree.map(lambda m: jax.lax.stop_gradient(jnp.asarray(m, jnp.float32)), metrics)
     return loss, metrics
-

@@ -1,29 +1,115 @@
-"""GRPO's hyper-parameters, the rollout precision (FP8-RL) and TIS, as one frozen (hashable) config."""
+"""GRPO's hyper-parameters (:class:`GRPOConfig`) and the rollout engine's precision (:class:`RolloutConfig`).
+
+Two engines run the same parameters (FP8-RL): the *training* engine computes ``logp_old`` and ``logp_new`` and
+the gradient in the precision ``GRPOConfig.policy``; the *rollout* engine samples completions in the precision of
+``GRPOConfig.rollout``: its matmul policy and the dtype of its KV cache. The named rollout precisions are the
+presets of :data:`ROLLOUT_PRESETS`:
+
+==========  =================================================================  ==============  ========
+preset      GEMMs (``RolloutConfig.policy``)                                   policy          KV cache
+==========  =================================================================  ==============  ========
+``fp32``    float32                                                            ``fp32``        fp32
+``bf16``    bf16 activations and GEMMs, float32 weights                        ``mixed_bf16``  bf16
+``fp8``     blockwise W8A8 E4M3 GEMMs, bf16 activations, float32 weights       ``fp8``         bf16
+``fp8_kv``  float32 (only the KV cache is fp8)                                 ``fp32``        fp8
+==========  =================================================================  ==============  ========
+
+Any other pair is a :class:`RolloutConfig` of its own, e.g. FP8-RL's full fp8 rollout
+``RolloutConfig(policy="fp8", kv_cache_dtype="fp8")`` or a float16 one ``RolloutConfig("fp16", "fp16")``.
+Embeddings, norms, the attention core and the lm_head of :class:`lpjax.nn.TransformerLM` are float32 in every
+policy. An fp8 KV cache stores E4M3 codes with per-layer, per-head scales recalibrated at every weight sync.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
+
+import numpy as np
 
 from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS
 from lpjax.agents.training import LearnerConfig
+from lpjax.nn.transformer import kv_cache_dtype
+from lpjax.precision import Policy, get_policy
 
-ROLLOUT_PRECISIONS = ("fp32", "bf16", "fp8", "fp8_kv")
-"""Rollout engines: ``fp32``; ``bf16`` (the paper's baseline); ``fp8``: W8A8 blockwise fp8 linear layers (bf16
-activations elsewhere, embeddings/norms/lm_head high precision); ``fp8_kv``: ``fp8`` plus an fp8 KV cache."""
 
-KV_CACHE_DTYPES = ("fp32", "bf16", "fp8")
-"""KV-cache storage of the rollout engine (``fp8``: float8_e4m3fn with scales recalibrated after each update)."""
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """The rollout engine's precision (frozen, hashable); see the module docstring for the presets.
+
+    Attributes:
+      policy: the precision policy of the rollout model's dense layers, a name or spec for
+        :func:`lpjax.precision.get_policy` (``"fp32"``, ``"mixed_bf16"``, ``"fp8"``, ``"fp16"``, ...).
+      kv_cache_dtype: the KV cache's storage, a name of :data:`lpjax.precision.DTYPE_NAMES` for one of
+        :data:`lpjax.nn.transformer.KV_DTYPES` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ...).
+    """
+
+    policy: str = "mixed_bf16"
+    kv_cache_dtype: str = "bf16"
+
+    def __post_init__(self):
+        try:
+            get_policy(self.policy)
+            kv_cache_dtype(self.kv_cache_dtype)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"RolloutConfig: {error}") from error
+
+    @property
+    def precision(self) -> Policy:
+        """The :class:`lpjax.precision.Policy` of the rollout model."""
+        return get_policy(self.policy)
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        """The KV cache's numpy dtype."""
+        return kv_cache_dtype(self.kv_cache_dtype)
+
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> RolloutConfig:
+        """The preset ``name`` of :data:`ROLLOUT_PRESETS` (with ``changes``); ``ValueError`` names the presets."""
+        if name not in ROLLOUT_PRESETS:
+            raise ValueError(f"Unknown rollout preset {name!r}; presets: {', '.join(ROLLOUT_PRESETS)}.")
+        return dataclasses.replace(ROLLOUT_PRESETS[name], **changes)
+
+    @classmethod
+    def from_value(cls, value: RolloutConfig | Mapping[str, Any] | str) -> RolloutConfig:
+        """A :class:`RolloutConfig` from an instance (returned as is), a preset name, or a mapping of its fields
+        (a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls.preset(value)
+        values = dict(value)
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"Unknown rollout config keys {unknown}; valid keys: {', '.join(known)}.")
+        return cls(**values)
+
+
+ROLLOUT_PRESETS: dict[str, RolloutConfig] = {
+    "fp32": RolloutConfig("fp32", "fp32"),
+    "bf16": RolloutConfig("mixed_bf16", "bf16"),
+    "fp8": RolloutConfig("fp8", "bf16"),
+    "fp8_kv": RolloutConfig("fp32", "fp8"),
+}
+"""The named rollout precisions (see the module docstring's table)."""
+
+_LEGACY_KEYS = ("rollout_precision", "kv_cache_dtype", "seed")
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(LearnerConfig):
     """Hyper-parameters of GRPO with FP8-RL's rollout precision and token-level TIS (:mod:`lpjax.agents.grpo`).
 
-    Batch: each step samples ``group_size`` (G) responses of at most ``max_new_tokens`` tokens to each of
+    Batch: each iteration samples ``group_size`` (G) responses of at most ``max_new_tokens`` tokens to each of
     ``num_prompts`` prompts (``batch_size = num_prompts * group_size`` sequences), at ``temperature`` with
-    nucleus ``top_p``; advantages are normalised within each group. The batch is used for ``ppo_epochs`` passes
-    of ``num_minibatches`` updates each (the default, 1 x 1, is one on-policy update per rollout as FP8-RL).
+    nucleus ``top_p``; advantages are normalised within each group.
+
+    Updates (:func:`lpjax.agents.grpo.train_step`): ``ppo_epochs`` passes over the batch, each shuffled into
+    ``num_minibatches`` minibatches of ``batch_size / num_minibatches`` sequences, one gradient step per
+    minibatch. The default, 1 x 1, is one on-policy update per rollout (FP8-RL).
 
     Loss (:func:`lpjax.agents.grpo.grpo_loss`, arguments from :meth:`loss_kwargs`): PPO clip range
     ``[1 - eps_low, 1 + eps_high]``; ``eps_high=None`` means ``eps_low``, or DAPO's 0.28 with
@@ -31,15 +117,14 @@ class GRPOConfig(LearnerConfig):
     sampling with cap ``tis_cap`` (FP8-RL: C = 2); ``beta`` is the k3 KL coefficient to the reference policy
     (0: no reference model is needed).
 
-    Optimiser: AdamW (``learning_rate``, ``b1``, ``b2``, ``adam_eps``, ``weight_decay``) after global-norm
-    clipping at ``max_grad_norm`` (``None``: none).
+    Optimizer (:func:`lpjax.agents.training.network_optimizer`): Adam (``b1``, ``b2``, ``adam_eps``) with the
+    ``methods`` (hAdam, loss scaling, Kahan gradients, ...), AdamW's decoupled ``weight_decay`` and global-norm
+    clipping at ``max_grad_norm`` (``None``: none), at ``learning_rate``.
 
-    Precision: ``policy`` is the training engine's policy (a name or spec for
-    :func:`lpjax.precision.get_policy`); ``rollout_precision`` the rollout engine (one of
-    :data:`ROLLOUT_PRECISIONS`); ``kv_cache_dtype`` its KV cache (one of :data:`KV_CACHE_DTYPES`; ``None``
-    follows ``rollout_precision``: fp8 for ``fp8_kv``, else its activation dtype; see
-    :attr:`effective_kv_cache_dtype`). ``rollout_precision="bf16", kv_cache_dtype="fp8"`` is the paper's
-    KV-only fp8 row. ``seed`` seeds initialisation and sampling.
+    Precision: ``policy`` is the training model's (a name or spec for :func:`lpjax.precision.get_policy`: an
+    fp16 trainer is ``policy="fp16"`` with ``methods=PrecisionMethods(hadam=True, loss_scaling=True,
+    kahan_gradients=True)``); ``rollout`` the rollout engine's (:class:`RolloutConfig`; a mapping of its fields
+    or a preset name of :data:`ROLLOUT_PRESETS` is converted). Log-probabilities are float32 in both engines.
     """
 
     group_size: int = 8
@@ -56,52 +141,52 @@ class GRPOConfig(LearnerConfig):
     ppo_epochs: int = 1
     num_minibatches: int = 1
     learning_rate: float = 1e-5
-    b1: float = 0.9
-    b2: float = 0.999
-    adam_eps: float = 1e-8
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0
-    policy: str = "fp32"
-    rollout_precision: str = "bf16"
-    kv_cache_dtype: str | None = None
-    seed: int = 0
+    rollout: RolloutConfig = RolloutConfig()
 
     def __post_init__(self):
-        self.validate([
-            (_is_int(self.group_size) and self.group_size >= 2,
-             "group_size must be an int >= 2 (advantages are relative within a group)"),
-            (_is_int(self.num_prompts) and self.num_prompts >= 1, "num_prompts must be an int >= 1"),
-            (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens must be an int >= 1"),
-            (self.temperature > 0, "temperature must be > 0"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (0.0 < self.eps_low < 1.0, "eps_low must be in (0, 1)"),
-            (self.eps_high is None or self.eps_high > 0, "eps_high must be > 0 (or None)"),
-            (not self.clip_higher or self.eps_high is None or self.eps_high > self.eps_low,
-             "clip_higher needs eps_high > eps_low (or eps_high=None for DAPO's 0.28)"),
-            (not self.tis or self.tis_cap > 0, "tis_cap must be > 0 (or tis=False)"),
-            (self.beta >= 0, "beta must be >= 0"),
-            (_is_int(self.ppo_epochs) and self.ppo_epochs >= 1, "ppo_epochs must be an int >= 1"),
-            (_is_int(self.num_minibatches) and self.num_minibatches >= 1
-             and (self.batch_size % self.num_minibatches == 0),
-             "num_minibatches must be an int >= 1 dividing num_prompts * group_size"),
-            (self.learning_rate > 0, "learning_rate must be > 0"),
-            (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
-            (self.adam_eps >= 0, "adam_eps must be >= 0"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm must be > 0 (or None)"),
-            (self.rollout_precision in ROLLOUT_PRECISIONS,
-             f"rollout_precision must be one of {ROLLOUT_PRECISIONS}, got {self.rollout_precision!r}"),
-            (self.kv_cache_dtype is None or self.kv_cache_dtype in KV_CACHE_DTYPES,
-             f"kv_cache_dtype must be None or one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"),
-            (self.rollout_precision != "fp8_kv" or self.kv_cache_dtype in (None, "fp8"),
-             "rollout_precision='fp8_kv' has an fp8 KV cache; kv_cache_dtype must be None or 'fp8'"),
-            (_is_int(self.seed), "seed must be an int"),
-        ])
+        object.__setattr__(self, "rollout", RolloutConfig.from_value(self.rollout))
+        self.validate(
+            [
+                (
+                    _is_int(self.group_size) and self.group_size >= 2,
+                    "group_size must be an int >= 2 (advantages are relative within a group)",
+                ),
+                (_is_int(self.num_prompts) and self.num_prompts >= 1, "num_prompts must be an int >= 1"),
+                (_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens must be an int >= 1"),
+                (self.temperature > 0, "temperature must be > 0"),
+                (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+                (0.0 < self.eps_low < 1.0, "eps_low must be in (0, 1)"),
+                (self.eps_high is None or self.eps_high > 0, "eps_high must be > 0 (or None)"),
+                (
+                    not self.clip_higher or self.eps_high is None or self.eps_high > self.eps_low,
+                    "clip_higher needs eps_high > eps_low (or eps_high=None for DAPO's 0.28)",
+                ),
+                (not self.tis or self.tis_cap > 0, "tis_cap must be > 0 (or tis=False)"),
+                (self.beta >= 0, "beta must be >= 0"),
+                (_is_int(self.ppo_epochs) and self.ppo_epochs >= 1, "ppo_epochs must be an int >= 1"),
+                (
+                    _is_int(self.num_minibatches)
+                    and self.num_minibatches >= 1
+                    and (self.batch_size % self.num_minibatches == 0),
+                    "num_minibatches must be an int >= 1 dividing num_prompts * group_size",
+                ),
+                (self.learning_rate > 0, "learning_rate must be > 0"),
+                (self.weight_decay >= 0, "weight_decay must be >= 0"),
+                (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm must be > 0 (or None)"),
+            ]
+        )
 
     @property
     def batch_size(self) -> int:
         """Sequences per rollout batch: ``num_prompts * group_size``."""
         return self.num_prompts * self.group_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per gradient step: ``batch_size // num_minibatches``."""
+        return self.batch_size // self.num_minibatches
 
     @property
     def effective_eps_high(self) -> float:
@@ -110,17 +195,39 @@ class GRPOConfig(LearnerConfig):
             return float(self.eps_high)
         return CLIP_HIGHER_EPS if self.clip_higher else float(self.eps_low)
 
-    @property
-    def effective_kv_cache_dtype(self) -> str:
-        """The rollout's KV-cache dtype name (one of :data:`KV_CACHE_DTYPES`)."""
-        if self.kv_cache_dtype is not None:
-            return self.kv_cache_dtype
-        return {"fp32": "fp32", "bf16": "bf16", "fp8": "bf16", "fp8_kv": "fp8"}[self.rollout_precision]
-
     def loss_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`lpjax.agents.grpo.grpo_loss` for this config."""
-        return dict(eps_low=float(self.eps_low), eps_high=self.effective_eps_high,
-                    tis_cap=float(self.tis_cap) if self.tis else None, beta=float(self.beta))
+        return dict(
+            eps_low=float(self.eps_low),
+            eps_high=self.effective_eps_high,
+            tis_cap=float(self.tis_cap) if self.tis else None,
+            beta=float(self.beta),
+        )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Self:
+        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``.
+
+        ``rollout`` and ``methods`` may be nested mappings. A mapping saved before they were nested (an old run's
+        ``config.json``) may hold, besides the flat method fields (see
+        :meth:`lpjax.agents.training.LearnerConfig.from_mapping`):
+
+        * ``rollout_precision``: a preset name of :data:`ROLLOUT_PRESETS`, which replaces ``rollout``;
+        * ``kv_cache_dtype``: the KV cache's dtype name, over the preset's (``None``: the preset's);
+        * ``seed``: never read by the learner (runs are seeded by the run config), dropped.
+        """
+        values = dict(values)
+        legacy = {key: values.pop(key) for key in _LEGACY_KEYS if key in values}
+        if "rollout_precision" in legacy or legacy.get("kv_cache_dtype") is not None:
+            rollout = (
+                RolloutConfig.preset(legacy["rollout_precision"])
+                if "rollout_precision" in legacy
+                else RolloutConfig.from_value(values.get("rollout", RolloutConfig()))
+            )
+            if legacy.get("kv_cache_dtype") is not None:
+                rollout = dataclasses.replace(rollout, kv_cache_dtype=legacy["kv_cache_dtype"])
+            values["rollout"] = rollout
+        return super().from_mapping(values)
 
 
 def _is_int(value: Any) -> bool:
