@@ -8,7 +8,8 @@ import datetime
 import json
 import pathlib
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -43,10 +44,10 @@ def resolve_config_argument(argv: Sequence[str], config_dir: pathlib.Path) -> li
 
 
 def default_run_dir(kind: str, config_path: str, env: str, seed: int) -> pathlib.Path:
-    """``runs/<kind>/<config>-<env>-seed<seed>-<UTC time>`` under the repository root."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    """``runs/<kind>/<config>-<env>-seed<seed>-<UTC time>`` under the working directory."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     name = pathlib.Path(config_path.partition(":")[0]).stem
-    return REPO_ROOT / "runs" / kind / f"{name}-{env.replace(':', '_')}-seed{seed}-{stamp}"
+    return pathlib.Path.cwd() / "runs" / kind / f"{name}-{env.replace(':', '_')}-seed{seed}-{stamp}"
 
 
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
@@ -77,9 +78,12 @@ class ExperimentFlags:
 def define_experiment_flags(kind: str, example: str) -> ExperimentFlags:
     """Defines the shared flags for ``python -m experiments.<kind>`` (call once, at import)."""
     config = config_flags.DEFINE_config_file(
-        "config", None, f"{kind.upper()} config: a file, or a name in experiments/configs/{kind} (e.g. {example}).",
-        lock_config=True)
-    run_dir = flags.DEFINE_string("run_dir", None, f"Run directory (default: a new one under runs/{kind}/).")
+        "config",
+        None,
+        f"{kind.upper()} config: a file, or a name in experiments/configs/{kind} (e.g. {example}).",
+        lock_config=True,
+    )
+    run_dir = flags.DEFINE_string("run_dir", None, f"Run directory (default: a new one under ./runs/{kind}/).")
     resume = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its latest checkpoint.")
     progress = flags.DEFINE_bool("progress", True, "Show a progress bar.")
     flags.mark_flag_as_required("config")
@@ -98,12 +102,23 @@ def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Call
         if experiment.resume.value and experiment.run_dir.value is None:
             raise app.UsageError("--resume needs --run_dir (the run to continue).")
         run_dir = experiment.run_dir.value or default_run_dir(
-            experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)
+            experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed
+        )
         try:
-            summary = train_for(config)(config, run_dir, resume=experiment.resume.value,
-                                        progress=experiment.progress.value)
+            summary = train_for(config)(
+                config, run_dir, resume=experiment.resume.value, progress=experiment.progress.value
+            )
         except ValueError as error:
             raise app.UsageError(str(error)) from error
         print(json.dumps(summary, indent=2))
 
     return main
+
+
+def launch(kind: str, example: str, train_for: Callable[[Any], Callable[..., dict]]) -> None:
+    """The whole ``python -m experiments.<kind>`` program: defines the shared flags (listed by ``--help`` as the
+    program's own), resolves ``--config`` in ``experiments/configs/<kind>/`` and runs :func:`experiment_main`."""
+    experiment = define_experiment_flags(kind, example)
+    for name in ("config", "run_dir", "resume", "progress"):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+    run_app(experiment_main(experiment, train_for), REPO_ROOT / "experiments" / "configs" / kind)

@@ -25,18 +25,23 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 
 import lpjax.envs
+from experiments.run import RunSpec, check_config, check_resumable, run
 from lpjax.agents import d4pg
-from lpjax.checkpoint import open_run_checkpoints
-from lpjax.distributed import (ActorLearner, ActorSpec, Counters, SamplesPerInsertLimiter, encode_policy,
-                               exploration_sigmas, make_backend)
+from lpjax.checkpoint import Checkpointer
+from lpjax.distributed import (
+    ActorLearner,
+    ActorSpec,
+    Counters,
+    SamplesPerInsertLimiter,
+    encode_policy,
+    exploration_sigmas,
+    make_backend,
+)
 from lpjax.distributed.backends import BACKENDS
 from lpjax.inference import RUNTIMES
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import RunLogger, plot_run_curve
-
 
 
 class LearnerState(NamedTuple):
@@ -59,19 +64,20 @@ def validate(config: ml_collections.ConfigDict) -> d4pg.D4PGConfig:
         (config.chunk_steps >= 1 and config.publish_every >= 1, "chunk_steps and publish_every must be >= 1"),
         (config.total_env_steps >= 1, f"total_env_steps must be >= 1, got {config.total_env_steps}"),
         (config.samples_per_insert > 0, f"samples_per_insert must be > 0, got {config.samples_per_insert}"),
-        (config.min_replay_size >= agent.batch_size,
-         f"min_replay_size ({config.min_replay_size}) must be >= batch_size ({agent.batch_size})"),
-        (config.replay_capacity >= config.min_replay_size,
-         f"replay_capacity ({config.replay_capacity}) must be >= min_replay_size ({config.min_replay_size})"),
+        (
+            config.min_replay_size >= agent.batch_size,
+            f"min_replay_size ({config.min_replay_size}) must be >= batch_size ({agent.batch_size})",
+        ),
+        (
+            config.replay_capacity >= config.min_replay_size,
+            f"replay_capacity ({config.replay_capacity}) must be >= min_replay_size ({config.min_replay_size})",
+        ),
         (config.actor_runtime in RUNTIMES, f"actor_runtime must be one of {RUNTIMES}, got {config.actor_runtime!r}"),
         (config.backend in BACKENDS, f"backend must be one of {sorted(BACKENDS)}, got {config.backend!r}"),
-        (0.0 <= config.max_sigma, f"max_sigma must be >= 0, got {config.max_sigma}"),
-        (config.eval_every >= 1 and config.eval_episodes >= 1 and config.checkpoint_every >= 1,
-         "eval_every, eval_episodes and checkpoint_every must be >= 1"),
+        (config.max_sigma >= 0.0, f"max_sigma must be >= 0, got {config.max_sigma}"),
+        (config.eval_episodes >= 1 and config.log_every >= 1, "eval_episodes and log_every must be >= 1"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"D4PG run config: {message}.")
+    check_config("D4PG run", checks)
     return agent
 
 
@@ -107,8 +113,13 @@ class D4PGLearner:
 
 def _example_transition(obs: np.ndarray, action_dim: int) -> dict[str, np.ndarray]:
     obs = np.asarray(obs, np.float32)
-    return {"obs": obs, "action": np.zeros(action_dim, np.float32), "reward": np.float32(0.0),
-            "discount": np.float32(0.0), "next_obs": obs}
+    return {
+        "obs": obs,
+        "action": np.zeros(action_dim, np.float32),
+        "reward": np.float32(0.0),
+        "discount": np.float32(0.0),
+        "next_obs": obs,
+    }
 
 
 def init_learner(config: ml_collections.ConfigDict, agent_config: d4pg.D4PGConfig, env) -> LearnerState:
@@ -123,14 +134,15 @@ def restore_learner(run_dir: str | pathlib.Path) -> tuple[ml_collections.ConfigD
     """The config and the latest checkpointed learner of a finished or interrupted run (for analysis)."""
     run_dir = pathlib.Path(run_dir)
     config = ml_collections.ConfigDict(json.loads((run_dir / "config.json").read_text()))
-    checkpointer, latest = open_run_checkpoints(run_dir, resume=True, save_replay=config.save_replay)
-    if latest is None:
-        raise ValueError(f"{run_dir} holds no checkpoint.")
-    env = lpjax.envs.make(config.env, seed=config.seed)
-    target = init_learner(config, d4pg.D4PGConfig.from_mapping(config.agent), env)
-    if not config.save_replay:
-        target = target._replace(replay=None)
-    state, _ = checkpointer.restore(latest, target=target)
+    with Checkpointer(run_dir / "checkpoints") as checkpointer:
+        latest = checkpointer.latest_step()
+        if latest is None:
+            raise ValueError(f"{run_dir} holds no checkpoint.")
+        env = lpjax.envs.make(config.env, seed=config.seed)
+        target = init_learner(config, d4pg.D4PGConfig.from_mapping(config.agent), env)
+        if not config.save_replay:
+            target = target._replace(replay=None)
+        state, _ = checkpointer.restore(latest, target=target)
     return config, state
 
 
@@ -139,8 +151,7 @@ def evaluate(agent: d4pg.D4PGState, env, episodes: int) -> dict[str, float]:
     network = d4pg.actor_network(agent.config, agent.action_dim)
     apply = jax.jit(network.apply)
     params = agent.actor.params
-    return lpjax.envs.evaluate_policy(lambda obs: apply(params, jnp.asarray(obs, jnp.float32)[None])[0], env,
-                                      episodes)
+    return lpjax.envs.evaluate_policy(lambda obs: apply(params, jnp.asarray(obs, jnp.float32)[None])[0], env, episodes)
 
 
 def _error_buffer(config: ml_collections.ConfigDict, batch_size: int) -> float:
@@ -150,87 +161,142 @@ def _error_buffer(config: ml_collections.ConfigDict, batch_size: int) -> float:
     return float(batch_size + config.samples_per_insert * config.chunk_steps * config.num_actors)
 
 
-def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Runs (or resumes) ActorQ D4PG; returns a summary (final evaluation, throughput, paths).
+class ActorLearnerRun:
+    """ActorQ's D4PG for :func:`experiments.run.run`: ``advance`` lets the coordinator run actors and learner
+    until ``limit`` environment steps; checkpoints hold the learner and the coordinator's counters."""
+
+    def __init__(self, config: ml_collections.ConfigDict, agent_config: d4pg.D4PGConfig, run_dir: pathlib.Path):
+        self.config, self.agent_config, self.run_dir = config, agent_config, run_dir
+        env = lpjax.envs.make(config.env, seed=config.seed)
+        self.eval_env = lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET)
+        self.learner = D4PGLearner(init_learner(config, agent_config, env), config.actor_runtime)
+        self.counters = Counters()
+        self.backend = self.coordinator = None
+        self.reported, self.started = 0, time.perf_counter()
+
+    @property
+    def live_counters(self) -> Counters:
+        """The coordinator's counters once the actors run, the restored (or fresh) ones before."""
+        return self.coordinator.counters if self.coordinator is not None else self.counters
+
+    def position(self) -> int:
+        return self.live_counters.env_steps
+
+    def start(self, context) -> None:
+        self._start_actors(context)
+
+    def restore(self, checkpointer: Checkpointer, step: int) -> None:
+        state, metadata = checkpointer.restore(step, target=self.learner.state)
+        self.learner.state, self.counters = state, Counters(**metadata["counters"])
+
+    def _start_actors(self, context) -> None:
+        config, agent_config, counters = self.config, self.agent_config, self.counters
+        specs = [
+            ActorSpec(
+                i,
+                config.env,
+                config.seed + 1000 * counters.restarts,
+                sigma,
+                agent_config.n_step,
+                agent_config.gamma,
+                config.pull_every,
+                config.actor_runtime,
+            )
+            for i, sigma in enumerate(exploration_sigmas(config.num_actors, config.max_sigma))
+        ]
+        limiter = SamplesPerInsertLimiter(
+            config.samples_per_insert,
+            agent_config.batch_size,
+            config.min_replay_size,
+            _error_buffer(config, agent_config.batch_size),
+        )
+        self.backend = make_backend(config.backend, specs, address=config.ray_address or None)
+        self.coordinator = ActorLearner(
+            self.backend,
+            self.learner,
+            limiter,
+            chunk_steps=config.chunk_steps,
+            publish_every=config.publish_every,
+            log=context.write,
+        )
+        self.coordinator.restore(counters)
+        self.started = time.perf_counter()
+
+    def advance(self, limit: int, context) -> None:
+        if self.coordinator is None:  # resumed
+            self._start_actors(context)
+        config, coordinator = self.config, self.coordinator
+
+        def on_update(metrics: dict[str, Any]) -> None:
+            if metrics["updates"] % config.log_every == 0:
+                values = {k: float(v) for k, v in metrics.items() if k not in ("updates", "env_steps")}
+                elapsed = time.perf_counter() - self.started
+                values.update(
+                    updates=metrics["updates"],
+                    updates_per_s=coordinator.counters.updates / elapsed,
+                    restarts=coordinator.counters.restarts,
+                )
+                context.logger.log(metrics["env_steps"], values, prefix="train")
+
+        coordinator.run(limit, on_update=on_update)
+        for at, episode_return in coordinator.episode_returns[self.reported :]:
+            context.logger.log(at, {"episode_return": episode_return}, prefix="train")
+        self.reported = len(coordinator.episode_returns)
+        context.bar.set_postfix(
+            updates=coordinator.counters.updates, restarts=coordinator.counters.restarts, refresh=False
+        )
+        coordinator.counters.wall_seconds = self.counters.wall_seconds + time.perf_counter() - self.started
+
+    def evaluate(self) -> dict[str, float]:
+        result = evaluate(self.learner.state.agent, self.eval_env, self.config.eval_episodes)
+        return dict(result, wall_s=self.live_counters.wall_seconds, updates=self.live_counters.updates)
+
+    def can_checkpoint(self) -> bool:
+        return True
+
+    def checkpoint(self) -> tuple[LearnerState, dict]:
+        state = self.learner.state if self.config.save_replay else self.learner.state._replace(replay=None)
+        return state, {"counters": dataclasses.asdict(self.live_counters)}
+
+    def summary(self) -> dict[str, Any]:
+        """``updates``, ``restarts``; writes ``actor_learner.json`` (throughput, time split, restarts)."""
+        coordinator = self.coordinator
+        if coordinator is not None:
+            throughput = coordinator.throughput(time.perf_counter() - self.started)  # before the backend shuts down
+            throughput["restart_log"] = coordinator.restart_log
+            (self.run_dir / "actor_learner.json").write_text(json.dumps(throughput, indent=2) + "\n")
+        return {"updates": self.live_counters.updates, "restarts": self.live_counters.restarts}
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.shutdown()
+
+
+def train(
+    config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Runs (or resumes) ActorQ D4PG; returns the run summary (:func:`experiments.run.run`) with the learner's
+    ``updates`` and the actors' ``restarts``; writes ``actor_learner.json``.
 
     Raises:
       ValueError: bad config, an unreachable Ray address, or ``run_dir`` holding checkpoints without ``resume``.
     """
     agent_config = validate(config)
-    run_dir = pathlib.Path(run_dir)
-    checkpointer, latest = open_run_checkpoints(run_dir, resume, config.save_replay)
-    env = lpjax.envs.make(config.env, seed=config.seed)
-    eval_env = lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET)
-    state = init_learner(config, agent_config, env)
-    counters = Counters()
-    logger = RunLogger(run_dir, config=config)
-    if resume and latest is not None:
-        state, metadata = checkpointer.restore(latest, target=state)
-        counters = Counters(**metadata["counters"])
-        logger.truncate_after(counters.env_steps)
-        print(f"resumed {run_dir} at {counters.env_steps} env steps ({counters.updates} updates)")
-
-    specs = [ActorSpec(i, config.env, config.seed + 1000 * counters.restarts, sigma, agent_config.n_step,
-                       agent_config.gamma, config.pull_every, config.actor_runtime)
-             for i, sigma in enumerate(exploration_sigmas(config.num_actors, config.max_sigma))]
-    limiter = SamplesPerInsertLimiter(config.samples_per_insert, agent_config.batch_size, config.min_replay_size,
-                                      _error_buffer(config, agent_config.batch_size))
-    learner = D4PGLearner(state, config.actor_runtime)
-    bar = tqdm.tqdm(total=config.total_env_steps, initial=counters.env_steps, disable=not progress, unit="step",
-                    dynamic_ncols=True)
-    backend = make_backend(config.backend, specs, address=config.ray_address or None)
-    coordinator = ActorLearner(backend, learner, limiter, chunk_steps=config.chunk_steps,
-                               publish_every=config.publish_every, log=tqdm.tqdm.write)
-    coordinator.restore(counters)
-    started, last_step, reported = time.perf_counter(), counters.env_steps, 0
-    final: dict[str, float] = {}
-
-    def on_update(metrics: dict[str, Any]) -> None:
-        if metrics["updates"] % config.log_every == 0:
-            values = {k: float(v) for k, v in metrics.items() if k not in ("updates", "env_steps")}
-            elapsed = time.perf_counter() - started
-            values.update(updates=metrics["updates"], updates_per_s=coordinator.counters.updates / elapsed,
-                          restarts=coordinator.counters.restarts)
-            logger.log(metrics["env_steps"], values, prefix="train")
-
-    next_eval = (counters.env_steps // config.eval_every + 1) * config.eval_every
-    next_checkpoint = (counters.env_steps // config.checkpoint_every + 1) * config.checkpoint_every
-    try:
-        while coordinator.counters.env_steps < config.total_env_steps:
-            coordinator.run(min(config.total_env_steps, next_eval, next_checkpoint), on_update=on_update)
-            step = coordinator.counters.env_steps
-            for at, episode_return in coordinator.episode_returns[reported:]:
-                logger.log(at, {"episode_return": episode_return}, prefix="train")
-            reported = len(coordinator.episode_returns)
-            bar.update(step - last_step)
-            last_step = step
-            bar.set_postfix(updates=coordinator.counters.updates, restarts=coordinator.counters.restarts,
-                            refresh=False)
-            done = step >= config.total_env_steps
-            coordinator.counters.wall_seconds = counters.wall_seconds + time.perf_counter() - started
-            if done or step >= next_eval:
-                final = evaluate(learner.state.agent, eval_env, config.eval_episodes)
-                logger.log(step, dict(final, wall_s=coordinator.counters.wall_seconds,
-                                      updates=coordinator.counters.updates), prefix="eval")
-                tqdm.tqdm.write(f"step {step}: eval return {final['return']:.1f} ± {final['return_std']:.1f} "
-                                f"({coordinator.counters.updates} updates)")
-                next_eval = (step // config.eval_every + 1) * config.eval_every
-            if done or step >= next_checkpoint:
-                saved = learner.state if config.save_replay else learner.state._replace(replay=None)
-                checkpointer.save(step, saved, metadata={"config": config.to_dict(),
-                                                         "counters": dataclasses.asdict(coordinator.counters)})
-                next_checkpoint = (step // config.checkpoint_every + 1) * config.checkpoint_every
-        throughput = coordinator.throughput(time.perf_counter() - started)  # before the backend shuts down
-        throughput["restart_log"] = coordinator.restart_log
-        (run_dir / "actor_learner.json").write_text(json.dumps(throughput, indent=2) + "\n")
-    finally:
-        bar.close()
-        backend.shutdown()
-        checkpointer.wait()
-        logger.close()
-    return {"status": "finished", "env_steps": coordinator.counters.env_steps,
-            "updates": coordinator.counters.updates, "final_eval": final, "restarts": coordinator.counters.restarts,
-            "run_dir": str(run_dir),
-            "curve": plot_run_curve(run_dir, f"D4PG ({config.actor_runtime} actors) on {config.env}",
-                                    ("eval/return", "train/episode_return"))}
+    check_resumable("D4PG run", config, resume)
+    spec = RunSpec(
+        kind="D4PG run",
+        unit="env_steps",
+        total=config.total_env_steps,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+        title=f"D4PG ({config.actor_runtime} actors) on {config.env}",
+        curve=("eval/return", "train/episode_return"),
+    )
+    return run(
+        config,
+        run_dir,
+        spec,
+        lambda: ActorLearnerRun(config, agent_config, pathlib.Path(run_dir)),
+        resume=resume,
+        progress=progress,
+    )

@@ -14,14 +14,7 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from absl import flags  # noqa: E402
-
-from experiments import cli  # noqa: E402
-from experiments.cli import REPO_ROOT, define_experiment_flags, experiment_main, run_app  # noqa: E402
-
-CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
-FLAGS = define_experiment_flags("sac", "fp16.py")
-flags.adopt_module_key_flags(cli)  # --help lists the shared flags
+from experiments import cli
 
 
 def train_for(config):
@@ -33,4 +26,4 @@ def train_for(config):
 
 
 if __name__ == "__main__":
-    run_app(experiment_main(FLAGS, train_for), CONFIG_DIR)
+    cli.launch("sac", "fp16.py", train_for)

@@ -49,14 +49,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 
 import lpjax.envs
-from experiments.sac_loop import Diverged, plot_returns
+from experiments.run import Diverged, check_config, check_resumable, run
+from experiments.sac_loop import run_spec
 from lpjax.agents import sac
-from lpjax.checkpoint import Checkpointer, open_run_checkpoints, save_if_due
+from lpjax.checkpoint import Checkpointer
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import RunLogger
 
 EVAL_SEED_OFFSET = lpjax.envs.EVAL_SEED_OFFSET
 
@@ -122,51 +121,66 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
     prefix, _, name = config.env.partition(":")
     if not lpjax.envs.is_jitted(config.env):
-        raise ValueError(f"experiments.sac_brax_loop runs 'brax:<env>' and 'mjx:<domain>-<task>' environments, got "
-                         f"{config.env!r}.")
+        raise ValueError(
+            f"experiments.sac_brax_loop runs 'brax:<env>' and 'mjx:<domain>-<task>' environments, got {config.env!r}."
+        )
     if prefix != "brax":
         lpjax.envs.playground_name(name)  # raises ValueError listing the valid tasks
     elif name not in lpjax.envs.BRAX_ENVS:
         raise ValueError(f"Unknown brax env {name!r}; valid names: {list(lpjax.envs.BRAX_ENVS)}.")
     elif config.brax_backend not in lpjax.envs.BRAX_BACKENDS:
-        raise ValueError(f"Unknown brax backend {config.brax_backend!r}; valid backends: "
-                         f"{list(lpjax.envs.BRAX_BACKENDS)}.")
+        raise ValueError(
+            f"Unknown brax backend {config.brax_backend!r}; valid backends: {list(lpjax.envs.BRAX_BACKENDS)}."
+        )
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
     num_envs = config.brax_num_envs
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"Bad SAC run config: brax_num_envs must be a positive integer, got {num_envs!r}.")
     checks = [
-        (not config.pixels and not agent.pixels,
-         "brax and MJX envs are states only: set pixels=False and agent.pixels=False"),
+        (
+            not config.pixels and not agent.pixels,
+            "brax and MJX envs are states only: set pixels=False and agent.pixels=False",
+        ),
         (config.total_steps >= 1, "total_steps must be >= 1"),
-        (0 <= config.seed_steps <= config.total_steps,
-         f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]"),
-        (config.replay_capacity >= num_envs,
-         f"replay_capacity ({config.replay_capacity}) must hold one step of brax_num_envs ({num_envs}) envs"),
-        (agent.batch_size <= config.replay_capacity,
-         f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})"),
+        (
+            0 <= config.seed_steps <= config.total_steps,
+            f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]",
+        ),
+        (
+            config.replay_capacity >= num_envs,
+            f"replay_capacity ({config.replay_capacity}) must hold one step of brax_num_envs ({num_envs}) envs",
+        ),
+        (
+            agent.batch_size <= config.replay_capacity,
+            f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})",
+        ),
         (config.updates_per_step >= 1, "updates_per_step must be >= 1"),
-        (config.eval_every >= 1 and config.eval_episodes >= 1, "eval_every and eval_episodes must be >= 1"),
-        (config.log_every >= 1 and config.checkpoint_every >= 1, "log_every and checkpoint_every must be >= 1"),
+        (config.eval_episodes >= 1 and config.log_every >= 1, "eval_episodes and log_every must be >= 1"),
         (config.action_repeat >= 0, "action_repeat must be >= 0"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"Bad SAC run config: {message}.")
+    check_config("SAC run", checks)
     for field in ("total_steps", "log_every"):  # one iteration steps every env once
         if config[field] % num_envs:
-            raise ValueError(f"Bad SAC run config: {field} ({config[field]}) must be a multiple of brax_num_envs "
-                             f"({num_envs}): one iteration steps every environment once.")
+            raise ValueError(
+                f"Bad SAC run config: {field} ({config[field]}) must be a multiple of brax_num_envs "
+                f"({num_envs}): one iteration steps every environment once."
+            )
     return agent
 
 
 def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> LoopSettings:
     """The :class:`LoopSettings` of a validated config (``agent`` from :func:`validate`)."""
     backend = config.brax_backend if config.env.startswith("brax:") else None
-    return LoopSettings(env=config.env, backend=backend,
-                        action_repeat=max(int(config.action_repeat), 1), agent=agent,
-                        num_envs=int(config.brax_num_envs), seed_steps=int(config.seed_steps),
-                        updates_per_step=int(config.updates_per_step), replay_capacity=int(config.replay_capacity))
+    return LoopSettings(
+        env=config.env,
+        backend=backend,
+        action_repeat=max(int(config.action_repeat), 1),
+        agent=agent,
+        num_envs=int(config.brax_num_envs),
+        seed_steps=int(config.seed_steps),
+        updates_per_step=int(config.updates_per_step),
+        replay_capacity=int(config.replay_capacity),
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -184,8 +198,13 @@ def _env_of(settings: LoopSettings) -> lpjax.envs.JittedEnv:
 
 def _example_transition(env) -> dict:
     obs = jnp.zeros(env.observation_shape, jnp.float32)
-    return {"obs": obs, "action": jnp.zeros(env.action_dim, jnp.float32), "reward": jnp.zeros([], jnp.float32),
-            "discount": jnp.zeros([], jnp.float32), "next_obs": obs}
+    return {
+        "obs": obs,
+        "action": jnp.zeros(env.action_dim, jnp.float32),
+        "reward": jnp.zeros([], jnp.float32),
+        "discount": jnp.zeros([], jnp.float32),
+        "next_obs": obs,
+    }
 
 
 @functools.lru_cache(maxsize=8)
@@ -202,26 +221,40 @@ def _agent_init_fn(agent: sac.SACConfig, observation_size: int, action_dim: int)
 def _init(settings: LoopSettings, key: jax.Array, agent_init, reset) -> LoopState:
     env = _env_of(settings)
     agent_key, loop_key, env_key = jax.random.split(key, 3)
-    return LoopState(agent=agent_init(agent_key),
-                     replay=replay_init(_example_transition(env), settings.replay_capacity),
-                     env_state=reset(jax.random.split(env_key, settings.num_envs)), key=loop_key,
-                     env_steps=jnp.zeros([], jnp.int32), episodes=jnp.zeros([], jnp.int32),
-                     episode_return=jnp.zeros(settings.num_envs, jnp.float32))
+    return LoopState(
+        agent=agent_init(agent_key),
+        replay=replay_init(_example_transition(env), settings.replay_capacity),
+        env_state=reset(jax.random.split(env_key, settings.num_envs)),
+        key=loop_key,
+        env_steps=jnp.zeros([], jnp.int32),
+        episodes=jnp.zeros([], jnp.int32),
+        episode_return=jnp.zeros(settings.num_envs, jnp.float32),
+    )
 
 
 def init_loop(settings: LoopSettings, seed: int) -> LoopState:
     """The initial loop state: fresh agent, empty buffer, ``num_envs`` environments reset from the seed's key."""
     env = _env_of(settings)
-    return _init(settings, jax.random.key(seed), _agent_init_fn(settings.agent, env.observation_size, env.action_dim),
-                 _reset_fn(settings.env, settings.backend, settings.action_repeat))
+    return _init(
+        settings,
+        jax.random.key(seed),
+        _agent_init_fn(settings.agent, env.observation_size, env.action_dim),
+        _reset_fn(settings.env, settings.backend, settings.action_repeat),
+    )
 
 
 def abstract_loop(settings: LoopSettings) -> LoopState:
     """``jax.eval_shape`` of :func:`init_loop`: a restore target and a lowering argument, without any compute."""
     env = _env_of(settings)
-    return jax.eval_shape(lambda key: _init(
-        settings, key, lambda k: sac.init(k, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim,
-                                          settings.agent), jax.vmap(env.reset)), jax.random.key(0))
+    return jax.eval_shape(
+        lambda key: _init(
+            settings,
+            key,
+            lambda k: sac.init(k, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim, settings.agent),
+            jax.vmap(env.reset),
+        ),
+        jax.random.key(0),
+    )
 
 
 def storable(loop: LoopState) -> LoopState:
@@ -250,9 +283,16 @@ def _iteration(settings: LoopSettings, carry, _):
     actions = jnp.where(loop.env_steps < settings.seed_steps, random_actions, policy_actions)
     env_state = jax.vmap(env.step)(loop.env_state, actions)
     reward = env.reward(env_state)
-    replay = replay_add(loop.replay, {"obs": obs, "action": actions, "reward": reward,
-                                      "discount": 1.0 - env.terminated(env_state),
-                                      "next_obs": env.final_obs(env_state)})
+    replay = replay_add(
+        loop.replay,
+        {
+            "obs": obs,
+            "action": actions,
+            "reward": reward,
+            "discount": 1.0 - env.terminated(env_state),
+            "next_obs": env.final_obs(env_state),
+        },
+    )
     env_steps = loop.env_steps + settings.num_envs
 
     def update(i, carry):
@@ -261,28 +301,42 @@ def _iteration(settings: LoopSettings, carry, _):
 
     # A loop of 0 (seed steps) or updates_per_step updates: unlike lax.cond, it carries the agent in place.
     learning = env_steps > settings.seed_steps
-    agent, metrics = jax.lax.fori_loop(0, jnp.where(learning, settings.updates_per_step, 0), update,
-                                       (loop.agent, out.metrics))
+    agent, metrics = jax.lax.fori_loop(
+        0, jnp.where(learning, settings.updates_per_step, 0), update, (loop.agent, out.metrics)
+    )
 
     done = env.done(env_state)
     returns = loop.episode_return + reward
-    loop = LoopState(agent=agent, replay=replay, env_state=env_state, key=key, env_steps=env_steps,
-                     episodes=loop.episodes + jnp.sum(done).astype(jnp.int32), episode_return=returns * (1.0 - done))
-    out = ChunkOutput(metrics=metrics, learning_iterations=out.learning_iterations + learning.astype(jnp.int32),
-                      returns_sum=out.returns_sum + jnp.sum(returns * done),
-                      episodes_finished=out.episodes_finished + jnp.sum(done).astype(jnp.int32),
-                      actions_finite=out.actions_finite & jnp.all(jnp.isfinite(actions)))
+    loop = LoopState(
+        agent=agent,
+        replay=replay,
+        env_state=env_state,
+        key=key,
+        env_steps=env_steps,
+        episodes=loop.episodes + jnp.sum(done).astype(jnp.int32),
+        episode_return=returns * (1.0 - done),
+    )
+    out = ChunkOutput(
+        metrics=metrics,
+        learning_iterations=out.learning_iterations + learning.astype(jnp.int32),
+        returns_sum=out.returns_sum + jnp.sum(returns * done),
+        episodes_finished=out.episodes_finished + jnp.sum(done).astype(jnp.int32),
+        actions_finite=out.actions_finite & jnp.all(jnp.isfinite(actions)),
+    )
     return (loop, out), None
 
 
 def _chunk(settings: LoopSettings, iterations: int, loop: LoopState) -> tuple[LoopState, ChunkOutput]:
     env = _env_of(settings)
-    batch = jax.tree.map(lambda x: jnp.zeros((settings.agent.batch_size,) + x.shape, x.dtype),
-                         _example_transition(env))
+    batch = jax.tree.map(lambda x: jnp.zeros((settings.agent.batch_size,) + x.shape, x.dtype), _example_transition(env))
     metric_shapes = jax.eval_shape(sac.update, loop.agent, batch)[1]
-    out = ChunkOutput(metrics=jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metric_shapes),
-                      learning_iterations=jnp.zeros([], jnp.int32), returns_sum=jnp.zeros([], jnp.float32),
-                      episodes_finished=jnp.zeros([], jnp.int32), actions_finite=jnp.ones([], bool))
+    out = ChunkOutput(
+        metrics=jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metric_shapes),
+        learning_iterations=jnp.zeros([], jnp.int32),
+        returns_sum=jnp.zeros([], jnp.float32),
+        episodes_finished=jnp.zeros([], jnp.int32),
+        actions_finite=jnp.ones([], bool),
+    )
     (loop, out), _ = jax.lax.scan(functools.partial(_iteration, settings), (loop, out), length=iterations)
     return loop, out
 
@@ -294,8 +348,11 @@ def chunk_fn(settings: LoopSettings, iterations: int):
     Compiled ahead of time (``jax.jit(...).lower(...).compile()``) with the loop state donated, so XLA updates
     the replay buffer, the agent and the environments in place.
     """
-    return jax.jit(functools.partial(_chunk, settings, iterations), donate_argnums=0).lower(
-        abstract_loop(settings)).compile()
+    return (
+        jax.jit(functools.partial(_chunk, settings, iterations), donate_argnums=0)
+        .lower(abstract_loop(settings))
+        .compile()
+    )
 
 
 def _evaluate(settings: LoopSettings, episodes: int, agent: sac.SACState, key: jax.Array):
@@ -321,8 +378,11 @@ def evaluate_fn(settings: LoopSettings, episodes: int):
     A deterministic (``tanh(mean)``) rollout of ``episodes`` environments, reset from ``key``, for one episode
     length; rewards after an environment's first episode end are not counted.
     """
-    return jax.jit(functools.partial(_evaluate, settings, episodes)).lower(
-        abstract_loop(settings).agent, jax.eval_shape(lambda: jax.random.key(0))).compile()
+    return (
+        jax.jit(functools.partial(_evaluate, settings, episodes))
+        .lower(abstract_loop(settings).agent, jax.eval_shape(lambda: jax.random.key(0)))
+        .compile()
+    )
 
 
 def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) -> dict[str, float]:
@@ -334,90 +394,106 @@ def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) 
     return {"return": float(np.mean(returns)), "return_std": float(np.std(returns))}
 
 
-def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Runs (or resumes) SAC on a brax or MJX env; returns a summary (final evaluation, throughput, status, paths).
+class JittedLearner:
+    """SAC in the jitted loop, for :func:`experiments.run.run`: ``advance`` runs one compiled chunk of
+    ``log_every`` environment steps (fewer at the run's end), whatever the limit, and logs its metrics."""
 
-    The summary holds ``status`` (``"finished"`` or ``"diverged: ..."``), ``env_steps``, ``run_dir``, ``curve``
-    (the learning-curve PNG, see :func:`experiments.sac_loop.plot_returns`), ``eval_return`` (the last
-    evaluation's mean return), ``compile_s`` (seconds spent compiling the chunk and evaluation functions and the
-    jitted initialization; 0 for what this process had already compiled), and ``env_steps_per_s`` and
-    ``updates_per_s`` over the chunks run (compile excluded).
+    def __init__(self, config: ml_collections.ConfigDict, settings: LoopSettings):
+        self.config, self.settings = config, settings
+        self.compile_s = self.compute_s = 0.0
+        self.updates_done, self.start_steps = 0, 0
+        self.loop = None
+
+    def _timed(self, function, *args):
+        """What ``function`` returns; the seconds it took count as compile time."""
+        started = time.perf_counter()
+        result = function(*args)
+        self.compile_s += time.perf_counter() - started
+        return result
+
+    def position(self) -> int:
+        return int(self.loop.env_steps)
+
+    def start(self, context) -> None:
+        del context
+        self.loop = self._timed(lambda: jax.block_until_ready(init_loop(self.settings, self.config.seed)))
+        self._timed(chunk_fn, self.settings, self.config.log_every // self.settings.num_envs)
+
+    def restore(self, checkpointer: Checkpointer, step: int) -> None:
+        self.loop = restore_loop(checkpointer, step, self.settings)
+        self.start_steps = int(self.loop.env_steps)
+        self._timed(chunk_fn, self.settings, self.config.log_every // self.settings.num_envs)
+
+    def advance(self, limit: int, context) -> None:
+        del limit  # chunks have a fixed, compiled size
+        config, settings = self.config, self.settings
+        before = int(self.loop.env_steps)
+        steps = min(config.log_every, config.total_steps - before)
+        compiled = self._timed(chunk_fn, settings, steps // settings.num_envs)
+        started = time.perf_counter()
+        self.loop, out = compiled(self.loop)
+        out = jax.device_get(out)
+        elapsed = time.perf_counter() - started
+        step = int(self.loop.env_steps)
+        updates = int(out.learning_iterations) * settings.updates_per_step
+        self.compute_s, self.updates_done = self.compute_s + elapsed, self.updates_done + updates
+        values = {
+            "env_steps_per_s": steps / elapsed,
+            "updates_per_s": updates / elapsed,
+            "episodes": int(self.loop.episodes),
+        }
+        if out.episodes_finished:
+            values["episode_return"] = float(out.returns_sum) / int(out.episodes_finished)
+        if out.learning_iterations:
+            values.update({k: float(v) for k, v in out.metrics.items()})
+        context.logger.log(step, values, prefix="train")  # on divergence too: the metrics of the update that broke it
+        if not out.actions_finite:
+            raise Diverged(f"the policy produced non-finite actions between steps {before} and {step}")
+        postfix = dict(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}")
+        if out.learning_iterations:
+            postfix["scale"] = f"{values['critic_loss_scale']:.0f}"
+            if not math.isfinite(values["critic_loss"]):
+                context.write(f"warning: non-finite critic loss at step {step}")
+        context.bar.set_postfix(postfix, refresh=False)
+
+    def evaluate(self) -> dict[str, float]:
+        self._timed(evaluate_fn, self.settings, self.config.eval_episodes)
+        return evaluate(self.loop, self.settings, self.config.eval_episodes, self.config.seed)
+
+    def can_checkpoint(self) -> bool:
+        return True
+
+    def checkpoint(self) -> tuple[LoopState, dict]:
+        loop = self.loop if self.config.save_replay else self.loop._replace(replay=None)
+        return storable(loop), {}
+
+    def summary(self) -> dict[str, Any]:
+        """``compile_s`` (seconds compiling the chunk and evaluation functions and the jitted initialization; 0 for
+        what this process had already compiled), and ``env_steps_per_s`` and ``updates_per_s`` over the chunks
+        run (compile excluded)."""
+        steps_run = int(self.loop.env_steps) - self.start_steps
+        return {
+            "compile_s": self.compile_s,
+            "env_steps_per_s": steps_run / self.compute_s if self.compute_s else None,
+            "updates_per_s": self.updates_done / self.compute_s if self.compute_s else None,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def train(
+    config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Runs (or resumes) SAC on a brax or MJX env; returns the run summary (:func:`experiments.run.run`) with
+    :meth:`JittedLearner.summary`'s throughput.
 
     Raises:
       ValueError: bad config, or ``run_dir`` holds checkpoints and ``resume`` is False (nothing is overwritten).
     """
     agent_config = validate(config)
+    check_resumable("SAC run", config, resume)
     settings = settings_of(config, agent_config)
-    run_dir = pathlib.Path(run_dir)
-    checkpointer, latest = open_run_checkpoints(run_dir, resume, config.save_replay)
-    compile_s, chunk_steps = 0.0, config.log_every
-
-    def timed(function, *args):  # what function returns, adding the seconds it took to compile_s
-        nonlocal compile_s
-        started = time.perf_counter()
-        result = function(*args)
-        compile_s += time.perf_counter() - started
-        return result
-
-    logger = RunLogger(run_dir, config=config)
-    if resume and latest is not None:
-        loop = restore_loop(checkpointer, latest, settings)
-        logger.truncate_after(int(loop.env_steps))
-        print(f"resumed {run_dir} at step {int(loop.env_steps)} ({int(loop.episodes)} episodes finished)")
-    else:
-        loop = timed(lambda: jax.block_until_ready(init_loop(settings, config.seed)))
-    timed(chunk_fn, settings, chunk_steps // settings.num_envs)
-    status, eval_result = "finished", None
-    start_steps, compute_s, updates_done = int(loop.env_steps), 0.0, 0
-    bar = tqdm.tqdm(total=config.total_steps, initial=start_steps, disable=not progress, unit="step",
-                    dynamic_ncols=True)
-    try:
-        while int(loop.env_steps) < config.total_steps:
-            before = int(loop.env_steps)
-            steps = min(chunk_steps, config.total_steps - before)
-            compiled = timed(chunk_fn, settings, steps // settings.num_envs)
-            started = time.perf_counter()
-            loop, out = compiled(loop)
-            out = jax.device_get(out)
-            elapsed = time.perf_counter() - started
-            step = int(loop.env_steps)
-            updates = int(out.learning_iterations) * settings.updates_per_step
-            compute_s, updates_done = compute_s + elapsed, updates_done + updates
-            values = {"env_steps_per_s": steps / elapsed, "updates_per_s": updates / elapsed,
-                      "episodes": int(loop.episodes)}
-            if out.episodes_finished:
-                values["episode_return"] = float(out.returns_sum) / int(out.episodes_finished)
-            if out.learning_iterations:
-                values.update({k: float(v) for k, v in out.metrics.items()})
-            logger.log(step, values, prefix="train")  # on divergence too: the metrics of the update that broke it
-            if not out.actions_finite:
-                raise Diverged(f"the policy produced non-finite actions between steps {before} and {step}")
-            postfix = dict(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}")
-            if out.learning_iterations:
-                postfix["scale"] = f"{values['critic_loss_scale']:.0f}"
-                if not math.isfinite(values["critic_loss"]):
-                    tqdm.tqdm.write(f"warning: non-finite critic loss at step {step}")
-            bar.set_postfix(postfix, refresh=False)
-            bar.update(step - before)
-            if step // config.eval_every > before // config.eval_every or step >= config.total_steps:
-                timed(evaluate_fn, settings, config.eval_episodes)
-                eval_result = evaluate(loop, settings, config.eval_episodes, config.seed)
-                logger.log(step, eval_result, prefix="eval")
-                tqdm.tqdm.write(f"step {step}: eval return {eval_result['return']:.1f} ± "
-                                f"{eval_result['return_std']:.1f}")
-            latest = save_if_due(checkpointer, step, latest, config.checkpoint_every, step >= config.total_steps,
-                                 storable(loop), config.save_replay, metadata={"config": config.to_dict()})
-    except Diverged as error:
-        status = f"diverged: {error}"
-        tqdm.tqdm.write(f"stopping: {status}")
-    finally:
-        bar.close()
-        checkpointer.close()
-        logger.close()
-    curve = plot_returns(run_dir, f"SAC {config.agent.policy} on {config.env}")
-    steps_run = int(loop.env_steps) - start_steps
-    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir), "curve": curve,
-            "eval_return": None if eval_result is None else eval_result["return"],
-            "compile_s": compile_s, "env_steps_per_s": steps_run / compute_s if compute_s else None,
-            "updates_per_s": updates_done / compute_s if compute_s else None}
+    return run(
+        config, run_dir, run_spec(config), lambda: JittedLearner(config, settings), resume=resume, progress=progress
+    )

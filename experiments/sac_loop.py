@@ -24,14 +24,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
 
 import lpjax.envs
-from lpjax.agents import sac
 from experiments.configs.sac import _base
-from lpjax.checkpoint import Checkpointer, open_run_checkpoints, save_if_due
+from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
+from lpjax.agents import sac
+from lpjax.checkpoint import Checkpointer
+from lpjax.methods import split_method_fields
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
-from lpjax.run_logging import CONFIG_FILE, RunLogger, plot_run_curve
+from lpjax.run_logging import CONFIG_FILE
 
 EPISODE_SEED_STRIDE = 1_000_003
 
@@ -54,36 +55,35 @@ class LoopState(NamedTuple):
     episodes: jax.Array
 
 
-class Diverged(RuntimeError):
-    """The policy produced non-finite actions: the run cannot continue (typically naive fp16)."""
-
-
 def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     """Checks the loop's settings and returns the agent's config; raises ``ValueError`` before any compute."""
     if lpjax.envs.is_jitted(config.env):
         raise ValueError(f"{config.env!r} runs in the jitted loop (experiments.sac_brax_loop), not the host loop.")
     prefix, _, task = config.env.partition(":")
     if prefix != "dmc":
-        raise ValueError("Environment names look like 'dmc:<domain>-<task>', 'mjx:<domain>-<task>' or 'brax:<env>', "
-                         f"got {config.env!r}.")
+        raise ValueError(
+            "Environment names look like 'dmc:<domain>-<task>', 'mjx:<domain>-<task>' or 'brax:<env>', "
+            f"got {config.env!r}."
+        )
     lpjax.envs.parse_task(task)  # raises ValueError listing the valid tasks
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
     checks = [
         (config.total_steps >= 1, "total_steps must be >= 1"),
-        (0 <= config.seed_steps <= config.total_steps,
-         f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]"),
+        (
+            0 <= config.seed_steps <= config.total_steps,
+            f"seed_steps ({config.seed_steps}) must be in [0, total_steps ({config.total_steps})]",
+        ),
         (config.replay_capacity >= 1, "replay_capacity must be >= 1"),
-        (agent.batch_size <= config.replay_capacity,
-         f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})"),
+        (
+            agent.batch_size <= config.replay_capacity,
+            f"batch_size ({agent.batch_size}) is larger than the replay buffer ({config.replay_capacity})",
+        ),
         (config.updates_per_step >= 1, "updates_per_step must be >= 1"),
-        (config.eval_every >= 1 and config.eval_episodes >= 1, "eval_every and eval_episodes must be >= 1"),
-        (config.log_every >= 1 and config.checkpoint_every >= 1, "log_every and checkpoint_every must be >= 1"),
+        (config.eval_episodes >= 1 and config.log_every >= 1, "eval_episodes and log_every must be >= 1"),
         (config.pixels == agent.pixels, "config.pixels and config.agent.pixels must agree"),
         (config.action_repeat >= 0 and config.frame_stack >= 1, "action_repeat >= 0 and frame_stack >= 1"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"Bad SAC run config: {message}.")
+    check_config("SAC run", checks)
     return agent
 
 
@@ -92,8 +92,10 @@ def make_envs(config: ml_collections.ConfigDict):
     options = dict(pixels=config.pixels, action_repeat=config.action_repeat or None)
     if config.pixels:
         options["frame_stack"] = config.frame_stack
-    return (lpjax.envs.make(config.env, seed=config.seed, **options),
-            lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET, **options))
+    return (
+        lpjax.envs.make(config.env, seed=config.seed, **options),
+        lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET, **options),
+    )
 
 
 def init_loop(config: ml_collections.ConfigDict, agent_config: sac.SACConfig, env) -> LoopState:
@@ -101,15 +103,26 @@ def init_loop(config: ml_collections.ConfigDict, agent_config: sac.SACConfig, en
     agent_key, loop_key = jax.random.split(key)
     observation = jnp.zeros(env.observation_shape, env.observation_dtype)
     agent = sac.init(agent_key, observation, env.action_dim, agent_config)
-    example = {"obs": observation, "action": jnp.zeros(env.action_dim, jnp.float32),
-               "reward": jnp.zeros([], jnp.float32), "discount": jnp.zeros([], jnp.float32), "next_obs": observation}
-    return LoopState(agent=agent, replay=replay_init(example, config.replay_capacity), key=loop_key,
-                     env_steps=jnp.zeros([], jnp.int32), episodes=jnp.zeros([], jnp.int32))
+    example = {
+        "obs": observation,
+        "action": jnp.zeros(env.action_dim, jnp.float32),
+        "reward": jnp.zeros([], jnp.float32),
+        "discount": jnp.zeros([], jnp.float32),
+        "next_obs": observation,
+    }
+    return LoopState(
+        agent=agent,
+        replay=replay_init(example, config.replay_capacity),
+        key=loop_key,
+        env_steps=jnp.zeros([], jnp.int32),
+        episodes=jnp.zeros([], jnp.int32),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("seed_steps", "action_dim"))
-def choose_action(agent: sac.SACState, key: jax.Array, env_steps: jax.Array, obs: jax.Array, seed_steps: int,
-                  action_dim: int) -> tuple[jax.Array, jax.Array]:
+def choose_action(
+    agent: sac.SACState, key: jax.Array, env_steps: jax.Array, obs: jax.Array, seed_steps: int, action_dim: int
+) -> tuple[jax.Array, jax.Array]:
     """``(next_key, action)``: uniformly random during the seed steps, else a sample of the policy."""
     key, sample_key = jax.random.split(key)
     random_action = jax.random.uniform(sample_key, (action_dim,), jnp.float32, -1.0, 1.0)
@@ -141,88 +154,138 @@ def evaluate(loop: LoopState, env, episodes: int) -> dict[str, float]:
         raise Diverged(str(error)) from error
 
 
-def train(config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Runs (or resumes) SAC on a dm_control task; returns a summary (final evaluation, status, paths).
+def run_spec(config: ml_collections.ConfigDict) -> RunSpec:
+    """The run's :class:`experiments.run.RunSpec` (shared by the host and the jitted loop)."""
+    return RunSpec(
+        kind="SAC run",
+        unit="env_steps",
+        total=config.total_steps,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+        title=f"SAC {config.agent.policy} on {config.env}",
+        curve=("eval/return", "train/episode_return", "train/critic_loss"),
+        plot_nonfinite=("train/critic_loss",),
+    )
+
+
+class HostLearner:
+    """SAC on a host-side dm_control environment, for :func:`experiments.run.run`.
+
+    ``advance`` plays until the episode ends or the limit is reached (an episode may span several calls);
+    checkpoints are taken between episodes, where :class:`LoopState` is everything the run carries.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, agent_config: sac.SACConfig):
+        self.config = config
+        self.env, self.eval_env = make_envs(config)
+        self.loop = init_loop(config, agent_config, self.env)
+        self.step = 0  # host mirror of loop.env_steps (record_and_learn adds exactly 1): no device read per step
+        self.obs = None  # the observation of the episode in progress (None between episodes)
+        self.episode_return = 0.0
+        self.last_metrics: dict = {}
+        self.started, self.start_step, self.updates_done = time.perf_counter(), 0, 0
+
+    def position(self) -> int:
+        return self.step
+
+    def start(self, context) -> None:
+        del context
+
+    def restore(self, checkpointer: Checkpointer, step: int) -> None:
+        self.loop, _ = checkpointer.restore(step, target=self.loop)
+        self.step = self.start_step = int(self.loop.env_steps)
+
+    def _diverged(self, context, reason: str) -> Diverged:
+        if self.last_metrics:  # the metrics of the update that produced the non-finite policy
+            context.logger.log(self.step, {k: float(v) for k, v in self.last_metrics.items()}, prefix="train")
+        return Diverged(reason)
+
+    def advance(self, limit: int, context) -> None:
+        config, loop = self.config, self.loop
+        if self.obs is None:
+            self.obs = self.env.reset(seed=config.seed * EPISODE_SEED_STRIDE + int(loop.episodes))
+            self.episode_return = 0.0
+        done = False
+        while not done and self.step < limit:
+            key, action = choose_action(
+                loop.agent, loop.key, loop.env_steps, jnp.asarray(self.obs), config.seed_steps, self.env.action_dim
+            )
+            loop, action = loop._replace(key=key), np.asarray(action)
+            if not np.all(np.isfinite(action)):
+                self.loop = loop
+                raise self._diverged(context, f"the policy produced non-finite actions at step {self.step}")
+            next_obs, reward, terminated, truncated = self.env.step(action)
+            transition = {
+                "obs": self.obs,
+                "action": action,
+                "reward": np.float32(reward),
+                "discount": np.float32(0.0 if terminated else 1.0),
+                "next_obs": next_obs,
+            }
+            learn = self.step + 1 > config.seed_steps
+            loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step)
+            self.updates_done += config.updates_per_step if learn else 0
+            self.obs, self.episode_return = next_obs, self.episode_return + reward
+            done = terminated or truncated
+            self.step += 1
+            context.progress(self.step)
+            if metrics:
+                self.last_metrics = metrics
+            if self.step % config.log_every == 0 and self.last_metrics:
+                self._log_training(context)
+        if done or self.step >= config.total_steps:  # the episode ends (the run's end cuts it short)
+            loop = loop._replace(episodes=loop.episodes + 1)
+            context.logger.log(
+                self.step, {"episode_return": self.episode_return, "episode": int(loop.episodes)}, prefix="train"
+            )
+            self.obs = None
+        self.loop = loop
+
+    def _log_training(self, context) -> None:
+        values = {k: float(v) for k, v in self.last_metrics.items()}
+        elapsed = time.perf_counter() - self.started
+        values.update(
+            env_steps_per_s=(self.step - self.start_step) / elapsed, updates_per_s=self.updates_done / elapsed
+        )
+        context.logger.log(self.step, values, prefix="train")
+        context.bar.set_postfix(
+            env_sps=f"{values['env_steps_per_s']:.0f}",
+            upd_s=f"{values['updates_per_s']:.0f}",
+            scale=f"{values['critic_loss_scale']:.0f}",
+            refresh=False,
+        )
+        if not math.isfinite(values["critic_loss"]):
+            context.write(f"warning: non-finite critic loss at step {self.step}")
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.loop, self.eval_env, self.config.eval_episodes)
+
+    def can_checkpoint(self) -> bool:
+        return self.obs is None
+
+    def checkpoint(self) -> tuple[LoopState, dict]:
+        return (self.loop if self.config.save_replay else self.loop._replace(replay=None)), {}
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def train(
+    config: ml_collections.ConfigDict, run_dir: pathlib.Path, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Runs (or resumes) SAC on a dm_control task; returns the run summary (:func:`experiments.run.run`).
 
     Raises:
       ValueError: bad config, or ``run_dir`` holds checkpoints and ``resume`` is False (nothing is overwritten).
     """
     agent_config = validate(config)
-    run_dir = pathlib.Path(run_dir)
-    checkpointer, latest = open_run_checkpoints(run_dir, resume, config.save_replay)
-    env, eval_env = make_envs(config)
-    loop = init_loop(config, agent_config, env)
-    logger = RunLogger(run_dir, config=config)
-    if resume and latest is not None:
-        loop, _ = checkpointer.restore(latest, target=loop)
-        logger.truncate_after(int(loop.env_steps))
-        print(f"resumed {run_dir} at step {int(loop.env_steps)} (episode {int(loop.episodes)})")
-
-    status, last_metrics = "finished", {}
-    # Host mirror of loop.env_steps (record_and_learn adds exactly 1): no device read per step.
-    step = start_steps = int(loop.env_steps)
-    started = time.perf_counter()
-    updates_done = 0
-    bar = tqdm.tqdm(total=config.total_steps, initial=start_steps, disable=not progress, unit="step",
-                    dynamic_ncols=True)
-    try:
-        while step < config.total_steps:
-            obs = env.reset(seed=config.seed * EPISODE_SEED_STRIDE + int(loop.episodes))
-            episode_return, done = 0.0, False
-            while not done and step < config.total_steps:
-                key, action = choose_action(loop.agent, loop.key, loop.env_steps, jnp.asarray(obs),
-                                            config.seed_steps, env.action_dim)
-                loop, action = loop._replace(key=key), np.asarray(action)
-                if not np.all(np.isfinite(action)):
-                    raise Diverged(f"the policy produced non-finite actions at step {step}")
-                next_obs, reward, terminated, truncated = env.step(action)
-                transition = {"obs": obs, "action": action, "reward": np.float32(reward),
-                              "discount": np.float32(0.0 if terminated else 1.0), "next_obs": next_obs}
-                learn = step + 1 > config.seed_steps
-                loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step)
-                updates_done += config.updates_per_step if learn else 0
-                obs, episode_return, done = next_obs, episode_return + reward, terminated or truncated
-                step += 1
-                bar.update(1)
-                if metrics:
-                    last_metrics = metrics
-                if step % config.log_every == 0 and last_metrics:
-                    values = {k: float(v) for k, v in last_metrics.items()}
-                    elapsed = time.perf_counter() - started
-                    values.update(env_steps_per_s=(step - start_steps) / elapsed, updates_per_s=updates_done / elapsed)
-                    logger.log(step, values, prefix="train")
-                    bar.set_postfix(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}",
-                                    scale=f"{values['critic_loss_scale']:.0f}", refresh=False)
-                    if not math.isfinite(values["critic_loss"]):
-                        tqdm.tqdm.write(f"warning: non-finite critic loss at step {step}")
-                if step % config.eval_every == 0 or step == config.total_steps:
-                    result = evaluate(loop, eval_env, config.eval_episodes)
-                    logger.log(step, result, prefix="eval")
-                    tqdm.tqdm.write(f"step {step}: eval return {result['return']:.1f} ± {result['return_std']:.1f}")
-            loop = loop._replace(episodes=loop.episodes + 1)
-            logger.log(step, {"episode_return": episode_return, "episode": int(loop.episodes)},
-                       prefix="train")
-            latest = save_if_due(checkpointer, step, latest, config.checkpoint_every, step >= config.total_steps,
-                                 loop, config.save_replay, metadata={"config": config.to_dict()})
-    except Diverged as error:
-        status = f"diverged: {error}"
-        tqdm.tqdm.write(f"stopping: {status}")
-        if last_metrics:  # the metrics of the update that produced the non-finite policy
-            logger.log(step, {k: float(v) for k, v in last_metrics.items()}, prefix="train")
-    finally:
-        bar.close()
-        checkpointer.wait()
-        logger.close()
-    return {"status": status, "env_steps": int(loop.env_steps), "run_dir": str(run_dir),
-            "curve": plot_returns(run_dir, f"SAC {config.agent.policy} on {config.env}")}
-
-
-def plot_returns(run_dir: pathlib.Path, title: str) -> str | None:
-    """Writes ``learning_curve.png``: evaluation returns; for a run that ended (e.g. diverged) before its first
-    evaluation, training episode returns or else the critic loss; ``None`` if nothing was logged."""
-    return plot_run_curve(run_dir, title, ("eval/return", "train/episode_return", "train/critic_loss"),
-                          plot_nonfinite=("train/critic_loss",))
+    check_resumable("SAC run", config, resume)
+    return run(
+        config, run_dir, run_spec(config), lambda: HostLearner(config, agent_config), resume=resume, progress=progress
+    )
 
 
 def _merge(base: dict, stored: dict) -> dict:
@@ -239,12 +302,18 @@ def load_run_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
     their defaults. Raises ``FileNotFoundError`` without a ``config.json``, ``ValueError`` for a brax run."""
     config_path = pathlib.Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
-        raise FileNotFoundError(f"no config.json in {run_dir}: expected a run directory of `python -m "
-                                "experiments.sac` (config.json + checkpoints/).")
+        raise FileNotFoundError(
+            f"no config.json in {run_dir}: expected a run directory of `python -m "
+            "experiments.sac` (config.json + checkpoints/)."
+        )
     stored = json.loads(config_path.read_text())
+    agent, methods = split_method_fields(stored.get("agent", {}))
+    if methods:  # a run saved before the methods were nested in the agent config
+        stored["agent"] = {**agent, "methods": {**agent.get("methods", {}), **methods}}
     if lpjax.envs.is_jitted(str(stored.get("env", ""))):
-        raise ValueError(f"{run_dir} is a {stored['env']} run of the jitted loop; this loads dm_control runs "
-                         "(experiments.sac_loop).")
+        raise ValueError(
+            f"{run_dir} is a {stored['env']} run of the jitted loop; this loads dm_control runs (experiments.sac_loop)."
+        )
     return ml_collections.ConfigDict(_merge(_base.get_config().to_dict(), stored))
 
 

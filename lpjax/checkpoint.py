@@ -50,13 +50,14 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lpjax.run_logging import to_jsonable
+from lpjax.jsonable import to_jsonable
 
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
@@ -98,11 +99,15 @@ def _check_target(stored_tree, target, step: int) -> None:
     unexpected = [k for k in stored if k not in wanted]
     problems = []
     if missing:
-        problems.append(f"target leaves not in the checkpoint: {', '.join(missing[:5])}"
-                        + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+        problems.append(
+            f"target leaves not in the checkpoint: {', '.join(missing[:5])}"
+            + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        )
     if unexpected:
-        problems.append(f"checkpoint leaves not in the target: {', '.join(unexpected[:5])}"
-                        + (f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""))
+        problems.append(
+            f"checkpoint leaves not in the target: {', '.join(unexpected[:5])}"
+            + (f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else "")
+        )
     for key, (name, leaf) in wanted.items():
         if key not in stored:
             continue
@@ -110,13 +115,18 @@ def _check_target(stored_tree, target, step: int) -> None:
         meta = stored[key][1]
         stored_shape = tuple(getattr(meta, "shape", None) or ())
         stored_dtype = getattr(meta, "dtype", None)
-        if shape != stored_shape or (dtype is not None and stored_dtype is not None
-                                     and np.dtype(stored_dtype) != dtype):
-            problems.append(f"{name}: checkpoint has {_describe(stored_shape, stored_dtype)}, target has "
-                            f"{_describe(shape, dtype)}")
+        if shape != stored_shape or (
+            dtype is not None and stored_dtype is not None and np.dtype(stored_dtype) != dtype
+        ):
+            problems.append(
+                f"{name}: checkpoint has {_describe(stored_shape, stored_dtype)}, target has {_describe(shape, dtype)}"
+            )
     if problems:
-        raise ValueError(f"checkpoint step {step} does not match the restore target:\n  " + "\n  ".join(problems)
-                         + "\nRestore with target=None to get the stored tree as is (e.g. to convert it).")
+        raise ValueError(
+            f"checkpoint step {step} does not match the restore target:\n  "
+            + "\n  ".join(problems)
+            + "\nRestore with target=None to get the stored tree as is (e.g. to convert it)."
+        )
 
 
 class Checkpointer:
@@ -130,17 +140,21 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 3, async_save: bool = True):
-        if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
-                                        or max_to_keep < 1):
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
+        ):
             raise ValueError(f"max_to_keep must be a positive integer or None, got {max_to_keep!r}.")
         self.directory = pathlib.Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self._saved_once = False
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
-                                               create=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+        )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options,
-            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), METADATA_ITEM: ocp.JsonCheckpointHandler()})
+            self.directory,
+            options=options,
+            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), METADATA_ITEM: ocp.JsonCheckpointHandler()},
+        )
 
     def all_steps(self) -> list[int]:
         """Steps of the complete (finalized) checkpoints on disk, ascending. Never blocks on a running save."""
@@ -157,7 +171,7 @@ class Checkpointer:
         Args:
           step: a non-negative integer larger than every saved step.
           state: the training state, any pytree of arrays (see the module docstring).
-          metadata: a JSON-able dict (converted with :func:`lpjax.run_logging.to_jsonable`, so ConfigDicts and
+          metadata: a JSON-able dict (converted with :func:`lpjax.jsonable.to_jsonable`, so ConfigDicts and
             numpy scalars are fine); ``"step"`` is added if absent.
 
         Raises:
@@ -173,14 +187,20 @@ class Checkpointer:
         self._manager.wait_until_finished()
         latest = self.latest_step()
         if latest is not None and step <= latest:
-            raise ValueError(f"cannot save step {step} in {self.directory}: checkpoint step {latest} exists and steps "
-                             "must increase. When resuming from an older step, call delete_after(step) first.")
+            raise ValueError(
+                f"cannot save step {step} in {self.directory}: checkpoint step {latest} exists and steps "
+                "must increase. When resuming from an older step, call delete_after(step) first."
+            )
         if not self._saved_once:
             self._remove_stale_tmp_dirs()
             self._saved_once = True
         self._manager.reload()
-        saved = self._manager.save(step, args=ocp.args.Composite(
-            **{STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}))
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}
+            ),
+        )
         if not saved:
             raise RuntimeError(f"orbax declined to save step {step} in {self.directory}.")
 
@@ -213,15 +233,20 @@ class Checkpointer:
         if step is None:
             step = steps[-1]
         elif int(step) not in steps:
-            raise FileNotFoundError(f"no complete checkpoint for step {step} in {self.directory}; available steps: "
-                                    f"{steps}.")
+            raise FileNotFoundError(
+                f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}."
+            )
         step = int(step)
         self._manager.reload()
         if target is not None:
             stored = self._manager.item_metadata(step)[STATE_ITEM]
             _check_target(stored.tree if hasattr(stored, "tree") else stored, target, step)
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            **{STATE_ITEM: ocp.args.StandardRestore(target), METADATA_ITEM: ocp.args.JsonRestore()}))
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{STATE_ITEM: ocp.args.StandardRestore(target), METADATA_ITEM: ocp.args.JsonRestore()}
+            ),
+        )
         metadata = restored[METADATA_ITEM]
         return restored[STATE_ITEM], dict(metadata) if metadata is not None else {"step": step}
 
@@ -244,43 +269,8 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_run_checkpoints(run_dir: str | os.PathLike, resume: bool, save_replay: bool,
-                         max_to_keep: int = 2) -> tuple[Checkpointer, int | None]:
-    """The checkpointer of a training run in ``run_dir/checkpoints`` and its latest step (``None``: none yet).
-
-    Raises ``ValueError`` before any compute when the run directory holds checkpoints but ``resume`` is False
-    (nothing is overwritten), or when resuming a run whose checkpoints cannot hold the replay buffer.
-    """
-    checkpointer = Checkpointer(pathlib.Path(run_dir) / "checkpoints", max_to_keep=max_to_keep)
-    latest = checkpointer.latest_step()
-    error = None
-    if latest is not None and not resume:
-        error = (f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue it or "
-                 "choose another --run_dir.")
-    elif resume and latest is not None and not save_replay:
-        error = "Resuming needs the replay buffer in the checkpoint (config.save_replay=True)."
-    if error:
-        checkpointer.close()
-        raise ValueError(error)
-    return checkpointer, latest
-
-
-def save_if_due(checkpointer: Checkpointer, step: int, latest: int | None, every: int, final: bool, loop: Any,
-                save_replay: bool, metadata: dict | None = None) -> int | None:
-    """Checkpoints a training loop's state when due; returns the step of the latest checkpoint.
-
-    Due when ``final``, or when a multiple of ``every`` lies in ``(latest, step]`` (``latest=None``: 0), so a
-    loop that advances by episodes or chunks saves at the first step past each multiple. ``loop`` is a
-    ``NamedTuple`` with a ``replay`` field, saved as ``None`` unless ``save_replay``.
-    """
-    if not (final or step // every > (latest or 0) // every):
-        return latest
-    checkpointer.save(step, loop if save_replay else loop._replace(replay=None), metadata=metadata)
-    return step

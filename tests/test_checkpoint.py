@@ -45,16 +45,23 @@ def make_state(seed: int, size: int = 16) -> TrainState:
     """A SAC-like state with every dtype a low-precision learner keeps; ``size`` scales the arrays."""
     rng = np.random.default_rng(seed)
     actor = {"w": jnp.asarray(rng.normal(size=(size, 4)), jnp.float16), "special": _special_fp16()}
-    critic = {"w": jnp.asarray(rng.normal(size=(4, size)), jnp.bfloat16),
-              "b": jnp.asarray(rng.normal(size=size), jnp.float32)}
+    critic = {
+        "w": jnp.asarray(rng.normal(size=(4, size)), jnp.bfloat16),
+        "b": jnp.asarray(rng.normal(size=size), jnp.float32),
+    }
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
     opt_state = tx.init(Nets(actor, critic))
     opt_state = jax.tree.map(lambda x: x + jnp.asarray(seed, x.dtype), opt_state)  # non-trivial moments
     return TrainState(
-        params=Nets(actor, critic), target={"critic": jax.tree.map(lambda x: x * 2, critic)}, opt_state=opt_state,
-        key=jax.random.key(seed), keys=jax.random.split(jax.random.key(seed + 1, impl="rbg"), 3),
-        step=jnp.asarray(seed, jnp.int32), pixels=jnp.asarray(rng.integers(0, 256, (2, 8, 8, 3)), jnp.uint8),
-        done=jnp.asarray(rng.random(5) > 0.5))
+        params=Nets(actor, critic),
+        target={"critic": jax.tree.map(lambda x: x * 2, critic)},
+        opt_state=opt_state,
+        key=jax.random.key(seed),
+        keys=jax.random.split(jax.random.key(seed + 1, impl="rbg"), 3),
+        step=jnp.asarray(seed, jnp.int32),
+        pixels=jnp.asarray(rng.integers(0, 256, (2, 8, 8, 3)), jnp.uint8),
+        done=jnp.asarray(rng.random(5) > 0.5),
+    )
 
 
 def _bits(x):
@@ -142,13 +149,20 @@ def test_restore_errors_name_what_is_missing_or_different(tmp_path):
         with pytest.raises(FileNotFoundError, match=r"step 3 .*available steps: \[4\]"):
             ckpt.restore(3, target=state)
         bad_shape = state._replace(pixels=jnp.zeros((2, 8, 8, 4), jnp.uint8))
-        with pytest.raises(ValueError, match=r"state\.pixels: checkpoint has uint8\[2, 8, 8, 3\], target has "
-                                             r"uint8\[2, 8, 8, 4\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"state\.pixels: checkpoint has uint8\[2, 8, 8, 3\], target has "
+            r"uint8\[2, 8, 8, 4\]",
+        ):
             ckpt.restore(target=bad_shape)
-        bad_dtype = state._replace(params=state.params._replace(
-            actor={**state.params.actor, "w": state.params.actor["w"].astype(jnp.float32)}))
-        with pytest.raises(ValueError, match=r"state\.params\.actor\['w'\]: checkpoint has float16\[16, 4\], target "
-                                             r"has float32\[16, 4\]"):
+        bad_dtype = state._replace(
+            params=state.params._replace(actor={**state.params.actor, "w": state.params.actor["w"].astype(jnp.float32)})
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"state\.params\.actor\['w'\]: checkpoint has float16\[16, 4\], target "
+            r"has float32\[16, 4\]",
+        ):
             ckpt.restore(target=bad_dtype)
         extra = state._replace(target={**state.target, "actor": state.params.actor})
         missing = r"target leaves not in the checkpoint: state\.target\['actor'\]\['special'\]"
@@ -202,8 +216,14 @@ for step in range(1, last + 2):
 def test_a_process_killed_mid_save_leaves_the_last_complete_checkpoint(tmp_path):
     directory, last = tmp_path / "ckpt", 3
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", _CRASH_CHILD, str(directory), str(last)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _CRASH_CHILD, str(directory), str(last)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == -9, result.stderr[-2000:]  # SIGKILL
     leftovers = [p.name for p in directory.iterdir() if "tmp" in p.name]
     assert leftovers, "the killed save should have left its temporary directory"
@@ -218,38 +238,3 @@ def test_a_process_killed_mid_save_leaves_the_last_complete_checkpoint(tmp_path)
         assert ckpt.all_steps() == [last, last + 1]
         assert_bit_identical(ckpt.restore(target=make_state(0))[0], make_state(last + 1))
     assert not [p.name for p in directory.iterdir() if "tmp" in p.name]
-
-
-class _Loop(NamedTuple):
-    step: jax.Array
-    replay: jax.Array | None
-
-
-def test_save_if_due_saves_past_each_multiple_and_at_the_end_without_replay_unless_asked(tmp_path):
-    from lpjax.checkpoint import open_run_checkpoints, save_if_due
-    checkpointer, latest = open_run_checkpoints(tmp_path, resume=False, save_replay=False, max_to_keep=10)
-    assert latest is None
-    saved = []
-    for step in (3, 7, 9, 12, 14, 19, 20, 21):  # episode ends; every 10 steps, total 21
-        loop = _Loop(jnp.asarray(step), jnp.arange(4.0))
-        latest = save_if_due(checkpointer, step, latest, 10, step >= 21, loop, save_replay=False)
-        saved.append(latest)
-    checkpointer.wait()
-    assert saved == [None, None, None, 12, 12, 12, 20, 21]
-    assert checkpointer.all_steps() == [12, 20, 21]
-    restored, _ = checkpointer.restore(20)
-    assert int(restored["step"]) == 20 and restored["replay"] is None  # the stored tree, as a dict
-    checkpointer.close()
-    # A resumed run with the replay buffer saves it, and refuses to resume checkpoints that lack it.
-    with pytest.raises(ValueError, match="already holds checkpoints"):
-        open_run_checkpoints(tmp_path, resume=False, save_replay=False)
-    with pytest.raises(ValueError, match="needs the replay buffer"):
-        open_run_checkpoints(tmp_path, resume=True, save_replay=False)
-    checkpointer, latest = open_run_checkpoints(tmp_path, resume=True, save_replay=True, max_to_keep=10)
-    assert latest == 21
-    assert save_if_due(checkpointer, 25, latest, 10, False, _Loop(jnp.asarray(25), jnp.ones(3)), True) == 21
-    assert save_if_due(checkpointer, 31, latest, 10, False, _Loop(jnp.asarray(31), jnp.ones(3)), True) == 31
-    checkpointer.wait()
-    restored, _ = checkpointer.restore(31, target=_Loop(jnp.asarray(0), jnp.zeros(3)))
-    np.testing.assert_array_equal(restored.replay, np.ones(3))
-    checkpointer.close()

@@ -14,8 +14,9 @@ from lpjax.run_logging import read_metrics
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "experiments.d4pg", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.d4pg", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def _tiny(**overrides):
@@ -37,20 +38,31 @@ def test_help_lists_the_flags():
         assert flag in result.stdout
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(num_actors=0), "num_actors"), (dict(pull_every=0), "pull_every"),
-    (dict(env="brax:ant"), "dm_control"), (dict(env="dmc:cartpole-fly"), "cartpole"),
-    (dict(actor_runtime="int4"), "actor_runtime"), (dict(backend="mpi"), "backend"),
-    (dict(min_replay_size=8), "min_replay_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(num_actors=0), "num_actors"),
+        (dict(pull_every=0), "pull_every"),
+        (dict(env="brax:ant"), "dm_control"),
+        (dict(env="dmc:cartpole-fly"), "cartpole"),
+        (dict(actor_runtime="int4"), "actor_runtime"),
+        (dict(backend="mpi"), "backend"),
+        (dict(min_replay_size=8), "min_replay_size"),
+    ],
+)
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         d4pg_loop.train(_tiny(**overrides), tmp_path, progress=False)
 
 
 def test_unreachable_ray_address_is_a_usage_error(tmp_path):
-    result = _cli("--config=demo.py", "--config.backend=ray", "--config.ray_address=127.0.0.1:9",
-                  f"--run_dir={tmp_path}", "--noprogress")
+    result = _cli(
+        "--config=demo.py",
+        "--config.backend=ray",
+        "--config.ray_address=127.0.0.1:9",
+        f"--run_dir={tmp_path}",
+        "--noprogress",
+    )
     assert result.returncode != 0 and "Cannot reach the Ray cluster" in result.stderr
     assert "Traceback" not in result.stderr
 

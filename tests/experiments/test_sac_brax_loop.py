@@ -23,24 +23,36 @@ def _tiny(**overrides):
     """fp16 with all methods, tiny networks, 8 inverted pendulums (random actions end episodes within ~20 steps)."""
     config = fp16.get_config()
     config.unlock()
-    config.update(env="brax:inverted_pendulum", brax_num_envs=8, total_steps=480, seed_steps=64,
-                  replay_capacity=1024, eval_every=240, eval_episodes=2, log_every=160, checkpoint_every=240)
+    config.update(
+        env="brax:inverted_pendulum",
+        brax_num_envs=8,
+        total_steps=480,
+        seed_steps=64,
+        replay_capacity=1024,
+        eval_every=240,
+        eval_episodes=2,
+        log_every=160,
+        checkpoint_every=240,
+    )
     config.agent.update(hidden_dims=(32, 32), batch_size=32)
     config.update(overrides)
     return config
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env="brax:cheetah"), "Unknown brax env 'cheetah'; valid names: .*'halfcheetah'"),
-    (dict(brax_backend="physx"), "Unknown brax backend 'physx'; valid backends: .*'spring'"),
-    (dict(env="dmc:cheetah-run"), "runs 'brax:<env>' and 'mjx:<domain>-<task>' environments"),
-    (dict(total_steps=300), r"total_steps \(300\) must be a multiple of brax_num_envs \(8\)"),
-    (dict(log_every=100), r"log_every \(100\) must be a multiple of brax_num_envs"),
-    (dict(brax_num_envs=0), "brax_num_envs must be a positive integer"),
-    (dict(pixels=True), "states only"),
-    (dict(seed_steps=1000), "seed_steps"),
-    (dict(replay_capacity=16), "larger than the replay buffer"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(env="brax:cheetah"), "Unknown brax env 'cheetah'; valid names: .*'halfcheetah'"),
+        (dict(brax_backend="physx"), "Unknown brax backend 'physx'; valid backends: .*'spring'"),
+        (dict(env="dmc:cheetah-run"), "runs 'brax:<env>' and 'mjx:<domain>-<task>' environments"),
+        (dict(total_steps=300), r"total_steps \(300\) must be a multiple of brax_num_envs \(8\)"),
+        (dict(log_every=100), r"log_every \(100\) must be a multiple of brax_num_envs"),
+        (dict(brax_num_envs=0), "brax_num_envs must be a positive integer"),
+        (dict(pixels=True), "states only"),
+        (dict(seed_steps=1000), "seed_steps"),
+        (dict(replay_capacity=16), "larger than the replay buffer"),
+    ],
+)
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         sac_brax_loop.train(_tiny(**overrides), tmp_path / "run", progress=False)
@@ -48,17 +60,32 @@ def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
 
 
 def test_cli_dispatches_brax_envs_to_this_loop(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "experiments.sac", "--config=fp32.py",
-                             "--config.env=brax:halfcheetah", "--config.brax_backend=physx",
-                             f"--run_dir={tmp_path / 'run'}", "--noprogress"], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=300, env=dict(os.environ, MUJOCO_GL="egl"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.sac",
+            "--config=fp32.py",
+            "--config.env=brax:halfcheetah",
+            "--config.brax_backend=physx",
+            f"--run_dir={tmp_path / 'run'}",
+            "--noprogress",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, MUJOCO_GL="egl"),
+    )
     assert result.returncode != 0 and "Unknown brax backend 'physx'" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
 def _leaves(state):
-    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-            for x in jax.tree.leaves(state)]
+    return [
+        np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        for x in jax.tree.leaves(state)
+    ]
 
 
 class Interrupted(Exception):
@@ -80,8 +107,9 @@ def test_chunks_store_transitions_in_place_and_runs_resume_bit_identically(tmp_p
     assert int(loop.env_steps) == config.log_every and int(loop.replay.size) == config.log_every
     assert int(out.learning_iterations) == iterations - config.seed_steps // n
     assert bool(out.actions_finite) and np.isfinite(float(out.metrics["critic_loss"]))
-    data = jax.tree.map(lambda x: np.asarray(x)[:config.log_every].reshape((iterations, n) + x.shape[1:]),
-                        loop.replay.data)
+    data = jax.tree.map(
+        lambda x: np.asarray(x)[: config.log_every].reshape((iterations, n) + x.shape[1:]), loop.replay.data
+    )
     ended = data["discount"][:-1] == 0.0  # pendulums fall (terminate) and reset; no truncation in 20 steps
     assert ended.sum() >= 3 and int(loop.episodes) == (data["discount"] == 0.0).sum() > 0
     np.testing.assert_array_equal(data["next_obs"][:-1][~ended], data["obs"][1:][~ended])  # s' is the next s
@@ -96,7 +124,7 @@ def test_chunks_store_transitions_in_place_and_runs_resume_bit_identically(tmp_p
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0 and summary["compile_s"] > 0
     metrics = read_metrics(reference)
     evals = metrics["eval/return"][np.isfinite(metrics["eval/return"])]
-    assert len(evals) == 2 and np.all(evals >= 1) and summary["eval_return"] == evals[-1]
+    assert len(evals) == 2 and np.all(evals >= 1) and summary["final_eval"]["return"] == evals[-1]
     losses = metrics["train/critic_loss"][np.isfinite(metrics["train/critic_loss"])]
     assert len(losses) == 3 and np.all(np.isfinite(losses))
     assert set(metrics["train/critic_loss_scale"][np.isfinite(metrics["train/critic_loss_scale"])]) == {1e4}

@@ -24,16 +24,32 @@ def _tiny(**overrides):
     """fp16 with all methods, tiny networks, cartpole with 250-step episodes (action repeat 4)."""
     config = fp16.get_config()
     config.unlock()
-    config.update(env="dmc:cartpole-swingup", action_repeat=4, total_steps=1000, seed_steps=200,
-                  replay_capacity=2000, eval_every=500, eval_episodes=1, log_every=100, checkpoint_every=250)
+    config.update(
+        env="dmc:cartpole-swingup",
+        action_repeat=4,
+        total_steps=1000,
+        seed_steps=200,
+        replay_capacity=2000,
+        eval_every=500,
+        eval_episodes=1,
+        log_every=100,
+        checkpoint_every=250,
+    )
     config.agent.update(hidden_dims=(32, 32), batch_size=32)
     config.update(overrides)
     return config
 
 
 def _cli(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "experiments.sac", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, MUJOCO_GL="egl"), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.sac", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MUJOCO_GL="egl"),
+        **kwargs,
+    )
 
 
 def test_help_lists_the_flags():
@@ -51,11 +67,16 @@ def test_bare_config_names_resolve_and_unknown_ones_list_the_choices():
         resolve_config_argument(["prog", "--config=fp17.py"], CONFIG_DIR)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env="dmc:cheetah-fly"), "cheetah"), (dict(env="gym:Ant"), "dmc:<domain>-<task>"),
-    (dict(seed_steps=5000), "seed_steps"), (dict(replay_capacity=16), "larger than the replay buffer"),
-    (dict(total_steps=0), "total_steps"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(env="dmc:cheetah-fly"), "cheetah"),
+        (dict(env="gym:Ant"), "dmc:<domain>-<task>"),
+        (dict(seed_steps=5000), "seed_steps"),
+        (dict(replay_capacity=16), "larger than the replay buffer"),
+        (dict(total_steps=0), "total_steps"),
+    ],
+)
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         sac_loop.train(_tiny(**overrides), tmp_path / "run", progress=False)
@@ -63,8 +84,13 @@ def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
 
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):
-    result = _cli("--config=fp16.py", "--config.agent.batch_size=4096", "--config.replay_capacity=100",
-                  f"--run_dir={tmp_path / 'run'}", "--noprogress")
+    result = _cli(
+        "--config=fp16.py",
+        "--config.agent.batch_size=4096",
+        "--config.replay_capacity=100",
+        f"--run_dir={tmp_path / 'run'}",
+        "--noprogress",
+    )
     assert result.returncode != 0 and "larger than the replay buffer" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -89,14 +115,34 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     sac_loop.train(_tiny(), reference, progress=False)
 
-    overrides = ["--config.env=dmc:cartpole-swingup", "--config.action_repeat=4", "--config.total_steps=1000",
-                 "--config.seed_steps=200", "--config.replay_capacity=2000", "--config.eval_every=500",
-                 "--config.eval_episodes=1", "--config.log_every=100", "--config.checkpoint_every=250",
-                 "--config.agent.hidden_dims=32,32", "--config.agent.batch_size=32"]
-    child = subprocess.Popen([sys.executable, "-m", "experiments.sac", "--config=fp16.py", *overrides,
-                              f"--run_dir={killed}", "--noprogress"], cwd=REPO_ROOT,
-                             env=dict(os.environ, MUJOCO_GL="egl"), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    overrides = [
+        "--config.env=dmc:cartpole-swingup",
+        "--config.action_repeat=4",
+        "--config.total_steps=1000",
+        "--config.seed_steps=200",
+        "--config.replay_capacity=2000",
+        "--config.eval_every=500",
+        "--config.eval_episodes=1",
+        "--config.log_every=100",
+        "--config.checkpoint_every=250",
+        "--config.agent.hidden_dims=32,32",
+        "--config.agent.batch_size=32",
+    ]
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "experiments.sac",
+            "--config=fp16.py",
+            *overrides,
+            f"--run_dir={killed}",
+            "--noprogress",
+        ],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, MUJOCO_GL="egl"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while not (killed / "checkpoints" / "250").is_dir() and time.time() < deadline and child.poll() is None:
         time.sleep(0.05)
@@ -109,8 +155,14 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
     sac_loop.train(_tiny(), killed, resume=True, progress=False)
     target = sac_loop.init_loop(_tiny(), sac_loop.validate(_tiny()), sac_loop.make_envs(_tiny())[0])
     final = [Checkpointer(run / "checkpoints").restore(1000, target=target)[0] for run in (reference, killed)]
-    leaves = [jax.tree.leaves(jax.tree.map(lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(
-        x.dtype, jax.dtypes.prng_key) else x, state)) for state in final]
+    leaves = [
+        jax.tree.leaves(
+            jax.tree.map(
+                lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x, state
+            )
+        )
+        for state in final
+    ]
     assert len(leaves[0]) == len(leaves[1]) > 20
     for a, b in zip(*leaves):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -120,10 +172,19 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
 
 def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
     from experiments.configs.sac import pixels
+
     config = pixels.get_config()
     config.unlock()
-    config.update(env="dmc:cartpole-swingup", total_steps=150, seed_steps=50, replay_capacity=300, eval_every=150,
-                  eval_episodes=1, log_every=50, checkpoint_every=150)
+    config.update(
+        env="dmc:cartpole-swingup",
+        total_steps=150,
+        seed_steps=50,
+        replay_capacity=300,
+        eval_every=150,
+        eval_episodes=1,
+        log_every=50,
+        checkpoint_every=150,
+    )
     config.agent.update(hidden_dims=(32,), batch_size=8, encoder_features=16)
     summary = sac_loop.train(config, tmp_path, progress=False)
     assert summary["status"] == "finished"
@@ -131,17 +192,28 @@ def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
     assert np.isfinite(metrics["eval/return"]).sum() == 1
     losses = metrics["train/critic_loss"][np.isfinite(metrics["train/critic_loss"])]
     assert len(losses) >= 2
-    loop, _ = Checkpointer(tmp_path / "checkpoints").restore(150, target=sac_loop.init_loop(
-        config, sac_loop.validate(config), sac_loop.make_envs(config)[0]))
+    loop, _ = Checkpointer(tmp_path / "checkpoints").restore(
+        150, target=sac_loop.init_loop(config, sac_loop.validate(config), sac_loop.make_envs(config)[0])
+    )
     assert loop.replay.data["obs"].dtype == np.uint8 and loop.replay.data["obs"].shape[1:] == (84, 84, 9)
 
 
 def test_naive_fp16_diverges_cleanly_and_still_plots(tmp_path):
     from experiments.configs.sac import fp16_naive
+
     config = fp16_naive.get_config()
     config.unlock()
-    config.update(env="dmc:cartpole-swingup", action_repeat=8, total_steps=400, seed_steps=50,
-                  replay_capacity=500, eval_every=400, eval_episodes=1, log_every=10, checkpoint_every=400)
+    config.update(
+        env="dmc:cartpole-swingup",
+        action_repeat=8,
+        total_steps=400,
+        seed_steps=50,
+        replay_capacity=500,
+        eval_every=400,
+        eval_episodes=1,
+        log_every=10,
+        checkpoint_every=400,
+    )
     config.agent.update(hidden_dims=(32, 32), batch_size=32)
     summary = sac_loop.train(config, tmp_path, progress=False)
     assert summary["status"].startswith("diverged") and summary["env_steps"] < 400

@@ -19,8 +19,16 @@ from lpjax.checkpoint import Checkpointer
 from lpjax.run_logging import read_metrics
 
 # The tiny run: fp16 with all methods on cartpole-swingup, tiny networks, 4 environments.
-TINY = dict(brax_num_envs=4, total_steps=256, seed_steps=64, replay_capacity=512, log_every=128, eval_every=128,
-            eval_episodes=2, checkpoint_every=128)
+TINY = dict(
+    brax_num_envs=4,
+    total_steps=256,
+    seed_steps=64,
+    replay_capacity=512,
+    log_every=128,
+    eval_every=128,
+    eval_episodes=2,
+    checkpoint_every=128,
+)
 TINY_AGENT = dict(hidden_dims=(32, 32), batch_size=32)
 
 
@@ -33,18 +41,26 @@ def _tiny(**overrides):
 
 
 def _run_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "experiments.sac", "--config=mjx", "--noprogress", *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, MUJOCO_GL="egl"))
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.sac", "--config=mjx", "--noprogress", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, MUJOCO_GL="egl"),
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(env="mjx:cartpole-swing"), r"Unknown MJX task 'cartpole-swing'; valid names: \[.*'cartpole-swingup'"),
-    (dict(env="playground:dog-run"), "Unknown MJX task 'dog-run'"),
-    (dict(env="gym:cartpole"), r"runs 'brax:<env>' and 'mjx:<domain>-<task>' environments, got 'gym:cartpole'"),
-    (dict(pixels=True), "states only"),
-    (dict(total_steps=258), r"total_steps \(258\) must be a multiple of brax_num_envs \(4\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(env="mjx:cartpole-swing"), r"Unknown MJX task 'cartpole-swing'; valid names: \[.*'cartpole-swingup'"),
+        (dict(env="playground:dog-run"), "Unknown MJX task 'dog-run'"),
+        (dict(env="gym:cartpole"), r"runs 'brax:<env>' and 'mjx:<domain>-<task>' environments, got 'gym:cartpole'"),
+        (dict(pixels=True), "states only"),
+        (dict(total_steps=258), r"total_steps \(258\) must be a multiple of brax_num_envs \(4\)"),
+    ],
+)
 def test_bad_mjx_run_configs_fail_before_any_compute(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         sac_brax_loop.train(_tiny(**overrides), tmp_path / "run", progress=False)
@@ -54,12 +70,14 @@ def test_bad_mjx_run_configs_fail_before_any_compute(overrides, message, tmp_pat
 def test_config_and_the_playground_alias():
     config = mjx.get_config()
     assert config.env == "mjx:cartpole-swingup" and config.brax_num_envs == 1 and config.updates_per_step == 1
-    assert config.agent.policy == "fp16" and config.agent.hadam and config.agent.loss_scaling
+    assert config.agent.policy == "fp16" and config.agent.methods.hadam and config.agent.methods.loss_scaling
     config.env = "playground:cartpole-swingup"
     settings = sac_brax_loop.settings_of(config, sac_brax_loop.validate(config))
     assert settings.env == "playground:cartpole-swingup" and settings.backend is None
-    assert sac_brax_loop.make_env(settings.env, settings.backend, settings.action_repeat).playground_name == \
-        "CartpoleSwingup"
+    assert (
+        sac_brax_loop.make_env(settings.env, settings.backend, settings.action_repeat).playground_name
+        == "CartpoleSwingup"
+    )
 
 
 def test_cli_rejects_an_unknown_task_in_one_line(tmp_path):
@@ -105,24 +123,27 @@ def test_checkpoints_leave_out_zero_size_arrays_and_the_restore_rebuilds_them(tm
 
 
 def _leaves(state):
-    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-            for x in jax.tree.leaves(state)]
+    return [
+        np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        for x in jax.tree.leaves(state)
+    ]
 
 
 @pytest.mark.slow
 def test_tiny_cli_run_learns_and_a_resumed_run_matches_it_bit_for_bit(tmp_path):
     cli_dir = tmp_path / "cli"
     overrides = [f"--config.{k}={v}" for k, v in TINY.items()] + [
-        f"--config.agent.{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY_AGENT.items()]
+        f"--config.agent.{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY_AGENT.items()
+    ]
     result = _run_cli(*overrides, f"--run_dir={cli_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
     assert summary["status"] == "finished" and summary["env_steps"] == 256
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
     # Cartpole rewards lie in [0, 1] per control step, so a 1000-step evaluation episode returns in [0, 1000].
     metrics = read_metrics(cli_dir)
     evals = metrics["eval/return"][np.isfinite(metrics["eval/return"])]
-    assert len(evals) == 2 and np.all((evals >= 0) & (evals <= 1000)) and summary["eval_return"] == evals[-1]
+    assert len(evals) == 2 and np.all((evals >= 0) & (evals <= 1000)) and summary["final_eval"]["return"] == evals[-1]
     losses = metrics["train/critic_loss"][np.isfinite(metrics["train/critic_loss"])]
     assert len(losses) == 2 and np.all(np.isfinite(losses))  # both chunks learned (after the 64 seed steps)
     assert (cli_dir / "learning_curve.png").stat().st_size > 0
