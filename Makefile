@@ -5,7 +5,8 @@
 #   .venv         Python 3.12 with the newest jax and every extra: `make test` (the full tier), `make demo`.
 #                 3.12 is the newest Python whose wheels cover the whole stack (dm_control's labmaze has none for
 #                 3.13, and building it needs bazel).
-#   .venv-newest  the newest Python found (3.13 or later) with the newest jax, the library only: `make test-newest`
+#   .venv-newest  the newest Python found (3.13 or later) with the newest jax, the library's core install (no
+#                 extra but dev: no matplotlib, no tensorboardX): `make test-newest`
 #   .venv-oldest  Python 3.11 with jax 0.10.2 (constraints/oldest.txt), the int8 runtime and torch: `make test-oldest`
 # The two short tiers run the library's core: numerics, precision, optimizers, kernels (interpret mode) and one
 # SAC update. Interpreters are found on PATH or in pyenv; override them with PYTHON=..., PYTHON_NEWEST=...,
@@ -29,14 +30,15 @@ STAMP         := $(VENV)/.installed
 STAMP_NEWEST  := $(VENV_NEWEST)/.installed
 STAMP_OLDEST  := $(VENV_OLDEST)/.installed
 PYTEST_ARGS   ?=
-# The short tiers: the numerics, precision policies, optimizers, kernels (interpret mode) and one SAC update.
+# The short tiers: the numerics, precision policies, optimizers, kernels (interpret mode), one SAC update, and the
+# package (every module imports without the extras; the wheel). They need no extra: no matplotlib, no tensorboardX.
 # The oldest one also runs the int8 actor runtime, and compares the loss scaler with torch's GradScaler and the
 # int8 runtime with torch's quantize_dynamic (torch has a CPU wheel here only for Python 3.11).
-CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py tests/kernels \
+CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py tests/kernels tests/test_package.py \
                  tests/agents/test_sac.py::test_fp16_with_methods_stays_finite_where_naive_fp16_does_not
 OLDEST_TESTS  := $(CORE_TESTS) tests/inference
 
-.PHONY: python venv venv-newest venv-oldest demo numerics-demo test test-newest test-oldest test-notebooks notebooks \
+.PHONY: python venv venv-newest venv-oldest lint demo numerics-demo test test-newest test-oldest test-notebooks notebooks \
         test-slow bench clean
 
 python:
@@ -46,7 +48,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no Python 3.12 found (PATH or pyenv); set PYTHON=..." >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dmc,brax,mjx,distributed]'
+	$(PY) -m pip install --quiet -e '.[dev,runs,dmc,brax,mjx,distributed]'
 	touch $(STAMP)
 
 $(STAMP_NEWEST): setup.cfg pyproject.toml
@@ -80,7 +82,11 @@ demo: $(STAMP)
 numerics-demo: $(STAMP)
 	$(PY) -m experiments.numerics_demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks" $(PYTEST_ARGS)
 
 test-newest: $(STAMP_NEWEST)

@@ -4,12 +4,13 @@ and that it costs nothing when not called.
 **What is measured**, in one process:
 
 * **Findings.** For each config of ``--configs`` (default ``fp16_naive`` and ``fp16``, the latter with all six
-  methods of Björck et al., 2021), the reports of ``python -m lpjax.inspect`` (:func:`lpjax.inspect.cli.sac_reports`:
-  one batch collected in the environment, the critic and actor phases of one update from the same state) at
-  width ``--width`` and batch ``--batch`` on ``--env``, from a fresh initialisation and, with ``--checkpoint``
-  (default: the reproduction's fp32 walker-walk seed-0 run; ``none`` to skip), from that trained run's networks
-  cast into the config's precision. Recorded per report: flagged rows by severity, harmless rows, and the rows
-  of the paper's four fp16 problems (:func:`lpjax.inspect.cli.paper_findings`).
+  methods of Björck et al., 2021), the reports of ``python -m experiments.inspect``
+  (:func:`experiments.inspect.sac_reports`: one batch collected in the environment, the critic and actor phases
+  of one update from the same state) at width ``--width`` and batch ``--batch`` on ``--env``, from a fresh
+  initialisation and, with ``--checkpoint`` (default: the reproduction's fp32 walker-walk seed-0 run; ``none`` to
+  skip), from that trained run's networks cast into the config's precision. Recorded per report: flagged rows by
+  severity, harmless rows, and the rows of the paper's four fp16 problems
+  (:func:`experiments.inspect.paper_findings`).
 * **Time of a report**: the first report of each config and scenario includes XLA compiling every primitive
   for its shapes (``cold``); the same report again is ``warm``.
 * **Zero cost when off**: the inspector only reads a jaxpr, so ``sac.update`` is untouched. Recorded: the
@@ -43,12 +44,19 @@ import numpy as np
 from benchmarks.common import command_line, write_results
 from experiments.cli import REPO_ROOT
 
-DEFAULT_CHECKPOINT = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10" / "fp32"
-                      / "walker-walk" / "seed0")
+DEFAULT_CHECKPOINT = (
+    REPO_ROOT
+    / "runs"
+    / "sac_reproduction"
+    / "w256_b256_steps100000_seed5000_eval10000x10"
+    / "fp32"
+    / "walker-walk"
+    / "seed0"
+)
 
 
 def load_config(name: str, env: str, width: int):
-    """The SAC experiment config ``experiments/configs/sac/<name>.py`` on ``env`` with ``width`` x ``width`` networks."""
+    """The SAC config ``experiments/configs/sac/<name>.py`` on ``env`` with ``width`` x ``width`` networks."""
     config = importlib.import_module(f"experiments.configs.sac.{name.removesuffix('.py')}").get_config()
     config.unlock()
     config.env = env
@@ -59,15 +67,30 @@ def load_config(name: str, env: str, width: int):
 def summarize(report) -> dict:
     flagged = report.flagged()
     counts = collections.Counter(row.severity for row in flagged if row.harmless is None)
-    return {"seconds": report.seconds, "equations": report.equations, "rows": len(report.rows),
-            "errors": counts["error"], "warnings": counts["warning"],
-            "harmless": sum(row.harmless is not None for row in flagged)}
+    return {
+        "seconds": report.seconds,
+        "equations": report.equations,
+        "rows": len(report.rows),
+        "errors": counts["error"],
+        "warnings": counts["warning"],
+        "harmless": sum(row.harmless is not None for row in flagged),
+    }
 
 
 def finding_summary(rows) -> list[dict]:
-    return [{"source": row.source, "scope": row.scope, "primitive": row.primitive, "severity": row.severity,
-             "overflow_frac": row.overflow_frac, "underflow_frac": row.underflow_frac,
-             "flushed_frac": row.flushed_frac, "nonfinite": row.nonfinite} for row in rows]
+    return [
+        {
+            "source": row.source,
+            "scope": row.scope,
+            "primitive": row.primitive,
+            "severity": row.severity,
+            "overflow_frac": row.overflow_frac,
+            "underflow_frac": row.underflow_frac,
+            "flushed_frac": row.flushed_frac,
+            "nonfinite": row.nonfinite,
+        }
+        for row in rows
+    ]
 
 
 def gradient_histograms(report) -> dict[str, dict[str, int]]:
@@ -104,16 +127,21 @@ def overhead(config, batch_size: int, rounds: int, seconds: float, before_loweri
     state = sac.init(jax.random.key(0), jnp.zeros(env.observation_shape), env.action_dim, agent)
     keys = jax.random.split(jax.random.key(1), 3)
     obs = jax.random.normal(keys[0], (batch_size, *env.observation_shape))
-    batch = {"obs": obs, "action": jax.random.uniform(keys[1], (batch_size, env.action_dim), minval=-1, maxval=1),
-             "reward": jax.random.uniform(keys[2], (batch_size,)), "discount": jnp.ones(batch_size),
-             "next_obs": obs[::-1]}
+    batch = {
+        "obs": obs,
+        "action": jax.random.uniform(keys[1], (batch_size, env.action_dim), minval=-1, maxval=1),
+        "reward": jax.random.uniform(keys[2], (batch_size,)),
+        "discount": jnp.ones(batch_size),
+        "next_obs": obs[::-1],
+    }
     lowered = sac.update.lower(state, batch).as_text()
     return lowered, [update_rate(state, batch, seconds) for _ in range(rounds)]
 
 
-def run(configs: Sequence[str], env: str, width: int, batch: int, checkpoint: str | None, rounds: int,
-        seconds: float) -> dict:
-    from lpjax.inspect import cli
+def run(
+    configs: Sequence[str], env: str, width: int, batch: int, checkpoint: str | None, rounds: int, seconds: float
+) -> dict:
+    from experiments import inspect as cli
 
     scenarios = [("fresh", None)] + ([("checkpoint", checkpoint)] if checkpoint else [])
     overhead_config = load_config(configs[0], env, width)
@@ -125,33 +153,47 @@ def run(configs: Sequence[str], env: str, width: int, batch: int, checkpoint: st
             reports = cli.sac_reports(config, source, "auto", batch, seed=0)
             warm = cli.sac_reports(config, source, "auto", batch, seed=0)
             results[f"{name}/{scenario}"] = {
-                "env": config.env, "hidden_dims": list(config.agent.hidden_dims),
-                "phases": {phase: {**summarize(reports[phase]), "warm_seconds": warm[phase].seconds}
-                           for phase in reports},
-                "paper_findings": {finding: finding_summary(rows)
-                                   for finding, rows in cli.paper_findings(reports).items()},
+                "env": config.env,
+                "hidden_dims": list(config.agent.hidden_dims),
+                "phases": {
+                    phase: {**summarize(reports[phase]), "warm_seconds": warm[phase].seconds} for phase in reports
+                },
+                "paper_findings": {
+                    finding: finding_summary(rows) for finding, rows in cli.paper_findings(reports).items()
+                },
             }
             if scenario == "fresh":
                 histograms[name] = gradient_histograms(reports["critic"])
     lowered_after, rate_after = overhead(overhead_config, batch, rounds, seconds)
-    return {"results": results, "gradient_exponents": histograms,
-            "zero_cost_when_off": {"lowering_identical": lowered_before == lowered_after,
-                                   "update_steps_per_s_before": rate_before,
-                                   "update_steps_per_s_after": rate_after}}
+    return {
+        "results": results,
+        "gradient_exponents": histograms,
+        "zero_cost_when_off": {
+            "lowering_identical": lowered_before == lowered_after,
+            "update_steps_per_s_before": rate_before,
+            "update_steps_per_s_after": rate_after,
+        },
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"{'config/scenario':28} {'phase':7} {'cold s':>7} {'warm s':>7} {'eqns':>5} {'err':>4} {'warn':>5} "
-             f"{'harmless':>8}"]
+    lines = [
+        f"{'config/scenario':28} {'phase':7} {'cold s':>7} {'warm s':>7} {'eqns':>5} {'err':>4} {'warn':>5} "
+        f"{'harmless':>8}"
+    ]
     for key, entry in result["results"].items():
         for phase, stats in entry["phases"].items():
-            lines.append(f"{key:28} {phase:7} {stats['seconds']:7.1f} {stats['warm_seconds']:7.1f} "
-                         f"{stats['equations']:5d} {stats['errors']:4d} {stats['warnings']:5d} {stats['harmless']:8d}")
+            lines.append(
+                f"{key:28} {phase:7} {stats['seconds']:7.1f} {stats['warm_seconds']:7.1f} "
+                f"{stats['equations']:5d} {stats['errors']:4d} {stats['warnings']:5d} {stats['harmless']:8d}"
+            )
         found = [name for name, rows in entry["paper_findings"].items() if rows]
         lines.append(f"{'':28} paper's problems found: {', '.join(found) or 'none'}")
     off = result["zero_cost_when_off"]
-    lines.append(f"inspector off: lowering identical {off['lowering_identical']}; sac.update steps/s before "
-                 f"{np.median(off['update_steps_per_s_before']):.1f}, after {np.median(off['update_steps_per_s_after']):.1f}")
+    lines.append(
+        f"inspector off: lowering identical {off['lowering_identical']}; sac.update steps/s before "
+        f"{np.median(off['update_steps_per_s_before']):.1f}, after {np.median(off['update_steps_per_s_after']):.1f}"
+    )
     return "\n".join(lines)
 
 
@@ -168,10 +210,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
         for color, (name, per_config) in enumerate(histograms.items()):
             counts = per_config.get(layer, {})  # empty where every gradient was nan/inf
             exponents = np.array([int(k) for k in counts])
-            ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}",
-                   label=name)
-        for x, style, label in ((-24, ":", "fp16 smallest subnormal 2^-24"), (-14, "--", "fp16 smallest normal 2^-14"),
-                                (16, "-", "fp16 max 65504 < 2^16")):
+            ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}", label=name)
+        for x, style, label in (
+            (-24, ":", "fp16 smallest subnormal 2^-24"),
+            (-14, "--", "fp16 smallest normal 2^-14"),
+            (16, "-", "fp16 max 65504 < 2^16"),
+        ):
             ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label)
         ax.set_title(layer, fontsize=8)
         ax.set_xlabel("floor(log2 |gradient|)")
@@ -185,14 +229,18 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--configs", default="fp16_naive,fp16", help="SAC configs (names in experiments/configs/sac)")
     parser.add_argument("--env", default="dmc:walker-walk")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
-                        help="trained run directory whose networks are inspected too ('none' to skip)")
+    parser.add_argument(
+        "--checkpoint",
+        default=str(DEFAULT_CHECKPOINT),
+        help="trained run directory whose networks are inspected too ('none' to skip)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the update-rate measurement")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per update-rate measurement")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "benchmarks" / "results"))
@@ -200,12 +248,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     checkpoint = None if args.checkpoint == "none" else args.checkpoint
     if checkpoint and not (pathlib.Path(checkpoint) / "config.json").is_file():
-        parser.error(f"--checkpoint={checkpoint} is not a training run directory (no config.json); pass "
-                     "--checkpoint=none or train one with python -m benchmarks.sac_reproduction")
-    result = {"command": command_line("benchmarks.inspector", argv), "env": args.env, "width": args.width,
-              "batch": args.batch, "checkpoint": checkpoint, "jax": jax.__version__,
-              **run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds,
-                    args.seconds)}
+        parser.error(
+            f"--checkpoint={checkpoint} is not a training run directory (no config.json); pass "
+            "--checkpoint=none or train one with python -m benchmarks.sac_reproduction"
+        )
+    result = {
+        "command": command_line("benchmarks.inspector", argv),
+        "env": args.env,
+        "width": args.width,
+        "batch": args.batch,
+        "checkpoint": checkpoint,
+        "jax": jax.__version__,
+        **run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds, args.seconds),
+    }
     write_results(result, table(result), pathlib.Path(args.out_dir), args.name, plot)
     return result
 

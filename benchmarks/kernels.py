@@ -32,16 +32,17 @@ import argparse
 import functools
 import platform
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import command_line, write_results
-from kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
-from kernels._common import (
+from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
+from lpjax.kernels._common import (
     GPU_TARGETS,
     TRITON_AVAILABLE,
     describe_lowering,
@@ -63,7 +64,7 @@ GPUS = {
 FP8_BLOCK = 128
 
 LOWERING_TARGETS = (("mosaic_gpu", "sm_90"), ("triton", "sm_90"), ("triton", "sm_89"), ("triton", "sm_80"))
-"""(backend, abstract GPU of :data:`kernels._common.GPU_TARGETS`) pairs each kernel is lowered for."""
+"""(backend, abstract GPU of :data:`lpjax.kernels._common.GPU_TARGETS`) pairs each kernel is lowered for."""
 
 LOWERING_NOTES = (
     "'lowers' means jax.export lowered the kernel for platforms=['cuda'] under an abstract GPU (no GPU, no CUDA "
@@ -81,8 +82,10 @@ LOWERING_NOTES = (
 def _bytes_fp16(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
     """bf16 x (M,K) and w (K,N), fp32 bias, bf16 output."""
     out = 2 * m * n + 4 * n
-    return {"compulsory": 2 * m * k + 2 * k * n + out,
-            "tiled": 2 * m * k * (round_up(n, bn) // bn) + 2 * k * n * (round_up(m, bm) // bm) + out}
+    return {
+        "compulsory": 2 * m * k + 2 * k * n + out,
+        "tiled": 2 * m * k * (round_up(n, bn) // bn) + 2 * k * n * (round_up(m, bm) // bm) + out,
+    }
 
 
 def _bytes_fp8(m: int, k: int, n: int, bm: int = 64, bn: int = FP8_BLOCK) -> dict[str, float]:
@@ -90,29 +93,42 @@ def _bytes_fp8(m: int, k: int, n: int, bm: int = 64, bn: int = FP8_BLOCK) -> dic
     groups = round_up(k, FP8_BLOCK) // FP8_BLOCK
     x_bytes, w_bytes = m * k + 4 * m * groups, k * n + 4 * groups * (round_up(n, FP8_BLOCK) // FP8_BLOCK)
     out = 2 * m * n + 4 * n
-    return {"compulsory": x_bytes + w_bytes + out,
-            "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
-            "activation_quantization_pass": 2 * m * k + m * k + 4 * m * groups}
+    return {
+        "compulsory": x_bytes + w_bytes + out,
+        "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
+        "activation_quantization_pass": 2 * m * k + m * k + 4 * m * groups,
+    }
 
 
 def _bytes_int8(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
     """int8 codes of x and w, fp32 per-token and per-channel scales, bf16 out."""
     x_bytes, w_bytes, out = m * k + 4 * m, k * n + 4 * n, 2 * m * n + 4 * n
-    return {"compulsory": x_bytes + w_bytes + out,
-            "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
-            "activation_quantization_pass": 2 * m * k + m * k + 4 * m}
+    return {
+        "compulsory": x_bytes + w_bytes + out,
+        "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
+        "activation_quantization_pass": 2 * m * k + m * k + 4 * m,
+    }
 
 
 KERNELS: dict[str, dict[str, Any]] = {
-    "fp16_matmul[bf16]": dict(bytes=_bytes_fp16, peak="bf16_tflops", dtype=jnp.bfloat16,
-                              fn=lambda impl, **kw: functools.partial(fp16_matmul, out_dtype=jnp.bfloat16, impl=impl,
-                                                                      **kw)),
-    "fp8_blockwise_matmul": dict(bytes=_bytes_fp8, peak="fp8_tflops", dtype=jnp.bfloat16,
-                                 fn=lambda impl, **kw: functools.partial(fp8_blockwise_matmul,
-                                                                         out_dtype=jnp.bfloat16, impl=impl, **kw)),
-    "int8_matmul": dict(bytes=_bytes_int8, peak="int8_tops", dtype=jnp.bfloat16,
-                        fn=lambda impl, **kw: functools.partial(int8_matmul, out_dtype=jnp.bfloat16, impl=impl,
-                                                                **kw)),
+    "fp16_matmul[bf16]": dict(
+        bytes=_bytes_fp16,
+        peak="bf16_tflops",
+        dtype=jnp.bfloat16,
+        fn=lambda impl, **kw: functools.partial(fp16_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
+    ),
+    "fp8_blockwise_matmul": dict(
+        bytes=_bytes_fp8,
+        peak="fp8_tflops",
+        dtype=jnp.bfloat16,
+        fn=lambda impl, **kw: functools.partial(fp8_blockwise_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
+    ),
+    "int8_matmul": dict(
+        bytes=_bytes_int8,
+        peak="int8_tops",
+        dtype=jnp.bfloat16,
+        fn=lambda impl, **kw: functools.partial(int8_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
+    ),
 }
 
 
@@ -120,9 +136,12 @@ def roofline(flops: float, nbytes: float, peak_tflops: float, hbm_tb_s: float) -
     """Lower bound on the time of a kernel moving ``nbytes`` and doing ``flops`` on a GPU with these peaks."""
     compute_s, memory_s = flops / (peak_tflops * 1e12), nbytes / (hbm_tb_s * 1e12)
     bound_s = max(compute_s, memory_s)
-    return {"time_lower_bound_us": bound_s * 1e6, "attainable_tflops": flops / bound_s / 1e12,
-            "bound": "compute" if compute_s >= memory_s else "memory",
-            "ridge_intensity": peak_tflops / hbm_tb_s}
+    return {
+        "time_lower_bound_us": bound_s * 1e6,
+        "attainable_tflops": flops / bound_s / 1e12,
+        "bound": "compute" if compute_s >= memory_s else "memory",
+        "ridge_intensity": peak_tflops / hbm_tb_s,
+    }
 
 
 def _time(fn: Callable[[], Any], repeats: int) -> float:
@@ -138,8 +157,10 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
 
 def _operands(m: int, k: int, n: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
     kx, kw = jax.random.split(jax.random.key(0))
-    return (jax.random.normal(kx, (m, k), jnp.float32).astype(dtype),
-            (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(dtype))
+    return (
+        jax.random.normal(kx, (m, k), jnp.float32).astype(dtype),
+        (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(dtype),
+    )
 
 
 def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
@@ -147,18 +168,27 @@ def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
     spec, (m, k, n) = KERNELS[name], shape
     flops = 2.0 * m * n * k
     nbytes = spec["bytes"](m, k, n)
-    entry: dict[str, Any] = {"M": m, "K": k, "N": n, "flops": flops, "bytes": nbytes,
-                             "intensity_compulsory": flops / nbytes["compulsory"],
-                             "intensity_tiled": flops / nbytes["tiled"], "roofline": {}}
+    entry: dict[str, Any] = {
+        "M": m,
+        "K": k,
+        "N": n,
+        "flops": flops,
+        "bytes": nbytes,
+        "intensity_compulsory": flops / nbytes["compulsory"],
+        "intensity_tiled": flops / nbytes["tiled"],
+        "roofline": {},
+    }
     for gpu, peaks in GPUS.items():
-        entry["roofline"][gpu] = {kind: roofline(flops, nbytes[kind], peaks[spec["peak"]], peaks["hbm_tb_s"])
-                                  for kind in ("compulsory", "tiled")}
+        entry["roofline"][gpu] = {
+            kind: roofline(flops, nbytes[kind], peaks[spec["peak"]], peaks["hbm_tb_s"])
+            for kind in ("compulsory", "tiled")
+        }
     return entry
 
 
 def lowers_for_cuda(name: str, shape: tuple[int, int, int], backend: str, arch: str) -> dict[str, Any]:
     """Whether the kernel's ``backend`` lowers for CUDA on the abstract GPU ``arch`` at this shape, with jax.export
-    on this machine, and what the lowered module runs (:func:`kernels._common.describe_lowering`)."""
+    on this machine, and what the lowered module runs (:func:`lpjax.kernels._common.describe_lowering`)."""
     m, k, n = shape
     x = jax.ShapeDtypeStruct((m, k), KERNELS[name]["dtype"])
     w = jax.ShapeDtypeStruct((k, n), KERNELS[name]["dtype"])
@@ -178,11 +208,18 @@ def lowering_triples(lowered: dict[str, dict[str, dict[str, Any]]]) -> list[dict
         for backend, arch in LOWERING_TARGETS:
             results = {s: by_target[f"{backend}@{arch}"] for s, by_target in shapes.items()}
             errors = [r["error"] for r in results.values() if not r["ok"]]
-            rows.append({"kernel": name, "backend": backend, "arch": (arch + "a") if backend == "mosaic_gpu" else arch,
-                         "device_kind": GPU_TARGETS[arch][0], "lowers": not errors,
-                         "shapes": [s for s, r in results.items() if r["ok"]],
-                         "wgmma": sorted({i for r in results.values() for i in r.get("wgmma", [])}),
-                         "error": errors[0] if errors else None})
+            rows.append(
+                {
+                    "kernel": name,
+                    "backend": backend,
+                    "arch": (arch + "a") if backend == "mosaic_gpu" else arch,
+                    "device_kind": GPU_TARGETS[arch][0],
+                    "lowers": not errors,
+                    "shapes": [s for s, r in results.items() if r["ok"]],
+                    "wgmma": sorted({i for r in results.values() for i in r.get("wgmma", [])}),
+                    "error": errors[0] if errors else None,
+                }
+            )
     return rows
 
 
@@ -213,13 +250,17 @@ def cpu_reference_latency(shape: tuple[int, int, int], repeats: int) -> dict[str
     """Milliseconds per call on this CPU of the XLA-compiled references next to an fp32 ``jnp.dot``."""
     m, k, n = shape
     x, w = _operands(m, k, n, jnp.float32)
-    calls = {"jnp_dot_fp32": jax.jit(jnp.dot),
-             "jnp_dot_bf16": jax.jit(lambda x, w: jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-                                                          preferred_element_type=jnp.float32))}
+    calls = {
+        "jnp_dot_fp32": jax.jit(jnp.dot),
+        "jnp_dot_bf16": jax.jit(
+            lambda x, w: jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        ),
+    }
     for name, spec in KERNELS.items():
         cast = spec["dtype"] if name.startswith("fp16") else jnp.float32
-        calls[f"{name}[reference]"] = jax.jit(lambda x, w, f=spec["fn"]("reference"), c=cast: f(x.astype(c),
-                                                                                            w.astype(c)))
+        calls[f"{name}[reference]"] = jax.jit(
+            lambda x, w, f=spec["fn"]("reference"), c=cast: f(x.astype(c), w.astype(c))  # noqa: B008
+        )
     return {label: 1e3 * _time(lambda f=f: f(x, w), repeats) for label, f in calls.items()}
 
 
@@ -227,6 +268,7 @@ def plot(result: dict, path: Path) -> None:
     """Roofline chart (H100): each kernel/shape at its intensity and attainable TFLOP/s, filled markers for the
     tiled byte count, hollow ones for the compulsory byte count."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -234,19 +276,39 @@ def plot(result: dict, path: Path) -> None:
     peaks = GPUS["H100"]
     intensity = np.logspace(0, 4, 200)
     for peak_key, style in (("bf16_tflops", "-"), ("fp8_tflops", "--")):
-        ax.plot(intensity, np.minimum(peaks[peak_key], intensity * peaks["hbm_tb_s"]), "k" + style, lw=1,
-                label=f"H100 roof ({peak_key.split('_')[0]})")
+        ax.plot(
+            intensity,
+            np.minimum(peaks[peak_key], intensity * peaks["hbm_tb_s"]),
+            "k" + style,
+            lw=1,
+            label=f"H100 roof ({peak_key.split('_')[0]})",
+        )
     markers = dict(zip(result["shapes"], "os^Dv"))
     for color, (name, shapes) in zip(("C0", "C1", "C2"), result["model"].items()):
         for shape_name, entry in shapes.items():
-            ax.scatter(entry["intensity_tiled"], entry["roofline"]["H100"]["tiled"]["attainable_tflops"],
-                       color=color, marker=markers[shape_name], s=50,
-                       label=f"{name} {shape_name}")
-            ax.scatter(entry["intensity_compulsory"], entry["roofline"]["H100"]["compulsory"]["attainable_tflops"],
-                       facecolors="none", edgecolors=color, marker=markers[shape_name], s=50)
-    ax.set(xscale="log", yscale="log",
-           xlabel="arithmetic intensity, FLOP/byte (filled: tiled, no L2 reuse; hollow: compulsory bytes)",
-           ylabel="attainable TFLOP/s (model)", title="lpjax kernels on an H100 roofline (model, not measured)")
+            ax.scatter(
+                entry["intensity_tiled"],
+                entry["roofline"]["H100"]["tiled"]["attainable_tflops"],
+                color=color,
+                marker=markers[shape_name],
+                s=50,
+                label=f"{name} {shape_name}",
+            )
+            ax.scatter(
+                entry["intensity_compulsory"],
+                entry["roofline"]["H100"]["compulsory"]["attainable_tflops"],
+                facecolors="none",
+                edgecolors=color,
+                marker=markers[shape_name],
+                s=50,
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity, FLOP/byte (filled: tiled, no L2 reuse; hollow: compulsory bytes)",
+        ylabel="attainable TFLOP/s (model)",
+        title="lpjax kernels on an H100 roofline (model, not measured)",
+    )
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -263,41 +325,61 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     on_gpu = jax.devices()[0].platform == "gpu"
     result: dict[str, Any] = {
-        "command": command_line("benchmarks.kernels", argv), "platform": platform.platform(),
-        "device": str(jax.devices()[0]), "jax": jax.__version__, "gpus_modelled": GPUS, "shapes": SHAPES,
+        "command": command_line("benchmarks.kernels", argv),
+        "platform": platform.platform(),
+        "device": str(jax.devices()[0]),
+        "jax": jax.__version__,
+        "gpus_modelled": GPUS,
+        "shapes": SHAPES,
         "model": {name: {s: model_entry(name, shape) for s, shape in SHAPES.items()} for name in KERNELS},
     }
     if not args.no_export:
         result["lowers_for_cuda"] = {
-            name: {s: {f"{backend}@{arch}": lowers_for_cuda(name, shape, backend, arch)
-                       for backend, arch in LOWERING_TARGETS} for s, shape in SHAPES.items()}
-            for name in KERNELS}
+            name: {
+                s: {
+                    f"{backend}@{arch}": lowers_for_cuda(name, shape, backend, arch)
+                    for backend, arch in LOWERING_TARGETS
+                }
+                for s, shape in SHAPES.items()
+            }
+            for name in KERNELS
+        }
         result["lowering_triples"] = lowering_triples(result["lowers_for_cuda"])
         result["lowering_notes"] = list(LOWERING_NOTES)
     if on_gpu:
-        result["gpu_timings"] = {name: {s: gpu_timings(name, shape, args.repeats) for s, shape in SHAPES.items()}
-                                 for name in KERNELS}
+        result["gpu_timings"] = {
+            name: {s: gpu_timings(name, shape, args.repeats) for s, shape in SHAPES.items()} for name in KERNELS
+        }
     else:
         result["gpu_timings"] = None
-        result["gpu_timings_missing"] = ("No GPU here: kernel vs jnp.dot timings and TFLOP/s are not measured. "
-                                         "Run this benchmark on a GPU machine to fill them in.")
+        result["gpu_timings_missing"] = (
+            "No GPU here: kernel vs jnp.dot timings and TFLOP/s are not measured. "
+            "Run this benchmark on a GPU machine to fill them in."
+        )
     if not args.no_cpu_latency:
-        result["cpu_reference_latency_ms"] = {s: cpu_reference_latency(SHAPES[s], args.repeats)
-                                              for s in ("sac", "llm_decode")}
-    lines = ["H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles",
-             f"{'kernel':24s} {'shape':12s} {'GFLOP':>8s} {'AI compuls.':>11s} {'bound':>8s} {'us':>7s} "
-             f"{'AI tiled':>9s} {'bound':>8s} {'us':>7s} {'lowers':>6s}"]
+        result["cpu_reference_latency_ms"] = {
+            s: cpu_reference_latency(SHAPES[s], args.repeats) for s in ("sac", "llm_decode")
+        }
+    lines = [
+        "H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles",
+        f"{'kernel':24s} {'shape':12s} {'GFLOP':>8s} {'AI compuls.':>11s} {'bound':>8s} {'us':>7s} "
+        f"{'AI tiled':>9s} {'bound':>8s} {'us':>7s} {'lowers':>6s}",
+    ]
     for name, shapes in result["model"].items():
         for s, entry in shapes.items():
             once, tiled = entry["roofline"]["H100"]["compulsory"], entry["roofline"]["H100"]["tiled"]
             targets = result.get("lowers_for_cuda", {}).get(name, {}).get(s, {})
             lowered = f"{sum(r['ok'] for r in targets.values())}/{len(targets)}" if targets else "-"
-            lines.append(f"{name:24s} {s:12s} {entry['flops'] / 1e9:8.1f} {entry['intensity_compulsory']:11.1f} "
-                         f"{once['bound']:>8s} {once['time_lower_bound_us']:7.1f} {entry['intensity_tiled']:9.1f} "
-                         f"{tiled['bound']:>8s} {tiled['time_lower_bound_us']:7.1f} {lowered:>6s}")
+            lines.append(
+                f"{name:24s} {s:12s} {entry['flops'] / 1e9:8.1f} {entry['intensity_compulsory']:11.1f} "
+                f"{once['bound']:>8s} {once['time_lower_bound_us']:7.1f} {entry['intensity_tiled']:9.1f} "
+                f"{tiled['bound']:>8s} {tiled['time_lower_bound_us']:7.1f} {lowered:>6s}"
+            )
     for row in result.get("lowering_triples", []):
-        lines.append(f"lowers for CUDA: {row['kernel']:22s} {row['backend']:10s} {row['arch']:6s} {row['lowers']!s:5s} "
-                     + (" ".join(row["wgmma"]) or (row["error"] or "")))
+        lines.append(
+            f"lowers for CUDA: {row['kernel']:22s} {row['backend']:10s} {row['arch']:6s} {row['lowers']!s:5s} "
+            + (" ".join(row["wgmma"]) or (row["error"] or ""))
+        )
     if result["gpu_timings"] is None:
         lines.append(result["gpu_timings_missing"])
     for s, latencies in result.get("cpu_reference_latency_ms", {}).items():

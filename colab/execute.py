@@ -8,7 +8,8 @@ Each notebook runs in a fresh ``python3`` kernel of the interpreter running this
 repository root (lpjax's own source paths then print relative to it) or in ``--cwd``, with this process's
 environment: ``--steps N`` sets ``LPJAX_NOTEBOOK_STEPS=N``, the notebooks' reduced-size switch, and ``LPJAX_SOURCE``
 is passed on to the install cell. The committed notebooks are run with the repository's ``.venv``
-(``.venv/bin/python colab/execute.py``), where lpjax is already installed, so their install cell keeps it.
+(``.venv/bin/python colab/execute.py``), where lpjax is already installed, so their install cell keeps it and only
+puts the checkout on ``sys.path`` (for its ``experiments/``, which is not installed).
 
 A cell that raises stops its notebook; the notebook is saved up to that cell and the script exits with status 1
 after the remaining notebooks ran. A saved notebook records the SHA-256 of its code cells' sources
@@ -46,8 +47,13 @@ def execute(path: Path, output: Path, cwd: Path | None, cell_timeout: int) -> bo
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=cell_timeout, record_timing=False,
-                                     resources={"metadata": {"path": str(cwd or REPO_ROOT)}})
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=cell_timeout,
+        record_timing=False,
+        resources={"metadata": {"path": str(cwd or REPO_ROOT)}},
+    )
     started, ok = time.perf_counter(), True
     try:
         client.execute()
@@ -55,8 +61,7 @@ def execute(path: Path, output: Path, cwd: Path | None, cell_timeout: int) -> bo
         print(f"{path.name}: a cell failed:\n{error}", file=sys.stderr)
         ok = False
     seconds = time.perf_counter() - started
-    nb.metadata["lpjax"] = {"code_sha256": code_sha256(nb),
-                            "notebook_steps": os.environ.get("LPJAX_NOTEBOOK_STEPS")}
+    nb.metadata["lpjax"] = {"code_sha256": code_sha256(nb), "notebook_steps": os.environ.get("LPJAX_NOTEBOOK_STEPS")}
     output.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, output)
     print(f"{path.name}: {'ran' if ok else 'FAILED'} in {seconds:.0f} s -> {output}", flush=True)
@@ -74,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         os.environ["LPJAX_NOTEBOOK_STEPS"] = str(args.steps)
     notebooks = [p.resolve() for p in args.notebooks] or sorted(COLAB.glob("*.ipynb"))
-    failed = [path.name for path in notebooks
-              if not execute(path, (args.output_dir or path.parent) / path.name, args.cwd, args.cell_timeout)]
+    failed = [
+        path.name
+        for path in notebooks
+        if not execute(path, (args.output_dir or path.parent) / path.name, args.cwd, args.cell_timeout)
+    ]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -42,7 +42,8 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -67,8 +68,11 @@ TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
 MOSAIC_GPU_CUSTOM_CALL = "mosaic_gpu_v2"
 """Custom-call target of a Mosaic GPU Pallas kernel (on jax.export's list of stable targets)."""
 
-GPU_TARGETS = {"sm_90": ("NVIDIA H100 80GB HBM3", 132), "sm_89": ("NVIDIA L4", 58),
-               "sm_80": ("NVIDIA A100-SXM4-80GB", 108)}
+GPU_TARGETS = {
+    "sm_90": ("NVIDIA H100 80GB HBM3", 132),
+    "sm_89": ("NVIDIA L4", 58),
+    "sm_80": ("NVIDIA A100-SXM4-80GB", 108),
+}
 """Abstract GPUs to lower for, by compute capability: ``(device_kind, number of SMs)`` as JAX reports them.
 sm_89 (Ada) is the oldest GPU with e4m3 tensor cores, which Triton's fp8 dot needs."""
 
@@ -113,11 +117,15 @@ def select_backend(impl: str, *, kernel: str, interpret: bool) -> str:
     if impl == "pallas":
         impl = "mosaic_gpu" if is_hopper(kind) or not TRITON_AVAILABLE else "triton"
     if impl == "triton" and not TRITON_AVAILABLE:
-        raise ValueError(f"jax {jax.__version__} no longer ships Pallas' Triton backend; use impl='mosaic_gpu' "
-                         "(Hopper) or impl='reference'.")
+        raise ValueError(
+            f"jax {jax.__version__} no longer ships Pallas' Triton backend; use impl='mosaic_gpu' "
+            "(Hopper) or impl='reference'."
+        )
     if impl == "mosaic_gpu" and not interpret and kind is not None and not is_hopper(kind):
-        raise ValueError(f"{kernel}'s Mosaic GPU kernel uses Hopper's wgmma and needs an sm_90 GPU; the target is "
-                         f"{kind!r}. Use impl='triton'.")
+        raise ValueError(
+            f"{kernel}'s Mosaic GPU kernel uses Hopper's wgmma and needs an sm_90 GPU; the target is "
+            f"{kind!r}. Use impl='triton'."
+        )
     return impl
 
 
@@ -200,9 +208,18 @@ def bias_operand(bias: jax.Array, n: int, block_n: int) -> tuple[jax.Array, pl.B
     return row, pl.BlockSpec((1, block_n), lambda i, j: (0, j))
 
 
-def output_tiled_call(kernel: Callable[..., None], operands: Sequence[jax.Array], in_specs: Sequence[pl.BlockSpec],
-                      *, out_shape: tuple[int, int], out_dtype: Any, block_m: int, block_n: int, interpret: bool,
-                      name: str) -> jax.Array:
+def output_tiled_call(
+    kernel: Callable[..., None],
+    operands: Sequence[jax.Array],
+    in_specs: Sequence[pl.BlockSpec],
+    *,
+    out_shape: tuple[int, int],
+    out_dtype: Any,
+    block_m: int,
+    block_n: int,
+    interpret: bool,
+    name: str,
+) -> jax.Array:
     """``pallas_call`` over a grid of ``(block_m, block_n)`` output tiles of a padded ``out_shape`` matrix.
 
     Each program ``(i, j)`` writes output tile ``(i, j)`` and loops over K itself: Triton programs run in
@@ -245,14 +262,18 @@ def lower_for_cuda(fn: Callable[..., Any], *args: Any, arch: str = "sm_90") -> e
     with abstract_gpu(arch), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=TRITON_DEPRECATION, category=DeprecationWarning)
         return export.export(
-            jax.jit(fn), platforms=["cuda"],
-            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)])(*shapes)
+            jax.jit(fn),
+            platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)],
+        )(*shapes)
 
 
 def describe_lowering(exported: export.Exported) -> dict[str, Any]:
     """What a module lowered by :func:`lower_for_cuda` runs on the GPU: the number of its Triton and Mosaic GPU
     kernels (custom calls) and the ``wgmma`` instructions inside its Mosaic GPU kernels."""
     text = exported.mlir_module()
-    return {"triton_calls": text.count(f"@{TRITON_CUSTOM_CALL}("),
-            "mosaic_gpu_calls": text.count(f"@{MOSAIC_GPU_CUSTOM_CALL}("),
-            "wgmma": sorted(set(WGMMA_INSTRUCTION.findall(text)))}
+    return {
+        "triton_calls": text.count(f"@{TRITON_CUSTOM_CALL}("),
+        "mosaic_gpu_calls": text.count(f"@{MOSAIC_GPU_CUSTOM_CALL}("),
+        "wgmma": sorted(set(WGMMA_INSTRUCTION.findall(text))),
+    }

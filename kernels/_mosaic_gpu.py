@@ -26,7 +26,8 @@ interpret mode there (:data:`INTERPRETS_TRANSPOSED_OPERANDS`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,34 +69,50 @@ def interpret_params(interpret: bool, *, kernel: str, transposed_operands: bool)
     if not interpret:
         return None
     if transposed_operands and not INTERPRETS_TRANSPOSED_OPERANDS:
-        raise ValueError(f"{kernel}'s Mosaic GPU kernel cannot run in interpret mode on jax {jax.__version__}: its "
-                         "interpreter cannot read the transposed operand of an 8-bit wgmma (jax >= 0.11.2 can). "
-                         "Use impl='triton' or 'reference' on a CPU.")
+        raise ValueError(
+            f"{kernel}'s Mosaic GPU kernel cannot run in interpret mode on jax {jax.__version__}: its "
+            "interpreter cannot read the transposed operand of an 8-bit wgmma (jax >= 0.11.2 can). "
+            "Use impl='triton' or 'reference' on a CPU."
+        )
     return InterpretGPUParams()
 
 
-def launch(body: Callable[..., None], operands: Sequence[jax.Array], *, out_types: Sequence[jax.ShapeDtypeStruct],
-           scratch_types: Sequence[Any], grid: tuple[int, int], interpret: Any, name: str) -> list[jax.Array]:
+def launch(
+    body: Callable[..., None],
+    operands: Sequence[jax.Array],
+    *,
+    out_types: Sequence[jax.ShapeDtypeStruct],
+    scratch_types: Sequence[Any],
+    grid: tuple[int, int],
+    interpret: Any,
+    name: str,
+) -> list[jax.Array]:
     """Runs ``body(*operand_refs, *out_refs, *scratch_refs)`` once per output tile, on a ``grid = (M tiles,
     N tiles)`` named ``("m", "n")``, one warpgroup per tile, with warpgroup lowering semantics."""
     kernel = plgpu.kernel(
-        body, out_type=tuple(out_types), scratch_types=tuple(scratch_types), grid=grid, grid_names=("m", "n"),
+        body,
+        out_type=tuple(out_types),
+        scratch_types=tuple(scratch_types),
+        grid=grid,
+        grid_names=("m", "n"),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret, kernel_name=name)
+        interpret=interpret,
+        kernel_name=name,
+    )
     return list(kernel(*operands))
 
 
 def tile_slices(block_m: int, block_n: int) -> tuple[pl.Slice, pl.Slice]:
     """The rows and columns of the output tile of the current program: ``(m * block_m, n * block_n)`` onward."""
-    return (pl.ds(jax.lax.axis_index("m") * block_m, block_m),
-            pl.ds(jax.lax.axis_index("n") * block_n, block_n))
+    return (pl.ds(jax.lax.axis_index("m") * block_m, block_m), pl.ds(jax.lax.axis_index("n") * block_n, block_n))
 
 
 def check_block_n(block_n: int) -> None:
     """Raises a ``ValueError`` unless ``block_n`` fits one ``wgmma`` (<= :data:`WGMMA_MAX_N`)."""
     if block_n > WGMMA_MAX_N:
-        raise ValueError(f"block_n must be <= {WGMMA_MAX_N} (the largest wgmma N) for impl='mosaic_gpu', "
-                         f"got {block_n}.")
+        raise ValueError(
+            f"block_n must be <= {WGMMA_MAX_N} (the largest wgmma N) for impl='mosaic_gpu', got {block_n}."
+        )
 
 
 def accumulate(a_gmem: Any, b_gmem: Any, acc_dtype: Any, *, block_k: int, b_k_major: bool) -> jax.Array:
@@ -122,7 +139,8 @@ def accumulate(a_gmem: Any, b_gmem: Any, acc_dtype: Any, *, block_k: int, b_k_ma
             plgpu.wgmma_wait(1)
 
         plgpu.emit_pipeline(step, grid=(k // block_k,), max_concurrent_steps=STAGES, in_specs=[a_spec, b_spec])(
-            a_gmem, b_gmem)
+            a_gmem, b_gmem
+        )
         return acc[...]
 
     return pl.run_scoped(run, plgpu.ACC((block_m, block_n), acc_dtype))

@@ -10,9 +10,9 @@ and is differentiable through a :func:`jax.custom_vjp` whose backward pass runs 
 :func:`fp16_matmul` for the exact backward maths). ``impl="reference"`` is the same forward and backward maths in
 plain ``jax.numpy``; it defines what the kernels are tested against. ``impl="triton"`` is the Pallas kernel
 below (a grid of output tiles, each looping over K with ``jnp.dot``), ``impl="mosaic_gpu"`` the Hopper kernel of
-:mod:`kernels.fp16_matmul_mosaic_gpu` (TMA pipeline, ``wgmma``), and ``impl="pallas"`` picks between them by the
+:mod:`lpjax.kernels.fp16_matmul_mosaic_gpu` (TMA pipeline, ``wgmma``), and ``impl="pallas"`` picks between them by the
 target GPU. Conventions (``impl``, ``interpret``, padding, power-of-two blocks) are those of
-:mod:`kernels._common`.
+:mod:`lpjax.kernels._common`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from kernels import fp16_matmul_mosaic_gpu
-from kernels._common import (
+from lpjax.kernels import fp16_matmul_mosaic_gpu
+from lpjax.kernels._common import (
     check_block,
     check_dtype,
     check_matmul_shapes,
@@ -142,8 +143,11 @@ def _matmul_kernel(*refs, has_bias: bool, save_preact: bool, activation: str, bl
 def _triton_matmul(x, w, b, cfg: _Config, save_preact: bool):
     """The Triton path on matrices: pads to the blocks, runs the kernel, slices back. Returns ``y`` or ``(y, z)``."""
     m, k, n = x.shape[0], x.shape[1], w.shape[1]
-    bm, bn, bk = (fit_block(cfg.block_m, m, MIN_BLOCK), fit_block(cfg.block_n, n, MIN_BLOCK),
-                  fit_block(cfg.block_k, k, MIN_BLOCK))
+    bm, bn, bk = (
+        fit_block(cfg.block_m, m, MIN_BLOCK),
+        fit_block(cfg.block_n, n, MIN_BLOCK),
+        fit_block(cfg.block_k, k, MIN_BLOCK),
+    )
     mp, np_, kp = round_up(m, bm), round_up(n, bn), round_up(k, bk)
     # Zero padding is exact: padded K columns/rows contribute 0 * 0 to every dot product, padded M rows and N
     # columns only produce outputs that are sliced off.
@@ -162,8 +166,13 @@ def _triton_matmul(x, w, b, cfg: _Config, save_preact: bool):
     if save_preact:
         out_shape.append(jax.ShapeDtypeStruct((mp, np_), jnp.float32))
     kernel = functools.partial(
-        _matmul_kernel, has_bias=b is not None, save_preact=save_preact, activation=cfg.activation,
-        block_k=bk, num_k=kp // bk)
+        _matmul_kernel,
+        has_bias=b is not None,
+        save_preact=save_preact,
+        activation=cfg.activation,
+        block_k=bk,
+        num_k=kp // bk,
+    )
     outs = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -195,9 +204,15 @@ def _matmul(x, w, b, cfg: _Config, save_preact: bool = False):
     if cfg.impl == "triton":
         return _triton_matmul(x, w, b, cfg, save_preact)
     return fp16_matmul_mosaic_gpu.matmul(
-        x, w, b, act=functools.partial(_activation, activation=cfg.activation, expm1=_exp_minus_one),
-        out_dtype=cfg.out_dtype, blocks=(cfg.block_m, cfg.block_n, cfg.block_k), interpret=cfg.interpret,
-        save_preact=save_preact)
+        x,
+        w,
+        b,
+        act=functools.partial(_activation, activation=cfg.activation, expm1=_exp_minus_one),
+        out_dtype=cfg.out_dtype,
+        blocks=(cfg.block_m, cfg.block_n, cfg.block_k),
+        interpret=cfg.interpret,
+        save_preact=save_preact,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -262,7 +277,7 @@ def fp16_matmul(
     ``(M / block_m, N / block_n)`` output tiles; each tile loops over K in ``block_k`` chunks, accumulating
     exact products in a float32 tile (Triton: ``jnp.dot(..., preferred_element_type=float32)``; Mosaic GPU:
     ``wgmma``), so only the summation order differs from ``impl="reference"`` (and, for Mosaic GPU's ELU,
-    ``exp(z) - 1`` in place of ``expm1(z)``: see :mod:`kernels.fp16_matmul_mosaic_gpu`).
+    ``exp(z) - 1`` in place of ``expm1(z)``: see :mod:`lpjax.kernels.fp16_matmul_mosaic_gpu`).
 
     Backward (a :func:`jax.custom_vjp`; the same for every ``impl``), with ``dy`` the cotangent of ``y``::
 
@@ -290,7 +305,7 @@ def fp16_matmul(
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``.
       out_dtype: dtype of ``y``: float32, float16 or bfloat16; ``None`` means ``x.dtype``.
       impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
-        ``"reference"`` (``jax.numpy``); see :mod:`kernels._common`.
+        ``"reference"`` (``jax.numpy``); see :mod:`lpjax.kernels._common`.
       interpret: Pallas interpret mode; ``None`` = interpret iff JAX's default backend is the CPU.
       block_m, block_n, block_k: tile sizes, powers of two >= 16 (Triton's ``tl.dot`` minimum). Each is an
         upper bound: a dimension smaller than its block gets the smallest power of two >= it (and >= 16)

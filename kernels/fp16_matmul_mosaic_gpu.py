@@ -1,4 +1,4 @@
-"""``act(x @ w + b)`` with fp16/bf16 operands on Hopper: the Mosaic GPU kernel of :func:`kernels.fp16_matmul`.
+"""``act(x @ w + b)`` with fp16/bf16 operands on Hopper: the Mosaic GPU kernel of :func:`lpjax.kernels.fp16_matmul`.
 
 For ``x: (M, K)`` and ``w: (K, N)`` (both float16 or both bfloat16) and an optional float32 bias, the CTA of
 output tile ``(i, j)`` computes, with ``rows = i*block_m ...`` and ``cols = j*block_n ...``::
@@ -8,29 +8,29 @@ output tile ``(i, j)`` computes, with ``rows = i*block_m ...`` and ``cols = j*bl
     y = out_dtype(act(z))                                   # act in float32, one rounding
 
 TMA streams the ``(block_m, block_k)`` tiles of ``x`` and the ``(block_k, block_n)`` tiles of ``w`` through a
-pipelined K loop (:func:`kernels._mosaic_gpu.accumulate`) whose ``wgmma`` steps accumulate into a float32
+pipelined K loop (:func:`lpjax.kernels._mosaic_gpu.accumulate`) whose ``wgmma`` steps accumulate into a float32
 register tile. The bias is copied by TMA while the K loop runs. The epilogue stores ``y`` and, for the
 backward pass, the float32 ``z``, each with a TMA store.
 
 Only the float32 summation order differs from ``impl="reference"``, and the ELU: Mosaic GPU lowers no ``expm1``,
-so :func:`kernels.fp16_matmul.fp16_matmul` passes an ``act`` that evaluates ``exp(t) - 1`` for ``t <= 0``, whose
-absolute error is below ``2^-22`` (:func:`kernels.fp16_matmul._exp_minus_one`).
+so :func:`lpjax.kernels.fp16_matmul.fp16_matmul` passes an ``act`` that evaluates ``exp(t) - 1`` for ``t <= 0``, whose
+absolute error is below ``2^-22`` (:func:`lpjax.kernels.fp16_matmul._exp_minus_one`).
 
 Blocks: ``block_m`` is a power of two >= 64 (a warpgroup's ``wgmma`` has 64 rows), ``block_n`` <= 256 (the
-largest ``wgmma`` N); both shrink to the problem as in :func:`kernels._common.fit_block`.
+largest ``wgmma`` N); both shrink to the problem as in :func:`lpjax.kernels._common.fit_block`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels._common import fit_block, pad_to
-from kernels._mosaic_gpu import (
+from lpjax.kernels._common import fit_block, pad_to
+from lpjax.kernels._mosaic_gpu import (
     WGMMA_M,
     accumulate,
     broadcast_columns,
@@ -45,8 +45,15 @@ MIN_BLOCK = 16
 """Smallest ``block_n`` / ``block_k``: a 16-bit ``wgmma`` step has K = 16, and TMA rows are >= 16 bytes."""
 
 
-def _kernel(*refs, has_bias: bool, save_preact: bool, act: Callable[[jax.Array], jax.Array], block_m: int,
-            block_n: int, block_k: int) -> None:
+def _kernel(
+    *refs,
+    has_bias: bool,
+    save_preact: bool,
+    act: Callable[[jax.Array], jax.Array],
+    block_m: int,
+    block_n: int,
+    block_k: int,
+) -> None:
     """One output tile. ``refs``: ``x (Mp, Kp), w (Kp, Np), [b (Np,) f32]`` in GMEM, outputs ``y (Mp, Np),
     [z (Mp, Np) f32]`` in GMEM, then scratch ``[b_smem (block_n,) f32, barrier]``."""
     x_gmem, w_gmem, *refs = refs
@@ -67,9 +74,17 @@ def _kernel(*refs, has_bias: bool, save_preact: bool, act: Callable[[jax.Array],
         store_tile(z, z_gmem.at[rows, cols])
 
 
-def matmul(x: jax.Array, w: jax.Array, b: jax.Array | None, *, act: Callable[[jax.Array], jax.Array],
-           out_dtype: jnp.dtype, blocks: tuple[int, int, int], interpret: bool,
-           save_preact: bool) -> jax.Array | tuple[jax.Array, jax.Array]:
+def matmul(
+    x: jax.Array,
+    w: jax.Array,
+    b: jax.Array | None,
+    *,
+    act: Callable[[jax.Array], jax.Array],
+    out_dtype: jnp.dtype,
+    blocks: tuple[int, int, int],
+    interpret: bool,
+    save_preact: bool,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``y = out_dtype(act(x @ w + b))`` for non-empty matrices, and ``(y, z)`` with the float32 pre-activation
     ``z`` if ``save_preact``. Pads to the blocks (zeros add nothing to the sums), runs the kernel, slices back."""
     (m, k), n = x.shape, w.shape[1]
@@ -87,10 +102,17 @@ def matmul(x: jax.Array, w: jax.Array, b: jax.Array | None, *, act: Callable[[ja
     out_types = [jax.ShapeDtypeStruct((mp, np_), out_dtype)]
     if save_preact:
         out_types.append(jax.ShapeDtypeStruct((mp, np_), jnp.float32))
-    body = functools.partial(_kernel, has_bias=b is not None, save_preact=save_preact, act=act, block_m=bm,
-                             block_n=bn, block_k=bk)
-    outs = launch(body, operands, out_types=out_types, scratch_types=scratch, grid=(mp // bm, np_ // bn),
-                  interpret=interpret_params(interpret, kernel="fp16_matmul", transposed_operands=False),
-                  name="fp16_matmul")
+    body = functools.partial(
+        _kernel, has_bias=b is not None, save_preact=save_preact, act=act, block_m=bm, block_n=bn, block_k=bk
+    )
+    outs = launch(
+        body,
+        operands,
+        out_types=out_types,
+        scratch_types=scratch,
+        grid=(mp // bm, np_ // bn),
+        interpret=interpret_params(interpret, kernel="fp16_matmul", transposed_operands=False),
+        name="fp16_matmul",
+    )
     outs = [o[:m, :n] for o in outs]
     return tuple(outs) if save_preact else outs[0]

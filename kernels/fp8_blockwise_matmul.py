@@ -20,10 +20,10 @@ output tiles, each looping over K in 128-slices:
 
 * ``impl="triton"``: in the style of DeepSeek-V3's ``fp8_gemm_kernel``, with ``lax.fori_loop`` and
   ``jnp.dot(fp8, fp8, preferred_element_type=float32)``; Triton's fp8 dot needs an sm_89+ GPU (Ada, Hopper);
-* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`kernels.fp8_blockwise_matmul_mosaic_gpu`, in the style of
+* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`lpjax.kernels.fp8_blockwise_matmul_mosaic_gpu`, in the style of
   DeepGEMM: TMA pipeline, one fp8 ``wgmma`` per slice into a fresh float32 accumulator, promoted in registers.
 
-``impl="pallas"`` picks between them by the target GPU (:mod:`kernels._common`). On a CPU the kernels run in
+``impl="pallas"`` picks between them by the target GPU (:mod:`lpjax.kernels._common`). On a CPU the kernels run in
 interpret mode (slow, for tests).
 
 Gradients (straight-through): for a high-precision ``w`` both quantizers count as the identity in the backward
@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import fp8_blockwise_matmul_mosaic_gpu
-from kernels._common import (
+from lpjax.kernels import fp8_blockwise_matmul_mosaic_gpu
+from lpjax.kernels._common import (
     bias_operand,
     check_block,
     check_dtype,
@@ -78,9 +78,16 @@ MIN_BLOCK_M = 16
 """Smallest ``block_m``: Triton's ``tl.dot`` needs every tile dimension >= 16."""
 
 
-def fp8_blockwise_matmul(x: jax.Array, w: jax.Array | Fp8BlockwiseWeight, *, bias: jax.Array | None = None,
-                         out_dtype=jnp.float32, impl: str = "pallas", interpret: bool | None = None,
-                         block_m: int = 64) -> jax.Array:
+def fp8_blockwise_matmul(
+    x: jax.Array,
+    w: jax.Array | Fp8BlockwiseWeight,
+    *,
+    bias: jax.Array | None = None,
+    out_dtype=jnp.float32,
+    impl: str = "pallas",
+    interpret: bool | None = None,
+    block_m: int = 64,
+) -> jax.Array:
     """W8A8 blockwise-FP8 ``x @ w + bias`` (see the module docstring for the exact formula and gradients).
 
     Args:
@@ -91,7 +98,7 @@ def fp8_blockwise_matmul(x: jax.Array, w: jax.Array | Fp8BlockwiseWeight, *, bia
       bias: optional ``(N,)`` bias, added in float32 before the cast to ``out_dtype``.
       out_dtype: float32, bfloat16 or float16.
       impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
-        ``"reference"``; see :mod:`kernels._common`.
+        ``"reference"``; see :mod:`lpjax.kernels._common`.
       interpret: Pallas interpret mode; ``None`` picks it on a CPU backend. Ignored by the reference.
       block_m: rows of ``x`` per kernel tile, a power of two >= 16. It is reduced to the smallest power of two
         >= max(M, 16) when M is small, so a single token is not padded to 64 rows. Mosaic GPU raises it to at
@@ -131,8 +138,9 @@ def _check_quantized_weight(w: Fp8BlockwiseWeight) -> None:
     check_dtype("w.scales", scales, [jnp.float32])
     expected = (-(-codes.shape[0] // BLOCK), -(-codes.shape[1] // BLOCK))
     if tuple(scales.shape) != expected:
-        raise ValueError(f"w.scales must have shape {expected} (128 x 128 tiles of codes {codes.shape}), "
-                         f"got {scales.shape}.")
+        raise ValueError(
+            f"w.scales must have shape {expected} (128 x 128 tiles of codes {codes.shape}), got {scales.shape}."
+        )
 
 
 def _forward(x, qw, bias, out_dtype, impl, interpret, block_m):
@@ -177,10 +185,10 @@ def _reference(qa, sa, qw, bias, out_dtype):
     m, k = qa.shape
     n = qw.codes.shape[1]
     groups = -(-k // BLOCK)
-    a = pad_to(qa, (1, BLOCK)).reshape(m, groups, BLOCK).transpose(1, 0, 2)   # (G, M, 128) fp8
+    a = pad_to(qa, (1, BLOCK)).reshape(m, groups, BLOCK).transpose(1, 0, 2)  # (G, M, 128) fp8
     b = pad_to(qw.codes, (BLOCK, BLOCK))
-    b = b.reshape(groups, BLOCK, b.shape[1])                                  # (G, 128, Np) fp8
-    s_w = jnp.repeat(qw.scales, BLOCK, axis=1)                                # (G, Np)
+    b = b.reshape(groups, BLOCK, b.shape[1])  # (G, 128, Np) fp8
+    s_w = jnp.repeat(qw.scales, BLOCK, axis=1)  # (G, Np)
 
     def add_slice(acc, slice_g):
         a_g, b_g, s_a_g, s_w_g = slice_g
@@ -204,8 +212,9 @@ def _kernel(qa_ref, sa_ref, qw_ref, sw_ref, *rest, num_slices, has_bias):
 
     def add_slice(g, acc):
         k = pl.multiple_of(g * BLOCK, BLOCK)
-        part = jnp.dot(qa_ref[:, pl.ds(k, BLOCK)], qw_ref[pl.ds(k, BLOCK), :],
-                       preferred_element_type=jnp.float32)                  # (block_m, 128), fp8 x fp8 -> f32
+        part = jnp.dot(
+            qa_ref[:, pl.ds(k, BLOCK)], qw_ref[pl.ds(k, BLOCK), :], preferred_element_type=jnp.float32
+        )  # (block_m, 128), fp8 x fp8 -> f32
         return acc + part * sa_ref[:, pl.ds(g, 1)] * sw_ref[pl.ds(g, 1), :]  # (block_m, 1) and (1, 1) scales
 
     acc = jax.lax.fori_loop(0, num_slices, add_slice, jnp.zeros(o_ref.shape, jnp.float32))
@@ -238,9 +247,16 @@ def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
         operands.append(row)
         in_specs.append(spec)
     out = output_tiled_call(
-        functools.partial(_kernel, num_slices=groups, has_bias=bias is not None), operands, in_specs,
-        out_shape=(mp, np_), out_dtype=out_dtype, block_m=block_m, block_n=BLOCK, interpret=interpret,
-        name="fp8_blockwise_matmul")
+        functools.partial(_kernel, num_slices=groups, has_bias=bias is not None),
+        operands,
+        in_specs,
+        out_shape=(mp, np_),
+        out_dtype=out_dtype,
+        block_m=block_m,
+        block_n=BLOCK,
+        interpret=interpret,
+        name="fp8_blockwise_matmul",
+    )
     return out[:m, :n]
 
 

@@ -1,5 +1,5 @@
 """Blockwise-FP8 GEMM on Hopper with DeepGEMM's fp32 promotion: the Mosaic GPU kernel of
-:func:`kernels.fp8_blockwise_matmul`.
+:func:`lpjax.kernels.fp8_blockwise_matmul`.
 
 Given E4M3 activation codes ``qa: (M, K)`` with per-token group scales ``s_a: (M, G)`` and weight codes
 ``qw: (K, N)`` with 128 x 128 block scales ``s_w: (G, N/128)`` (``G = K/128``), the CTA of output tile
@@ -11,7 +11,7 @@ Given E4M3 activation codes ``qa: (M, K)`` with per-token group scales ``s_a: (M
         acc  = acc + part * s_a[rows, g] * s_w[g, j]           # promotion: scale, then add in float32
     y = out_dtype(acc + bias[cols])
 
-which is :func:`kernels.fp8_blockwise_matmul`'s reference formula, term for term and in the same order of
+which is :func:`lpjax.kernels.fp8_blockwise_matmul`'s reference formula, term for term and in the same order of
 float32 operations; only the summation order inside one 128-slice (the tensor core's) can differ.
 
 TMA streams ``(block_m, 128)`` code tiles of ``qa``, ``(128, 128)`` code tiles of the weight and the
@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels._common import fit_block, pad_to
-from kernels._mosaic_gpu import (
+from lpjax.kernels._common import fit_block, pad_to
+from lpjax.kernels._mosaic_gpu import (
     STAGES,
     WGMMA_M,
     broadcast_columns,
@@ -78,7 +78,9 @@ def _kernel(*refs, has_bias: bool, block_m: int, num_slices: int) -> None:
 
     codes = swizzled(qa_gmem.dtype, BLOCK)
     acc = plgpu.emit_pipeline(
-        add_slice, grid=(num_slices,), max_concurrent_steps=STAGES,
+        add_slice,
+        grid=(num_slices,),
+        max_concurrent_steps=STAGES,
         in_specs=[
             plgpu.BlockSpec((block_m, BLOCK), lambda g: (0, g), transforms=codes),
             plgpu.BlockSpec((BLOCK, BLOCK), lambda g: (0, g), transforms=codes),
@@ -92,8 +94,16 @@ def _kernel(*refs, has_bias: bool, block_m: int, num_slices: int) -> None:
     store_tile(acc.astype(o_gmem.dtype), o_gmem.at[rows, cols])
 
 
-def matmul(qa: jax.Array, sa: jax.Array, codes: jax.Array, scales: jax.Array, bias: jax.Array | None,
-           out_dtype: jnp.dtype, interpret: bool, block_m: int) -> jax.Array:
+def matmul(
+    qa: jax.Array,
+    sa: jax.Array,
+    codes: jax.Array,
+    scales: jax.Array,
+    bias: jax.Array | None,
+    out_dtype: jnp.dtype,
+    interpret: bool,
+    block_m: int,
+) -> jax.Array:
     """``(M, N)`` result of the module docstring's formula for ``qa: (M, K)``, ``sa: (M, G)``, ``codes: (K, N)``,
     ``scales: (G, ceil(N/128))``. Pads with zero codes and zero activation scales (padding adds nothing),
     rearranges the operands as the kernel takes them, runs it and slices back."""
@@ -111,8 +121,13 @@ def matmul(qa: jax.Array, sa: jax.Array, codes: jax.Array, scales: jax.Array, bi
         scratch += [plgpu.SMEM((BLOCK,), jnp.float32), plgpu.Barrier()]
     scratch.append(plgpu.Barrier())
     body = functools.partial(_kernel, has_bias=bias is not None, block_m=bm, num_slices=kp // BLOCK)
-    [out] = launch(body, operands, out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)], scratch_types=scratch,
-                   grid=(mp // bm, np_ // BLOCK),
-                   interpret=interpret_params(interpret, kernel="fp8_blockwise_matmul", transposed_operands=True),
-                   name="fp8_blockwise_matmul")
+    [out] = launch(
+        body,
+        operands,
+        out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)],
+        scratch_types=scratch,
+        grid=(mp // bm, np_ // BLOCK),
+        interpret=interpret_params(interpret, kernel="fp8_blockwise_matmul", transposed_operands=True),
+        name="fp8_blockwise_matmul",
+    )
     return out[:m, :n]

@@ -19,14 +19,14 @@ definition. Two Pallas kernels compute it on a grid of ``(M / block_m, N / block
 over K in ``block_k`` slices into an int32 accumulator:
 
 * ``impl="triton"``: ``lax.fori_loop`` and int8 ``jnp.dot`` (int8 tensor cores, sm_80+);
-* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`kernels.int8_matmul_mosaic_gpu` (TMA pipeline, s8 ``wgmma``).
+* ``impl="mosaic_gpu"``: the Hopper kernel of :mod:`lpjax.kernels.int8_matmul_mosaic_gpu` (TMA pipeline, s8 ``wgmma``).
 
-``impl="pallas"`` picks between them by the target GPU (:mod:`kernels._common`); on a CPU they run in interpret
+``impl="pallas"`` picks between them by the target GPU (:mod:`lpjax.kernels._common`); on a CPU they run in interpret
 mode. All give identical int32 accumulations (integer sums are exact in any order); the float32 epilogue may
 differ by one rounding where XLA fuses the multiply and the bias add into an FMA in one of them.
 
 This is an inference kernel: it has no gradient. Differentiating through it raises a ``TypeError``; train with
-a float matmul or :func:`kernels.fp8_blockwise_matmul.fp8_blockwise_matmul` (straight-through gradients).
+a float matmul or :func:`lpjax.kernels.fp8_blockwise_matmul.fp8_blockwise_matmul` (straight-through gradients).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import int8_matmul_mosaic_gpu
-from kernels._common import (
+from lpjax.kernels import int8_matmul_mosaic_gpu
+from lpjax.kernels._common import (
     bias_operand,
     check_block,
     check_dtype,
@@ -65,10 +65,18 @@ MIN_BLOCK = 16
 """Smallest block size: Triton's ``tl.dot`` needs every tile dimension >= 16."""
 
 
-def int8_matmul(x: jax.Array | tuple[jax.Array, jax.Array], w: jax.Array | Int8Weight, *,
-                bias: jax.Array | None = None, out_dtype=jnp.float32, impl: str = "pallas",
-                interpret: bool | None = None, block_m: int = 64, block_n: int = 64,
-                block_k: int = 64) -> jax.Array:
+def int8_matmul(
+    x: jax.Array | tuple[jax.Array, jax.Array],
+    w: jax.Array | Int8Weight,
+    *,
+    bias: jax.Array | None = None,
+    out_dtype=jnp.float32,
+    impl: str = "pallas",
+    interpret: bool | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    block_k: int = 64,
+) -> jax.Array:
     """Int8 ``x @ w + bias`` with per-token and per-output-channel scales (module docstring: exact formula).
 
     Args:
@@ -79,7 +87,7 @@ def int8_matmul(x: jax.Array | tuple[jax.Array, jax.Array], w: jax.Array | Int8W
       bias: optional ``(N,)`` bias, added in float32 before the cast to ``out_dtype``.
       out_dtype: float32, bfloat16 or float16.
       impl: ``"pallas"`` (the Pallas backend for the target GPU), ``"triton"``, ``"mosaic_gpu"`` or
-        ``"reference"``; see :mod:`kernels._common`.
+        ``"reference"``; see :mod:`lpjax.kernels._common`.
       interpret: Pallas interpret mode; ``None`` picks it on a CPU backend. Ignored by the reference.
       block_m, block_n, block_k: kernel tile sizes, powers of two >= 16. ``block_m`` is reduced to the smallest
         power of two >= max(M, 16) when M is small. Mosaic GPU raises ``block_m`` to at least 64 and ``block_k``
@@ -144,8 +152,9 @@ def _int8_matmul(qx, sx, qw, sw, bias, out_dtype, impl, interpret, blocks):
         return _reference(qx, sx, qw, sw, bias, out_dtype)
     if impl == "triton":
         return _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks)
-    return int8_matmul_mosaic_gpu.matmul(qx, sx, qw, sw, bias, epilogue=_epilogue, out_dtype=out_dtype,
-                                         blocks=blocks, interpret=interpret)
+    return int8_matmul_mosaic_gpu.matmul(
+        qx, sx, qw, sw, bias, epilogue=_epilogue, out_dtype=out_dtype, blocks=blocks, interpret=interpret
+    )
 
 
 def _int8_matmul_fwd(*args):
@@ -153,8 +162,10 @@ def _int8_matmul_fwd(*args):
 
 
 def _int8_matmul_bwd(*_):
-    raise TypeError("int8_matmul is an inference kernel and has no gradient; train with a float matmul or "
-                    "kernels.fp8_blockwise_matmul (straight-through gradients).")
+    raise TypeError(
+        "int8_matmul is an inference kernel and has no gradient; train with a float matmul or "
+        "lpjax.kernels.fp8_blockwise_matmul (straight-through gradients)."
+    )
 
 
 _int8_matmul.defvjp(_int8_matmul_fwd, _int8_matmul_bwd)
@@ -178,8 +189,9 @@ def _kernel(qx_ref, sx_ref, qw_ref, sw_ref, *rest, block_k, num_slices, has_bias
 
     def add_slice(i, acc):
         k = pl.multiple_of(i * block_k, block_k)
-        return acc + jnp.dot(qx_ref[:, pl.ds(k, block_k)], qw_ref[pl.ds(k, block_k), :],
-                             preferred_element_type=jnp.int32)
+        return acc + jnp.dot(
+            qx_ref[:, pl.ds(k, block_k)], qw_ref[pl.ds(k, block_k), :], preferred_element_type=jnp.int32
+        )
 
     acc = jax.lax.fori_loop(0, num_slices, add_slice, jnp.zeros(o_ref.shape, jnp.int32))
     y = _epilogue(acc, sx_ref[...], sw_ref[...], bias_ref[...] if has_bias else None)
@@ -211,8 +223,15 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
         in_specs.append(spec)
     out = output_tiled_call(
         functools.partial(_kernel, block_k=block_k, num_slices=kp // block_k, has_bias=bias is not None),
-        operands, in_specs, out_shape=(mp, np_), out_dtype=out_dtype, block_m=block_m, block_n=block_n,
-        interpret=interpret, name="int8_matmul")
+        operands,
+        in_specs,
+        out_shape=(mp, np_),
+        out_dtype=out_dtype,
+        block_m=block_m,
+        block_n=block_n,
+        interpret=interpret,
+        name="int8_matmul",
+    )
     return out[:m, :n]
 
 

@@ -1,4 +1,5 @@
-"""Int8 GEMM with per-token and per-channel scales on Hopper: the Mosaic GPU kernel of :func:`kernels.int8_matmul`.
+"""Int8 GEMM with per-token and per-channel scales on Hopper: the Mosaic GPU kernel of
+:func:`lpjax.kernels.int8_matmul`.
 
 For int8 codes ``q_x: (M, K)``, ``q_w: (K, N)`` with float32 scales ``s_x: (M,)``, ``s_w: (N,)`` and an optional
 float32 bias, the CTA of output tile ``(i, j)`` computes::
@@ -6,11 +7,11 @@ float32 bias, the CTA of output tile ``(i, j)`` computes::
     acc = sum over K steps s of  q_x[rows, s] @ q_w[s, cols]     # wgmma s8 x s8 -> int32, exact
     y   = out_dtype( epilogue(acc, s_x[rows], s_w[cols], bias[cols]) )
 
-with ``epilogue`` the float32 ``float32(acc) * s_x * s_w + bias`` of :func:`kernels.int8_matmul` (passed in, so
+with ``epilogue`` the float32 ``float32(acc) * s_x * s_w + bias`` of :func:`lpjax.kernels.int8_matmul` (passed in, so
 both implementations share it). Integer sums are exact in any order, so the int32 accumulator equals the
 reference's; the float32 epilogue may differ by one rounding where XLA fuses its multiply and add.
 
-The K loop is :func:`kernels._mosaic_gpu.accumulate` with ``block_k`` >= 32 (an 8-bit ``wgmma`` step has K = 32
+The K loop is :func:`lpjax.kernels._mosaic_gpu.accumulate` with ``block_k`` >= 32 (an 8-bit ``wgmma`` step has K = 32
 bytes). An 8-bit ``wgmma`` needs both operands K-major, so the weight codes are passed as ``q_w^T: (N, K)``. The
 tile's scales and bias are copied to SMEM by TMA while the K loop runs.
 """
@@ -18,14 +19,14 @@ tile's scales and bias are copied to SMEM by TMA while the K loop runs.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels._common import fit_block, pad_to
-from kernels._mosaic_gpu import (
+from lpjax.kernels._common import fit_block, pad_to
+from lpjax.kernels._mosaic_gpu import (
     WGMMA_M,
     accumulate,
     broadcast_columns,
@@ -44,14 +45,15 @@ MIN_BLOCK_K = 32
 """Smallest ``block_k``: an 8-bit ``wgmma`` step has K = 32."""
 
 
-def _kernel(*refs, has_bias: bool, epilogue: Callable[..., jax.Array], block_m: int, block_n: int,
-            block_k: int) -> None:
+def _kernel(
+    *refs, has_bias: bool, epilogue: Callable[..., jax.Array], block_m: int, block_n: int, block_k: int
+) -> None:
     """One output tile. ``refs``: ``q_x (Mp, Kp), s_x (Mp,), q_w^T (Np, Kp), s_w (Np,), [bias (Np,)]`` in GMEM, the
     output ``(Mp, Np)`` in GMEM, then scratch: an SMEM vector and a barrier per vector operand."""
     qx_gmem, sx_gmem, qw_gmem, sw_gmem, *refs = refs
     vectors = [sx_gmem, sw_gmem] + ([refs.pop(0)] if has_bias else [])
     o_gmem, *refs = refs
-    smems, barriers = refs[:len(vectors)], refs[len(vectors):]
+    smems, barriers = refs[: len(vectors)], refs[len(vectors) :]
     rows, cols = tile_slices(block_m, block_n)
     for src, index, smem, barrier in zip(vectors, (rows, cols, cols), smems, barriers):
         plgpu.copy_gmem_to_smem(src.at[index], smem, barrier)
@@ -64,9 +66,18 @@ def _kernel(*refs, has_bias: bool, epilogue: Callable[..., jax.Array], block_m: 
     store_tile(epilogue(acc, sx, sw, bias).astype(o_gmem.dtype), o_gmem.at[rows, cols])
 
 
-def matmul(qx: jax.Array, sx: jax.Array, qw: jax.Array, sw: jax.Array, bias: jax.Array | None, *,
-           epilogue: Callable[..., jax.Array], out_dtype: jnp.dtype, blocks: tuple[int, int, int],
-           interpret: bool) -> jax.Array:
+def matmul(
+    qx: jax.Array,
+    sx: jax.Array,
+    qw: jax.Array,
+    sw: jax.Array,
+    bias: jax.Array | None,
+    *,
+    epilogue: Callable[..., jax.Array],
+    out_dtype: jnp.dtype,
+    blocks: tuple[int, int, int],
+    interpret: bool,
+) -> jax.Array:
     """``(M, N)`` result for ``qx: (M, K)`` int8, ``sx: (M, 1)``, ``qw: (K, N)`` int8, ``sw: (N,)``. Pads with zero
     codes (they add nothing to the sums), rearranges the weight K-major, runs the kernel and slices back."""
     (m, k), n = qx.shape, qw.shape[1]
@@ -82,10 +93,14 @@ def matmul(qx: jax.Array, sx: jax.Array, qw: jax.Array, sw: jax.Array, bias: jax
     sizes = [bm, bn] + ([bn] if bias is not None else [])
     scratch = [plgpu.SMEM((size,), jnp.float32) for size in sizes] + [plgpu.Barrier() for _ in sizes]
     mp, np_ = qx.shape[0], qw_t.shape[0]
-    body = functools.partial(_kernel, has_bias=bias is not None, epilogue=epilogue, block_m=bm, block_n=bn,
-                             block_k=bk)
-    [out] = launch(body, operands, out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)], scratch_types=scratch,
-                   grid=(mp // bm, np_ // bn),
-                   interpret=interpret_params(interpret, kernel="int8_matmul", transposed_operands=True),
-                   name="int8_matmul")
+    body = functools.partial(_kernel, has_bias=bias is not None, epilogue=epilogue, block_m=bm, block_n=bn, block_k=bk)
+    [out] = launch(
+        body,
+        operands,
+        out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)],
+        scratch_types=scratch,
+        grid=(mp // bm, np_ // bn),
+        interpret=interpret_params(interpret, kernel="int8_matmul", transposed_operands=True),
+        name="int8_matmul",
+    )
     return out[:m, :n]

@@ -9,7 +9,7 @@ from benchmarks import kernels as bench
 
 def test_model_counts_flops_bytes_and_bounds():
     entry = bench.model_entry("fp16_matmul[bf16]", (1024, 1024, 1024))
-    assert entry["flops"] == 2 * 1024 ** 3
+    assert entry["flops"] == 2 * 1024**3
     # bf16 x and w read once, bf16 output written once, fp32 bias
     assert entry["bytes"]["compulsory"] == 2 * 1024 * 1024 * 3 + 4 * 1024
     # 64x64 tiles: x is re-read once per N block (16), w once per M block (16)
@@ -35,8 +35,11 @@ def test_run_records_lowering_triples_and_marks_gpu_timings_missing(tmp_path, mo
     assert recorded["gpu_timings"] is None and "No GPU" in recorded["gpu_timings_missing"]
     triples = {(r["kernel"], r["backend"], r["arch"]): r for r in recorded["lowering_triples"]}
     assert len(triples) == len(bench.KERNELS) * len(bench.LOWERING_TARGETS)
-    wgmma_types = {"fp16_matmul[bf16]": ".f32.bf16.bf16", "fp8_blockwise_matmul": ".f32.e4m3.e4m3",
-                   "int8_matmul": ".s32.s8.s8"}
+    wgmma_types = {
+        "fp16_matmul[bf16]": ".f32.bf16.bf16",
+        "fp8_blockwise_matmul": ".f32.e4m3.e4m3",
+        "int8_matmul": ".s32.s8.s8",
+    }
     for name in bench.KERNELS:
         mosaic = triples[name, "mosaic_gpu", "sm_90a"]
         assert mosaic["lowers"] and mosaic["shapes"] == ["small"], mosaic
@@ -52,10 +55,21 @@ def test_run_records_lowering_triples_and_marks_gpu_timings_missing(tmp_path, mo
 def test_triples_record_the_first_error_of_a_target_that_fails():
     ok = {"ok": True, "wgmma": ["w"]}
     failed = {"ok": False, "error": "ValueError: boom"}
-    lowered = {"k": {"a": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS},
-                     "b": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS} | {"triton@sm_80": failed}}}
+    lowered = {
+        "k": {
+            "a": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS},
+            "b": {f"{b}@{a}": ok for b, a in bench.LOWERING_TARGETS} | {"triton@sm_80": failed},
+        }
+    }
     rows = {(r["backend"], r["arch"]): r for r in bench.lowering_triples(lowered)}
     assert rows["triton", "sm_80"] == {
-        "kernel": "k", "backend": "triton", "arch": "sm_80", "device_kind": bench.GPU_TARGETS["sm_80"][0],
-        "lowers": False, "shapes": ["a"], "wgmma": ["w"], "error": "ValueError: boom"}
+        "kernel": "k",
+        "backend": "triton",
+        "arch": "sm_80",
+        "device_kind": bench.GPU_TARGETS["sm_80"][0],
+        "lowers": False,
+        "shapes": ["a"],
+        "wgmma": ["w"],
+        "error": "ValueError: boom",
+    }
     assert rows["mosaic_gpu", "sm_90a"]["lowers"] and rows["mosaic_gpu", "sm_90a"]["shapes"] == ["a", "b"]

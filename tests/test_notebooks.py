@@ -4,15 +4,18 @@ Default tier (nothing is executed in a kernel):
 
 * each notebook's first code cell is the install cell: ``LPJAX_SOURCE`` at its top, overridable by the environment
   variable, and the extras of :data:`EXTRAS`; the cell is the same code in every notebook, extras aside;
-* the install cell's logic, run as a plain script with pip faked: where lpjax is installed from (an explicit source,
-  the checkout the notebook is in, ./lpjax, or a one-line stop), and which jax plugin an accelerator gets;
+* the install cell's logic, run as a plain script with pip and git faked: which checkout lpjax is installed from (a
+  git URL cloned into ./lpjax, an explicit checkout, the checkout the notebook is in, ./lpjax, or a one-line stop;
+  not a wheel: the notebooks use the checkout's ``experiments/``, which is not installed), that the checkout goes on
+  ``sys.path`` after site-packages, and which jax plugin an accelerator gets;
 * the committed outputs (the notebooks are committed executed, by ``colab/execute.py``): no errors, a figure for each
   cell that makes one, executed top to bottom from the current sources (``metadata.lpjax.code_sha256``) at the
   normal size, no local paths, under 1 MB.
 
 ``notebooks`` marker (``make test-notebooks``): a fresh virtualenv (``python -m venv`` plus ipykernel and nbclient,
 what a Colab runtime brings) is built once per session; every notebook runs in it, reduced, from a directory outside
-the checkout, and its install cell installs lpjax from ``LPJAX_SOURCE`` = a copy of this checkout. The notebooks
+the checkout, and its install cell installs lpjax from ``LPJAX_SOURCE`` = a copy of this checkout (lpjax and
+``lpjax.kernels`` then come from site-packages, ``experiments`` from the copy). The notebooks
 share the virtualenv, so the extras one installs are there for the next (the default tier checks each notebook's
 extras against :data:`EXTRAS`). It needs the package index and takes about 8 minutes on 2 CPU cores. Run it
 serially (no ``-n``): each notebook installs into the one virtualenv.
@@ -43,15 +46,16 @@ IDS = [p.name for p in NOTEBOOKS]
 NOTEBOOK_STEPS = 200  # LPJAX_NOTEBOOK_STEPS of the reduced runs
 MAX_NOTEBOOK_BYTES = 1_000_000
 
-# The extras of setup.cfg each notebook installs (LPJAX_EXTRAS in its first cell): `dmc` for the DeepMind Control
-# tasks, `int8` for ActorQ's int8 actors (ONNX Runtime; the notebook runs its actors in-process, without Ray).
+# The extras of setup.cfg each notebook installs (LPJAX_EXTRAS in its first cell): `runs` for matplotlib (every
+# notebook plots) and the run logs of the training loops, `dmc` for the DeepMind Control tasks, `int8` for ActorQ's
+# int8 actors (ONNX Runtime; the notebook runs its actors in-process, without Ray).
 EXTRAS = {
-    "01_numerics.ipynb": "",
-    "02_sac_fp16.ipynb": "dmc",
-    "03_kernels.ipynb": "",
-    "04_actorq.ipynb": "dmc,int8",
-    "05_fp8_grpo.ipynb": "",
-    "06_precision_inspector.ipynb": "",
+    "01_numerics.ipynb": "runs",
+    "02_sac_fp16.ipynb": "runs,dmc",
+    "03_kernels.ipynb": "runs",
+    "04_actorq.ipynb": "runs,dmc,int8",
+    "05_fp8_grpo.ipynb": "runs",
+    "06_precision_inspector.ipynb": "runs",
 }
 
 # Output text that names a place on the machine that ran the notebook.
@@ -78,7 +82,7 @@ def _install_cell(path: Path) -> str:
 
 def _extras(source: str) -> str:
     match = re.search(r'^LPJAX_EXTRAS = "([^"]*)"', source, flags=re.M)
-    assert match, "no LPJAX_EXTRAS = \"...\" line"
+    assert match, 'no LPJAX_EXTRAS = "..." line'
     return match.group(1)
 
 
@@ -125,27 +129,37 @@ def test_first_code_cell_installs_lpjax_with_its_extras(path):
     assert extras == EXTRAS[path.name]
     unknown = set(filter(None, extras.split(","))) - _setup_cfg_extras()
     assert not unknown, f"extras {unknown} are not in setup.cfg"
-    assert "pip_install(f\"{lpjax_spec} @ {url}\")" in source
-    everything = "\n".join(cell.source for cell in _code_cells(nb))
-    assert not re.search(r"sys\.path\.(insert|append)", everything), "lpjax is installed: no sys.path edits"
+    assert 'pip_install(f"{lpjax_spec} @ {checkout.as_uri()}")' in source
+    assert re.findall(r"sys\.path\.(?:insert|append)\(.*\)", source) == ["sys.path.append(str(checkout))"]
+    after = "\n".join(cell.source for cell in _code_cells(nb)[1:])
+    assert not re.search(r"sys\.path\.(insert|append)", after), "the install cell alone puts the checkout on sys.path"
 
 
 def test_install_cells_are_the_same_code():
-    without_extras = {path.name: re.sub(r'^LPJAX_EXTRAS = ".*$', "", _install_cell(path), flags=re.M)
-                      for path in NOTEBOOKS}
+    without_extras = {
+        path.name: re.sub(r'^LPJAX_EXTRAS = ".*$', "", _install_cell(path), flags=re.M) for path in NOTEBOOKS
+    }
     reference = without_extras[NOTEBOOKS[0].name]
     differing = [name for name, source in without_extras.items() if source != reference]
     assert not differing, f"the install cell of {differing} differs from {NOTEBOOKS[0].name}'s"
 
 
 # The install cell run as a script by an interpreter without site-packages (`-S`, so no lpjax or jax installed),
-# with `pip install` recorded instead of run. It stops at `import jax`, after the installs.
+# with `pip install` recorded instead of run, and `git` recorded (a clone makes an empty checkout: lpjax/__init__.py
+# and setup.cfg). It stops at `import jax`, after the installs; `path` lists what it added to sys.path.
 _HARNESS = r"""
-import json, subprocess, sys
-calls, real_run = [], subprocess.run
+import json, os, subprocess, sys
+calls, git, real_run, path_before = [], [], subprocess.run, list(sys.path)
 def fake_run(command, *args, **kwargs):
     if list(command[:4]) == [sys.executable, "-m", "pip", "install"]:
         calls.append(command[-1])
+        return subprocess.CompletedProcess(command, 0, "", "")
+    if command[0] == "git":
+        git.append(list(command))
+        if command[1] == "clone":
+            os.makedirs(os.path.join(command[-1], "lpjax"))
+            for name in ("lpjax/__init__.py", "setup.cfg"):
+                open(os.path.join(command[-1], name), "w").close()
         return subprocess.CompletedProcess(command, 0, "", "")
     return real_run(command, *args, **kwargs)
 subprocess.run = fake_run
@@ -156,24 +170,35 @@ except SystemExit as stop:
     status = f"stop: {stop}"
 except ModuleNotFoundError as missing:
     status = f"missing {missing.name}"
-print(json.dumps({"status": status, "pip": calls}))
+added = [entry for entry in sys.path if entry not in path_before]
+print(json.dumps({"status": status, "pip": calls, "git": git, "path": added, "last": sys.path[-1:] == added}))
 """
 
 
-def _run_install_cell(tmp_path, cwd, source=None, env=None, path_dirs=(), python_path=()):
-    """(status, pip requirements) of the install cell run in ``cwd`` with ``env`` (added to a clean environment)."""
+def _run_install_cell(tmp_path, cwd, source=None, env=None, path_dirs=(), python_path=(), details=False):
+    """(status, pip requirements) of the install cell run in ``cwd`` with ``env`` (added to a clean environment);
+    with ``details``, the whole record (also ``git`` commands and the ``path`` entries added)."""
     cell = tmp_path / "install_cell.py"
     cell.write_text(source if source is not None else _install_cell(COLAB / "02_sac_fp16.ipynb"))
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("LPJAX_SOURCE", "JAX_PLATFORMS", "PYTHONPATH", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LPJAX_SOURCE", "JAX_PLATFORMS", "PYTHONPATH", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
+    }
     clean["PATH"] = os.pathsep.join([*map(str, path_dirs), clean.get("PATH", "")])
     if python_path:
         clean["PYTHONPATH"] = os.pathsep.join(map(str, python_path))
-    run = subprocess.run([sys.executable, "-S", "-c", _HARNESS, str(cell)], cwd=cwd, env={**clean, **(env or {})},
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", _HARNESS, str(cell)],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    return result["status"], result["pip"]
+    return result if details else (result["status"], result["pip"])
 
 
 CPU = {"JAX_PLATFORMS": "cpu"}
@@ -188,9 +213,10 @@ def test_install_cell_stops_with_one_line_without_a_source(tmp_path):
 @pytest.mark.parametrize("where", ["colab", "repo"])
 def test_install_cell_finds_the_checkout_it_is_in(tmp_path, where):
     cwd = COLAB if where == "colab" else REPO_ROOT
-    status, pip = _run_install_cell(tmp_path, cwd, env=CPU)
-    assert pip == [f"lpjax[dmc] @ {REPO_ROOT.as_uri()}"], (status, pip)
-    assert status == "missing jax"
+    result = _run_install_cell(tmp_path, cwd, env=CPU, details=True)
+    assert result["pip"] == [f"lpjax[runs,dmc] @ {REPO_ROOT.as_uri()}"], result
+    assert result["status"] == "missing jax" and result["git"] == []
+    assert result["path"] == [str(REPO_ROOT)] and result["last"], result  # experiments/ importable, after lpjax's
 
 
 def test_install_cell_finds_a_clone_in_lpjax(tmp_path):
@@ -198,33 +224,56 @@ def test_install_cell_finds_a_clone_in_lpjax(tmp_path):
     (content / "lpjax" / "lpjax").mkdir(parents=True)
     (content / "lpjax" / "lpjax" / "__init__.py").touch()
     (content / "lpjax" / "setup.cfg").touch()
-    status, pip = _run_install_cell(tmp_path, content, env=CPU)
-    assert pip == [f"lpjax[dmc] @ {(content / 'lpjax').as_uri()}"], status
+    result = _run_install_cell(tmp_path, content, env=CPU, details=True)
+    assert result["pip"] == [f"lpjax[runs,dmc] @ {(content / 'lpjax').as_uri()}"], result
+    assert result["path"] == [str(content / "lpjax")]
 
 
-@pytest.mark.parametrize("source", ["git+https://example.org/org/lpjax.git@main", "wheel", "checkout"])
-def test_install_cell_installs_from_lpjax_source(tmp_path, source):
-    expected = source
-    if source == "wheel":
-        wheel = tmp_path / "lpjax-0.1.0-py3-none-any.whl"
+@pytest.mark.parametrize(
+    "url, repository, ref",
+    [
+        ("git+https://example.org/org/lpjax.git@main", "https://example.org/org/lpjax.git", "main"),
+        ("git+ssh://git@example.org/org/lpjax.git", "ssh://git@example.org/org/lpjax.git", None),
+        ("https://example.org/org/lpjax.git", "https://example.org/org/lpjax.git", None),
+    ],
+)
+def test_install_cell_clones_a_git_url_into_lpjax_once(tmp_path, url, repository, ref):
+    content = tmp_path / "content"
+    content.mkdir()
+    result = _run_install_cell(tmp_path, content, env={**CPU, "LPJAX_SOURCE": url}, details=True)
+    clone = content / "lpjax"
+    assert result["git"][0] == ["git", "clone", "--quiet", repository, str(clone)], result
+    assert result["git"][1:] == ([["git", "-C", str(clone), "checkout", "--quiet", ref]] if ref else [])
+    assert result["pip"] == [f"lpjax[runs,dmc] @ {clone.as_uri()}"] and result["path"] == [str(clone)], result
+    again = _run_install_cell(tmp_path, content, env={**CPU, "LPJAX_SOURCE": url}, details=True)
+    assert again["git"] == [] and again["pip"] == result["pip"], again  # ./lpjax exists: installed as it is
+
+
+@pytest.mark.parametrize("source", ["checkout", "wheel", "missing"])
+def test_install_cell_installs_a_checkout_and_refuses_anything_else(tmp_path, source):
+    if source == "checkout":
+        result = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": str(REPO_ROOT)}, details=True)
+        assert result["pip"] == [f"lpjax[runs,dmc] @ {REPO_ROOT.as_uri()}"] and result["path"] == [str(REPO_ROOT)]
+        return
+    wheel = tmp_path / "lpjax-0.1.0-py3-none-any.whl"
+    if source == "wheel":  # the notebooks import experiments/, which a wheel does not hold
         wheel.touch()
-        source, expected = str(wheel), wheel.as_uri()
-    elif source == "checkout":
-        source, expected = str(REPO_ROOT), REPO_ROOT.as_uri()
-    status, pip = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": source})
-    assert pip == [f"lpjax[dmc] @ {expected}"], status
+    status, pip = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": str(wheel)})
+    assert pip == [] and status.startswith("stop: LPJAX_SOURCE=") and "neither a git URL nor a checkout" in status
+    assert "\n" not in status, status
 
 
 def test_install_cell_source_variable_and_environment(tmp_path):
-    source = _install_cell(COLAB / "01_numerics.ipynb")  # no extras
+    source = _install_cell(COLAB / "01_numerics.ipynb")  # LPJAX_EXTRAS = "runs"
     set_in_cell = source.replace('LPJAX_SOURCE = ""', 'LPJAX_SOURCE = "git+https://example.org/cell.git"', 1)
-    in_cell = _run_install_cell(tmp_path, tmp_path, set_in_cell, env=CPU)[1]
-    assert in_cell == ["lpjax @ git+https://example.org/cell.git"]
+    for name in ("cell", "env"):
+        (tmp_path / name).mkdir()
+    in_cell = _run_install_cell(tmp_path, tmp_path / "cell", set_in_cell, env=CPU, details=True)
+    assert in_cell["git"][0][3] == "https://example.org/cell.git"
+    assert in_cell["pip"] == [f"lpjax[runs] @ {(tmp_path / 'cell' / 'lpjax').as_uri()}"]
     environment = {**CPU, "LPJAX_SOURCE": "git+https://example.org/env.git"}
-    assert _run_install_cell(tmp_path, tmp_path, set_in_cell, env=environment)[1] == [
-        "lpjax @ git+https://example.org/env.git"]
-    status, pip = _run_install_cell(tmp_path, tmp_path, env={**CPU, "LPJAX_SOURCE": str(tmp_path / "missing")})
-    assert pip == [] and status.startswith("stop: LPJAX_SOURCE=") and "neither a URL" in status, status
+    from_env = _run_install_cell(tmp_path, tmp_path / "env", set_in_cell, env=environment, details=True)
+    assert from_env["git"][0][3] == "https://example.org/env.git"
 
 
 def _fake_dists(root: Path, dists: dict[str, str]) -> Path:
@@ -249,28 +298,41 @@ def _fake_nvidia_smi(root: Path, cuda_version: str | None) -> Path:
 JAX_EXTRAS = "Provides-Extra: tpu\nProvides-Extra: cuda\nProvides-Extra: cuda12\nProvides-Extra: cuda13\n"
 
 
-@pytest.mark.parametrize("driver_cuda, plugin, expected", [
-    ("12.4", None, "jax[cuda12]==0.12.0.1"),
-    ("13.0", None, "jax[cuda13]==0.12.0.1"),
-    ("12.4", "jax-cuda12-plugin", None),  # Colab's GPU runtimes: jax comes with its CUDA plugin
-])
+@pytest.mark.parametrize(
+    "driver_cuda, plugin, expected",
+    [
+        ("12.4", None, "jax[cuda12]==0.12.0.1"),
+        ("13.0", None, "jax[cuda13]==0.12.0.1"),
+        ("12.4", "jax-cuda12-plugin", None),  # Colab's GPU runtimes: jax comes with its CUDA plugin
+    ],
+)
 def test_install_cell_adds_the_cuda_plugin_on_a_gpu(tmp_path, driver_cuda, plugin, expected):
     dists = {"jax": JAX_EXTRAS, "jaxlib": "", **({plugin: ""} if plugin else {})}
     site = _fake_dists(tmp_path / "site", dists)
-    status, pip = _run_install_cell(tmp_path, tmp_path, env={"LPJAX_SOURCE": "git+https://example.org/lpjax.git"},
-                                    path_dirs=[_fake_nvidia_smi(tmp_path / "bin", driver_cuda)], python_path=[site])
-    assert pip == ["lpjax[dmc] @ git+https://example.org/lpjax.git"] + ([expected] if expected else []), status
+    status, pip = _run_install_cell(
+        tmp_path,
+        tmp_path,
+        env={"LPJAX_SOURCE": str(REPO_ROOT)},
+        path_dirs=[_fake_nvidia_smi(tmp_path / "bin", driver_cuda)],
+        python_path=[site],
+    )
+    assert pip == [f"lpjax[runs,dmc] @ {REPO_ROOT.as_uri()}"] + ([expected] if expected else []), status
     assert status == "missing jax"
 
 
 def test_install_cell_adds_libtpu_on_a_tpu_and_nothing_on_a_cpu(tmp_path):
     site = _fake_dists(tmp_path / "site", {"jax": JAX_EXTRAS, "jaxlib": ""})
-    source = {"LPJAX_SOURCE": "git+https://example.org/lpjax.git"}
-    tpu = _run_install_cell(tmp_path, tmp_path, env={**source, "TPU_ACCELERATOR_TYPE": "v5litepod-1"},
-                            path_dirs=[_fake_nvidia_smi(tmp_path / "bin", None)], python_path=[site])[1]
-    assert tpu == ["lpjax[dmc] @ git+https://example.org/lpjax.git", "jax[tpu]==0.12.0.1"]
+    source = {"LPJAX_SOURCE": str(REPO_ROOT)}
+    tpu = _run_install_cell(
+        tmp_path,
+        tmp_path,
+        env={**source, "TPU_ACCELERATOR_TYPE": "v5litepod-1"},
+        path_dirs=[_fake_nvidia_smi(tmp_path / "bin", None)],
+        python_path=[site],
+    )[1]
+    assert tpu == [f"lpjax[runs,dmc] @ {REPO_ROOT.as_uri()}", "jax[tpu]==0.12.0.1"]
     cpu = _run_install_cell(tmp_path, tmp_path, env={**source, **CPU}, python_path=[site])[1]
-    assert cpu == ["lpjax[dmc] @ git+https://example.org/lpjax.git"]
+    assert cpu == [f"lpjax[runs,dmc] @ {REPO_ROOT.as_uri()}"]
 
 
 # --- the committed outputs --------------------------------------------------------------------------------------
@@ -289,11 +351,17 @@ def test_committed_outputs_are_complete_and_current(path):
     assert counts == list(range(1, len(cells) + 1)), f"{path.name}: not one run top to bottom ({counts}); {rerun}"
     errors = [i for i, cell in enumerate(cells) for output in cell.outputs if output.output_type == "error"]
     assert not errors, f"{path.name}: code cells {errors} have error outputs"
-    tracebacks = [i for i, cell in enumerate(cells) if any("Traceback (most recent call last)" in text
-                                                           for text in _text_outputs(cell))]
+    tracebacks = [
+        i
+        for i, cell in enumerate(cells)
+        if any("Traceback (most recent call last)" in text for text in _text_outputs(cell))
+    ]
     assert not tracebacks, f"{path.name}: code cells {tracebacks} print a traceback"
-    missing = [i for i, cell in enumerate(cells) if _makes_a_figure(cell)
-               and not any("image/png" in output.get("data", {}) for output in cell.outputs)]
+    missing = [
+        i
+        for i, cell in enumerate(cells)
+        if _makes_a_figure(cell) and not any("image/png" in output.get("data", {}) for output in cell.outputs)
+    ]
     assert not missing, f"{path.name}: code cells {missing} make a figure but have no image output"
 
 
@@ -301,8 +369,13 @@ def test_committed_outputs_are_complete_and_current(path):
 def test_committed_outputs_are_small_and_name_no_local_paths(path):
     assert path.stat().st_size < MAX_NOTEBOOK_BYTES, f"{path.name}: {path.stat().st_size} bytes"
     nb = nbformat.read(path, as_version=4)
-    leaks = [(i, match.group(0)) for i, cell in enumerate(_code_cells(nb)) for text in _text_outputs(cell)
-             for match in [LOCAL_PATH.search(text)] if match]
+    leaks = [
+        (i, match.group(0))
+        for i, cell in enumerate(_code_cells(nb))
+        for text in _text_outputs(cell)
+        for match in [LOCAL_PATH.search(text)]
+        if match
+    ]
     assert not leaks, f"{path.name}: outputs name local paths (code cell, match): {leaks}"
 
 
@@ -317,12 +390,29 @@ def colab_runtime(tmp_path_factory):
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "ipykernel", "nbclient"], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "ipykernel", "nbclient"],
+        check=True,
+    )
     checkout = root / "lpjax"
-    shutil.copytree(REPO_ROOT, checkout, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "venv", "build", "dist", "*.egg-info", "runs", "__pycache__", ".pytest_cache",
-        ".hypothesis", ".ipynb_checkpoints", "MUJOCO_LOG.TXT"))
+    shutil.copytree(
+        REPO_ROOT,
+        checkout,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv*",
+            "venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "runs",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+            ".ipynb_checkpoints",
+            "MUJOCO_LOG.TXT",
+        ),
+    )
     content = root / "content"
     content.mkdir()
     return SimpleNamespace(venv=venv, python=python, checkout=checkout, content=content)
@@ -334,19 +424,42 @@ def test_notebook_runs_in_a_fresh_runtime(path, colab_runtime, tmp_path):
     """The notebook, reduced, top to bottom in a kernel of the fresh virtualenv; its first cell installs lpjax."""
     runtime = colab_runtime
     nb = nbformat.read(path, as_version=4)
-    # One more cell: the packages come from the virtualenv, not from the checkout.
-    nb.cells.append(nbformat.v4.new_code_cell("import json, experiments, kernels, lpjax\n"
-                                              "print(json.dumps([m.__file__ for m in (lpjax, experiments, kernels)]))"))
+    # One more cell: lpjax (its kernels included) comes from the virtualenv, experiments from the checkout.
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import json, experiments, lpjax, lpjax.kernels\n"
+            "print(json.dumps([m.__file__ for m in (lpjax, lpjax.kernels, experiments)]))"
+        )
+    )
     notebook = tmp_path / "in" / path.name
     notebook.parent.mkdir()
     nbformat.write(nb, notebook)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(LPJAX_SOURCE=str(runtime.checkout), JAX_PLATFORMS="cpu", VIRTUAL_ENV=str(runtime.venv),
-               PATH=os.pathsep.join([str(runtime.venv / "bin"), env.get("PATH", "")]))
-    run = subprocess.run([str(runtime.python), str(COLAB / "execute.py"), "--steps", str(NOTEBOOK_STEPS),
-                          "--output-dir", str(tmp_path / "out"), "--cwd", str(runtime.content),
-                          "--cell-timeout", "900", str(notebook)],
-                         env=env, capture_output=True, text=True, timeout=3600)
+    env.update(
+        LPJAX_SOURCE=str(runtime.checkout),
+        JAX_PLATFORMS="cpu",
+        VIRTUAL_ENV=str(runtime.venv),
+        PATH=os.pathsep.join([str(runtime.venv / "bin"), env.get("PATH", "")]),
+    )
+    run = subprocess.run(
+        [
+            str(runtime.python),
+            str(COLAB / "execute.py"),
+            "--steps",
+            str(NOTEBOOK_STEPS),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--cwd",
+            str(runtime.content),
+            "--cell-timeout",
+            "900",
+            str(notebook),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if run.returncode:
         log = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout + run.stderr)  # without the traceback's colours
         pytest.fail(f"{path.name} failed in the fresh runtime:\n{log[-6000:]}", pytrace=False)
@@ -356,9 +469,13 @@ def test_notebook_runs_in_a_fresh_runtime(path, colab_runtime, tmp_path):
     assert f"installed {'lpjax[' + EXTRAS[path.name] + ']' if EXTRAS[path.name] else 'lpjax'} " in installed, installed
     files = json.loads(_text_outputs(cells[-1])[0])
     site = str(runtime.venv / "lib")
-    assert all(file.startswith(site) for file in files), files
-    missing = [i for i, cell in enumerate(cells) if _makes_a_figure(cell)
-               and not any("image/png" in output.get("data", {}) for output in cell.outputs)]
+    assert files[0].startswith(site) and files[1].startswith(site), files
+    assert files[2].startswith(str(runtime.checkout / "experiments")), files
+    missing = [
+        i
+        for i, cell in enumerate(cells)
+        if _makes_a_figure(cell) and not any("image/png" in output.get("data", {}) for output in cell.outputs)
+    ]
     assert not missing, f"code cells {missing} make a figure but show none"
 
 

@@ -1,16 +1,17 @@
-"""Run logging: config.json, the metrics CSV (growing columns, non-finite values, resume), TensorBoard, plots."""
+"""Run logging: config.json, the metrics CSV (growing columns, non-finite values, resume), TensorBoard events."""
 
 import csv
 import json
 import math
+import sys
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from lpjax.run_logging import (RunLogger, plot_learning_curve, read_metrics, read_tensorboard_scalars,
-                               to_jsonable)
+from lpjax.run_logging import RunLogger, logged_rows, metrics_path, read_metrics
+from tests.tensorboard_events import read_tensorboard_scalars
 
 
 def _rows(run_dir):
@@ -32,16 +33,12 @@ def test_config_json_is_the_resolved_config(tmp_path):
     config.batch_size = 512  # the reference follows
     RunLogger(tmp_path / "run", config=config, tensorboard=False).close()
     written = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert written == {"seed": 0, "agent": {"lr": 1e-4, "hidden": [256, 256], "dtype": "float16"},
-                       "batch_size": 512, "eval_batch": 512}
-
-
-def test_to_jsonable_handles_numpy_jax_and_nested_values():
-    value = {"a": np.float32(0.5), "b": jnp.arange(3), 1: (np.int64(2), None), "c": {"d": jnp.bfloat16(1.5)},
-             "e": float("nan")}
-    out = to_jsonable(value)
-    assert out["a"] == 0.5 and out["b"] == [0, 1, 2] and out["1"] == [2, None] and out["c"] == {"d": 1.5}
-    assert math.isnan(json.loads(json.dumps(out))["e"])
+    assert written == {
+        "seed": 0,
+        "agent": {"lr": 1e-4, "hidden": [256, 256], "dtype": "float16"},
+        "batch_size": 512,
+        "eval_batch": 512,
+    }
 
 
 def test_csv_rows_grow_columns_and_convert_values(tmp_path):
@@ -56,8 +53,12 @@ def test_csv_rows_grow_columns_and_convert_values(tmp_path):
     assert rows[0] == ["step", "wall_time", "train/loss", "train/q", "eval/return", "train/alpha"]
     assert all(len(row) == len(rows[0]) for row in rows)
     table = [[row[0]] + row[2:] for row in rows[1:]]  # without wall_time
-    assert table == [["1", "0.5", "2.0", "", ""], ["2", "0.25", "", "", ""], ["2", "", "", "10.0", ""],
-                     ["3", "0.125", "", "", "0.10009765625"]]
+    assert table == [
+        ["1", "0.5", "2.0", "", ""],
+        ["2", "0.25", "", "", ""],
+        ["2", "", "", "10.0", ""],
+        ["3", "0.125", "", "", "0.10009765625"],
+    ]
     metrics = read_metrics(run)
     np.testing.assert_array_equal(metrics["step"], [1, 2, 2, 3])
     np.testing.assert_array_equal(metrics["eval/return"], [np.nan, np.nan, 10, np.nan])
@@ -123,28 +124,38 @@ def test_resume_truncates_rows_and_purges_tensorboard_after_the_checkpoint_step(
     rows = _rows(run)
     assert rows[0] == ["step", "wall_time", "train/loss", "eval/return", "eval/length"]
     table = [[row[0]] + row[2:] for row in rows[1:]]
-    assert table == [["1", "1.0", "", ""], ["2", "2.0", "", ""], ["3", "3.0", "", ""], ["3", "", "30.0", ""],
-                     ["4", "4.0", "", ""], ["5", "5.5", "", ""], ["6", "6.5", "", ""], ["6", "", "61.0", "1000.0"]]
+    assert table == [
+        ["1", "1.0", "", ""],
+        ["2", "2.0", "", ""],
+        ["3", "3.0", "", ""],
+        ["3", "", "30.0", ""],
+        ["4", "4.0", "", ""],
+        ["5", "5.5", "", ""],
+        ["6", "6.5", "", ""],
+        ["6", "", "61.0", "1000.0"],
+    ]
     scalars = read_tensorboard_scalars(run)
     assert scalars["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.5), (6, 6.5)]
     assert scalars["eval/return"] == [(3, 30.0), (6, 61.0)]
     assert len(list(run.glob("events.out.tfevents.*"))) == 2  # one per writer, the first not overwritten
 
 
-def test_learning_curve_png_overlays_runs(tmp_path):
-    for seed in range(2):
-        with RunLogger(tmp_path / f"seed{seed}", tensorboard=False) as logger:
-            for step in range(0, 1000, 100):
-                logger.log(step, {"critic_loss": 1.0}, prefix="train")
-                logger.log(step, {"return": step * (1 + seed) + (float("nan") if step == 500 else 0.0)},
-                           prefix="eval")
-    out = plot_learning_curve([tmp_path / "seed0", tmp_path / "seed1" / "metrics.csv"], tmp_path / "plots" / "c.png",
-                              title="cheetah run")
-    data = out.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (840, 540)
-    single = plot_learning_curve(tmp_path / "seed0", tmp_path / "one.png", y="train/critic_loss")
-    assert single.exists()
+def test_logged_rows_tell_empty_cells_from_non_finite_values(tmp_path):
+    with RunLogger(tmp_path, tensorboard=False) as logger:
+        logger.log(1, {"loss": 1.0}, prefix="train")
+        logger.log(1, {"return": float("nan")}, prefix="eval")
+        logger.log(2, {"return": 5.0}, prefix="eval")
+    assert metrics_path(tmp_path) == tmp_path / "metrics.csv" == metrics_path(tmp_path / "metrics.csv")
+    assert logged_rows(tmp_path, "eval/return").tolist() == [False, True, True]
+    assert np.isnan(read_metrics(tmp_path)["eval/return"][:2]).all()
     with pytest.raises(ValueError, match="no column 'eval/missing'"):
-        plot_learning_curve(tmp_path / "seed0", tmp_path / "bad.png", y="eval/missing")
+        logged_rows(tmp_path, "eval/missing")
+
+
+def test_without_tensorboardx_only_the_csv_logger_works(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(ModuleNotFoundError, match=r"^tensorboardX is not installed: pip install 'lpjax\[runs\]'$"):
+        RunLogger(tmp_path / "tb")
+    with RunLogger(tmp_path / "csv", tensorboard=False) as logger:
+        logger.log(1, {"loss": 1.0})
+    assert read_metrics(tmp_path / "csv")["loss"].tolist() == [1.0]

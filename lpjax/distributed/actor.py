@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -135,7 +135,7 @@ class ActorWorker:
         return 1
 
     def _reset(self) -> None:
-        seed = (self.spec.seed * 1_000_003 + 7919 * self.spec.index + 104_729 * self.incarnation + self._episode)
+        seed = self.spec.seed * 1_000_003 + 7919 * self.spec.index + 104_729 * self.incarnation + self._episode
         self._obs, self._episode_return = self._env.reset(seed=seed), 0.0
 
     def collect(self, num_steps: int) -> ActorResult:
@@ -155,8 +155,9 @@ class ActorWorker:
             next_obs, reward, terminated, truncated = self._env.step(action.astype(np.float32))
             timings["inference"] += stepped - start
             timings["env"] += time.perf_counter() - stepped
-            transitions += self._nstep.add(self._obs, action, reward, 0.0 if terminated else 1.0, next_obs,
-                                           episode_end=terminated or truncated)
+            transitions += self._nstep.add(
+                self._obs, action, reward, 0.0 if terminated else 1.0, next_obs, episode_end=terminated or truncated
+            )
             self._episode_return += float(reward)
             self._obs = next_obs
             if terminated or truncated:
@@ -166,5 +167,6 @@ class ActorWorker:
             self._steps_since_pull += 1
             self.total_steps += 1
         stacked = None if not transitions else {k: np.stack([t[k] for t in transitions]) for k in transitions[0]}
-        return ActorResult(self.spec.index, self.incarnation, stacked, returns, num_steps, timings, pulls,
-                           self._version)
+        return ActorResult(
+            self.spec.index, self.incarnation, stacked, returns, num_steps, timings, pulls, self._version
+        )

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from lpjax._optional import require
 from lpjax.distributed.actor import ActorResult, ActorSpec, ActorWorker
 from lpjax.distributed.parameter_server import ParameterServer
 
@@ -101,15 +103,17 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as error:
-        raise ValueError(f"Cannot reach the Ray cluster at {address!r}: {error}. Start one with `ray start --head` "
-                         "or leave ray_address empty to start a local cluster.") from error
+        raise ValueError(
+            f"Cannot reach the Ray cluster at {address!r}: {error}. Start one with `ray start --head` "
+            "or leave ray_address empty to start a local cluster."
+        ) from error
 
 
 class _RayActorProcess:
     """The Ray actor wrapping an :class:`ActorWorker`; it pulls from the parameter-server actor."""
 
     def __init__(self, spec: ActorSpec, server: Any, incarnation: int):
-        import ray
+        ray = require("ray", "distributed")
 
         self.worker = ActorWorker(spec, lambda: ray.get(server.pull.remote()), incarnation)
 
@@ -127,9 +131,14 @@ class RayBackend:
     one (checked for reachability first, so a wrong address is a clear error, not a hang).
     """
 
-    def __init__(self, specs: list[ActorSpec], address: str | None = None, num_cpus: int | None = None,
-                 actor_env: dict[str, str] | None = None):
-        import ray
+    def __init__(
+        self,
+        specs: list[ActorSpec],
+        address: str | None = None,
+        num_cpus: int | None = None,
+        actor_env: dict[str, str] | None = None,
+    ):
+        ray = require("ray", "distributed")
 
         if address:
             check_ray_address(address)
@@ -144,7 +153,8 @@ class RayBackend:
         self.incarnations = [0] * len(self.specs)
         env_vars = {"JAX_PLATFORMS": "cpu", "MUJOCO_GL": "egl"} | dict(actor_env or {})
         self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(_RayActorProcess).options(
-            runtime_env={"env_vars": env_vars})
+            runtime_env={"env_vars": env_vars}
+        )
         self.server = ray.remote(num_cpus=0)(ParameterServer).remote()
         self._actors = [self._make(i) for i in range(len(self.specs))]
         self._futures: dict[Any, int] = {}
@@ -174,8 +184,14 @@ class RayBackend:
             try:
                 done.append((index, self._ray.get(ref)))
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.RayTaskError) as error:
-                done.append((index, ActorFailure(index, self.incarnations[index], f"{type(error).__name__}: "
-                                                 f"{str(error).splitlines()[0]}")))
+                done.append(
+                    (
+                        index,
+                        ActorFailure(
+                            index, self.incarnations[index], f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                        ),
+                    )
+                )
         return done
 
     def actor_pid(self, index: int) -> int:

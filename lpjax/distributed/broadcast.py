@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +26,10 @@ def policy_mlp_params(actor_params: Mapping[str, Any]) -> Mapping[str, Any]:
     while isinstance(node, Mapping) and "Dense_0" not in node:
         children = [v for v in node.values() if isinstance(v, Mapping)]
         if len(children) != 1:
-            raise ValueError("Expected the actor's parameters to hold exactly one MLP (layers Dense_0, Dense_1, ...), "
-                             f"found entries {sorted(node)}.")
+            raise ValueError(
+                "Expected the actor's parameters to hold exactly one MLP (layers Dense_0, Dense_1, ...), "
+                f"found entries {sorted(node)}."
+            )
         node = children[0]
     if not isinstance(node, Mapping):
         raise ValueError("No MLP (Dense_0, Dense_1, ...) found in the actor's parameters.")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -64,22 +65,33 @@ class ActorLearner:
       log: called with a message for restarts and other events (default: print).
     """
 
-    def __init__(self, backend: Any, learner: Learner, limiter: SamplesPerInsertLimiter, *, chunk_steps: int = 100,
-                 publish_every: int = 100, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        backend: Any,
+        learner: Learner,
+        limiter: SamplesPerInsertLimiter,
+        *,
+        chunk_steps: int = 100,
+        publish_every: int = 100,
+        log: Callable[[str], None] = print,
+    ):
         if chunk_steps < 1 or publish_every < 1:
             raise ValueError(f"chunk_steps and publish_every must be >= 1, got {chunk_steps}, {publish_every}.")
         num_actors = len(backend.specs)
         needed = (limiter.batch_size + limiter.samples_per_insert * chunk_steps) / 2
         if limiter.error_buffer < needed:
-            raise ValueError(f"error_buffer {limiter.error_buffer} is too small for chunks of {chunk_steps} steps: "
-                             f"with less than (batch_size + samples_per_insert * chunk_steps) / 2 = {needed:g} "
-                             "neither an insert nor an update could fit the ratio.")
+            raise ValueError(
+                f"error_buffer {limiter.error_buffer} is too small for chunks of {chunk_steps} steps: "
+                f"with less than (batch_size + samples_per_insert * chunk_steps) / 2 = {needed:g} "
+                "neither an insert nor an update could fit the ratio."
+            )
         self.backend, self.learner, self.limiter = backend, learner, limiter
         self.chunk_steps, self.publish_every, self.log = chunk_steps, publish_every, log
         self.counters = Counters()
         self.restart_log: list[dict[str, Any]] = []
-        self.actor_stats = [{"env_steps": 0, "jobs": 0, "pulls": 0, **dict.fromkeys(TIMING_KEYS, 0.0)}
-                            for _ in range(num_actors)]
+        self.actor_stats = [
+            {"env_steps": 0, "jobs": 0, "pulls": 0, **dict.fromkeys(TIMING_KEYS, 0.0)} for _ in range(num_actors)
+        ]
         self.update_seconds = 0.0
         self.broadcast_bytes = 0
         self.episode_returns: list[tuple[int, float]] = []  # (env_steps when reported, return)
@@ -107,8 +119,14 @@ class ActorLearner:
     def _handle(self, index: int, outcome: ActorResult | ActorFailure) -> None:
         if isinstance(outcome, ActorFailure):
             self.counters.restarts += 1
-            self.restart_log.append({"env_steps": self.counters.env_steps, "actor": index,
-                                     "incarnation": outcome.incarnation, "error": outcome.error})
+            self.restart_log.append(
+                {
+                    "env_steps": self.counters.env_steps,
+                    "actor": index,
+                    "incarnation": outcome.incarnation,
+                    "error": outcome.error,
+                }
+            )
             self.log(f"actor {index} (incarnation {outcome.incarnation}) failed: {outcome.error}; restarting it")
             self.backend.restart(index)
         else:
@@ -126,8 +144,12 @@ class ActorLearner:
                 stats[key] += outcome.timings[key]
         self._idle.add(index)
 
-    def run(self, until_env_steps: int, on_update: Callable[[dict[str, Any]], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> Counters:
+    def run(
+        self,
+        until_env_steps: int,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Counters:
         """Runs until ``until_env_steps`` environment steps were inserted (or ``stop()`` is true); returns the
         counters. ``on_update`` gets each update's metrics (with ``updates`` and ``env_steps`` added)."""
         if not self._started:
@@ -148,8 +170,10 @@ class ActorLearner:
                 if on_update is not None:
                     on_update(dict(metrics, updates=self.counters.updates, env_steps=self.counters.env_steps))
             if not self.backend.pending and not updated:
-                raise RuntimeError("actor-learner stalled: no actor job in flight and no update allowed "
-                                   f"(limiter credit {self.limiter.credit:g}).")
+                raise RuntimeError(
+                    "actor-learner stalled: no actor job in flight and no update allowed "
+                    f"(limiter credit {self.limiter.credit:g})."
+                )
             for index, outcome in self.backend.wait(timeout=0 if updated else None):
                 self._handle(index, outcome)
             self.counters.inserts, self.counters.samples = self.limiter.inserts, self.limiter.samples
@@ -167,12 +191,20 @@ class ActorLearner:
         per_actor = []
         for stats in self.actor_stats:
             busy = sum(stats[k] for k in TIMING_KEYS)
-            per_actor.append({"env_steps": stats["env_steps"], "pulls": stats["pulls"],
-                              "steps_per_s": stats["env_steps"] / busy if busy else 0.0,
-                              "time_split": {k: stats[k] for k in TIMING_KEYS}})
-        return {"actors": per_actor,
-                "learner_updates_per_s": self.counters.updates / self.update_seconds if self.update_seconds else 0.0,
-                "updates_per_wall_s": self.counters.updates / wall_seconds if wall_seconds else 0.0,
-                "env_steps_per_wall_s": self.counters.env_steps / wall_seconds if wall_seconds else 0.0,
-                "broadcast_bytes": self.broadcast_bytes, "server": self.backend.server_stats(),
-                "restarts": self.counters.restarts}
+            per_actor.append(
+                {
+                    "env_steps": stats["env_steps"],
+                    "pulls": stats["pulls"],
+                    "steps_per_s": stats["env_steps"] / busy if busy else 0.0,
+                    "time_split": {k: stats[k] for k in TIMING_KEYS},
+                }
+            )
+        return {
+            "actors": per_actor,
+            "learner_updates_per_s": self.counters.updates / self.update_seconds if self.update_seconds else 0.0,
+            "updates_per_wall_s": self.counters.updates / wall_seconds if wall_seconds else 0.0,
+            "env_steps_per_wall_s": self.counters.env_steps / wall_seconds if wall_seconds else 0.0,
+            "broadcast_bytes": self.broadcast_bytes,
+            "server": self.backend.server_stats(),
+            "restarts": self.counters.restarts,
+        }

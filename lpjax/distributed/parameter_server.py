@@ -31,5 +31,10 @@ class ParameterServer:
         return self._version, self._blob
 
     def stats(self) -> dict[str, int]:
-        return {"version": self._version, "blob_bytes": len(self._blob), "publishes": self.publishes,
-                "pulls": self.pulls, "bytes_pulled": self.bytes_pulled}
+        return {
+            "version": self._version,
+            "blob_bytes": len(self._blob),
+            "publishes": self.publishes,
+            "pulls": self.pulls,
+            "bytes_pulled": self.bytes_pulled,
+        }

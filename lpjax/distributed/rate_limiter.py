@@ -43,8 +43,10 @@ class SamplesPerInsertLimiter:
         if self.batch_size < 1 or self.min_size < 0:
             raise ValueError(f"batch_size must be >= 1 and min_size >= 0, got {self.batch_size}, {self.min_size}.")
         if self.error_buffer < self.batch_size:
-            raise ValueError(f"error_buffer ({self.error_buffer}) must be >= batch_size ({self.batch_size}), or no "
-                             "update could ever fit the ratio.")
+            raise ValueError(
+                f"error_buffer ({self.error_buffer}) must be >= batch_size ({self.batch_size}), or no "
+                "update could ever fit the ratio."
+            )
 
     @property
     def credit(self) -> float:

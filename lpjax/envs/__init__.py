@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from lpjax.envs.brax_env import BRAX_BACKENDS, BRAX_ENVS, DEFAULT_BRAX_BACKEND, BraxEnv, make_brax
-from lpjax.envs.evaluation import EVAL_SEED_OFFSET, NonFiniteAction, evaluate_policy
 from lpjax.envs.dmc import DMC_TASKS, PIXEL_ACTION_REPEAT, DMCEnv, default_action_repeat, make_dmc, parse_task
+from lpjax.envs.evaluation import EVAL_SEED_OFFSET, NonFiniteAction, evaluate_policy
 from lpjax.envs.jitted import JittedEnv
 from lpjax.envs.mjx_env import MJX_TASKS, MjxEnv, load_playground, make_mjx, playground_name
 

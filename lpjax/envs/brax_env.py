@@ -15,25 +15,14 @@ the accessors are :class:`lpjax.envs.jitted.JittedEnv`'s (see its module for the
 ``action_repeat=1``), and brax's own SAC drops truncated transitions from the critic loss instead of
 bootstrapping through them.
 
-Backends, measured on this 2-core CPU (jax 0.10.2, brax 0.14.2; halfcheetah, 64 envs, ``jit(vmap(step))``
-inside a ``lax.scan`` of 100 steps; best of 3 after compilation; a shared machine, so the runs spread as shown):
-
-==============  ==================  =====================================
-backend         env steps/s         first reset + first scan (compile)
-==============  ==================  =====================================
-spring          13,300 - 17,500     4-8 s + 6-10 s
-positional      4,400 - 5,200       ~4 s + 11-13 s
-generalized     4,200 - 4,500       ~6 s + ~10 s
-mjx             ~1,470              ~8 s + 14-19 s
-==============  ==================  =====================================
-
-so the default backend is ``spring``. The backends are different physics: ``spring`` and ``positional``
-halfcheetah use a smaller timestep (16 substeps) and different gears than ``generalized``/``mjx``, so
-returns are not comparable across backends.
+The default backend is ``spring``, the fastest on CPU (README, "brax backends"). The backends are different
+physics: ``spring`` and ``positional`` halfcheetah use a smaller timestep (16 substeps) and different gears than
+``generalized``/``mjx``, so returns are not comparable across backends.
 """
 
 from __future__ import annotations
 
+from lpjax._optional import require
 from lpjax.envs.jitted import JittedEnv
 
 __all__ = ["BRAX_BACKENDS", "BRAX_ENVS", "DEFAULT_BRAX_BACKEND", "BraxEnv", "make_brax"]
@@ -80,12 +69,18 @@ class BraxEnv(JittedEnv):
         self.backend = backend
 
         def build():
-            from brax import envs  # noqa: PLC0415  (brax is optional and slow to import)
+            envs = require("brax.envs", "brax")  # optional and slow to import: on first use
 
             return envs.get_environment(name, backend=backend)
 
-        super().__init__(name, build, physics_field="pipeline_state", episode_length=episode_length,
-                         action_repeat=action_repeat, seed=seed)
+        super().__init__(
+            name,
+            build,
+            physics_field="pipeline_state",
+            episode_length=episode_length,
+            action_repeat=action_repeat,
+            seed=seed,
+        )
 
     def _describe(self) -> str:
         return f"backend={self.backend!r}, "

@@ -36,10 +36,8 @@ if its library is found, and failing that with rendering disabled, so state-base
 libegl-mesa0 libgl1-mesa-dri`` (software llvmpipe without a GPU) and OSMesa from ``libosmesa6``; the Python side
 (``PyOpenGL``) comes with dm_control.
 
-Measured on this 2-core CPU (mujoco 3.17, Mesa llvmpipe EGL, shared machine), ``DMCEnv.step`` with random
-actions, states: cheetah-run ~33k steps/s, reacher-easy ~28k, finger-spin ~20k, ball_in_cup-catch ~15k,
-cartpole-swingup ~14k, walker-walk ~9k. An 84x84 software render costs ~12-30 ms, so pixel envs are render-bound:
-~35-80 agent steps/s with the Table 8 action repeats (env creation ~0.05 s; the first render ~0.2-0.4 s).
+Cost: a software render (llvmpipe) of an 84x84 frame costs far more than a physics step, so pixel envs are
+render-bound; README.md ("Training SAC in low precision") gives the step rates.
 """
 
 from __future__ import annotations
@@ -49,9 +47,12 @@ import ctypes.util
 import os
 import sys
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+
+from lpjax._optional import check
 
 __all__ = [
     "DMC_TASKS",
@@ -153,6 +154,8 @@ def _purge_modules(*prefixes: str) -> None:
 
 def _import_suite():
     """Imports ``dm_control.suite``, choosing and if needed falling back the OpenGL backend (see module doc)."""
+    for name in ("dm_control", "mujoco"):  # installed? (imported below, under the OpenGL fallback)
+        check(name, "dmc")
     if "dm_control.suite" in sys.modules:
         return sys.modules["dm_control.suite"]
     if "MUJOCO_GL" not in os.environ:
@@ -163,10 +166,10 @@ def _import_suite():
     tried: list[str] = []
     while True:
         try:
-            from dm_control import suite  # noqa: PLC0415  (heavy and optional: import on first use)
+            from dm_control import suite
 
             return suite
-        except Exception as err:  # noqa: BLE001  (a missing GL library surfaces as Import/Runtime/AttributeError)
+        except Exception as err:
             current = os.environ.get("MUJOCO_GL", "")
             if current not in _GL_LIBRARIES:
                 raise
@@ -262,7 +265,7 @@ class DMCEnv:
             self.observation_dtype = np.dtype(np.uint8)
             try:
                 self._render()
-            except Exception as err:  # noqa: BLE001  (the GL stack raises many types)
+            except Exception as err:
                 message = f"{task_name}: rendering failed ({type(err).__name__}: {err}). {_RENDER_HELP}"
                 raise RuntimeError(message) from err
         else:

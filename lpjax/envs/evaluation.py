@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +15,9 @@ class NonFiniteAction(RuntimeError):
     """The policy produced a non-finite action (typically a diverged low-precision run)."""
 
 
-def evaluate_policy(policy: Callable[[np.ndarray], Any], env: Any, episodes: int,
-                    seed_offset: int = EVAL_SEED_OFFSET) -> dict[str, float]:
+def evaluate_policy(
+    policy: Callable[[np.ndarray], Any], env: Any, episodes: int, seed_offset: int = EVAL_SEED_OFFSET
+) -> dict[str, float]:
     """Runs ``episodes`` episodes of ``policy(obs) -> action`` and returns ``{"return", "return_std"}``.
 
     Episode ``i`` resets ``env`` with seed ``seed_offset + i``, so every evaluation sees the same episodes.

@@ -27,10 +27,13 @@ Conventions, the same for both:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from lpjax._optional import require
 
 __all__ = ["JittedEnv", "check_positive_int"]
 
@@ -48,7 +51,7 @@ def _auto_reset_wrapper(physics_field: str):
     ``physics_field`` names the ``State`` field holding the simulator state (``"pipeline_state"`` in brax,
     ``"data"`` in Playground); the first one is kept in ``info['first_<physics_field>']``.
     """
-    from brax.envs.base import Wrapper  # noqa: PLC0415  (brax is optional and slow to import)
+    Wrapper = require("brax.envs.base", "brax").Wrapper  # optional and slow to import: on first use
 
     first_physics = f"first_{physics_field}"
 
@@ -98,15 +101,23 @@ class JittedEnv:
     action_low = -1.0
     action_high = 1.0
 
-    def __init__(self, name: str, build: Callable[[], Any], *, physics_field: str, episode_length: int,
-                 action_repeat: int, seed: int):
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[], Any],
+        *,
+        physics_field: str,
+        episode_length: int,
+        action_repeat: int,
+        seed: int,
+    ):
         """Wraps the env that ``build()`` returns; ``physics_field`` is its ``State``'s simulator-state field."""
         self.name = name
         self.episode_length = check_positive_int("episode_length", episode_length)
         self.action_repeat = check_positive_int("action_repeat", action_repeat)
         self.seed = seed
 
-        from brax.envs.wrappers import training  # noqa: PLC0415
+        training = require("brax.envs.wrappers.training", "brax")
 
         with jax.ensure_compile_time_eval():  # see the module docstring
             base = build()

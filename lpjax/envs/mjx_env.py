@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from lpjax._optional import require
 from lpjax.envs.jitted import JittedEnv, check_positive_int
 
 __all__ = ["MJX_IMPL", "MJX_TASKS", "MjxEnv", "load_playground", "make_mjx", "playground_name"]
@@ -88,7 +89,7 @@ def playground_name(task_name: str) -> str:
 @contextlib.contextmanager
 def _mjspec_find_body():
     """Provides ``mujoco.MjSpec.find_body`` (see the module docstring) while the block runs, if it is missing."""
-    import mujoco  # noqa: PLC0415
+    mujoco = require("mujoco", "mjx")
 
     if hasattr(mujoco.MjSpec, "find_body"):
         yield
@@ -103,7 +104,7 @@ def _mjspec_find_body():
 def load_playground(task_name: str):
     """The bare Playground env of ``task_name`` (a ``mujoco_playground.MjxEnv``), simulated with ``MJX_IMPL``."""
     name = playground_name(task_name)
-    from mujoco_playground import dm_control_suite  # noqa: PLC0415  (optional and slow to import)
+    dm_control_suite = require("mujoco_playground", "mjx").dm_control_suite  # optional and slow to import
 
     with _mjspec_find_body():
         return dm_control_suite.load(name, config_overrides={"impl": MJX_IMPL})
@@ -116,17 +117,24 @@ class MjxEnv(JittedEnv):
       playground_name: Playground's name of the task (e.g. ``"CartpoleSwingup"``).
     """
 
-    def __init__(self, name: str, *, episode_length: int | None = None, action_repeat: int | None = None,
-                 seed: int = 0):
+    def __init__(
+        self, name: str, *, episode_length: int | None = None, action_repeat: int | None = None, seed: int = 0
+    ):
         self.playground_name = playground_name(name)
         action_repeat = check_positive_int("action_repeat", 1 if action_repeat is None else action_repeat)
         if episode_length is None:
-            from mujoco_playground import dm_control_suite  # noqa: PLC0415
+            dm_control_suite = require("mujoco_playground", "mjx").dm_control_suite
 
             control_steps = dm_control_suite.get_default_config(self.playground_name).episode_length
             episode_length = max(1, control_steps // action_repeat)
-        super().__init__(name, lambda: load_playground(name), physics_field="data", episode_length=episode_length,
-                         action_repeat=action_repeat, seed=seed)
+        super().__init__(
+            name,
+            lambda: load_playground(name),
+            physics_field="data",
+            episode_length=episode_length,
+            action_repeat=action_repeat,
+            seed=seed,
+        )
 
 
 def make_mjx(task_name: str, **options: Any) -> MjxEnv:

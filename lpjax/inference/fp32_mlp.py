@@ -45,8 +45,9 @@ class Fp32MLP:
         if not layers:
             raise ValueError("layers is empty; an MLP needs at least one layer.")
         check_chain([k.shape for k, _ in layers])
-        self._layers = tuple((jnp.asarray(k, jnp.float32), None if b is None else jnp.asarray(b, jnp.float32))
-                             for k, b in layers)
+        self._layers = tuple(
+            (jnp.asarray(k, jnp.float32), None if b is None else jnp.asarray(b, jnp.float32)) for k, b in layers
+        )
         self.in_dim = int(layers[0][0].shape[0])
         self.out_dim = int(layers[-1][0].shape[1])
         self.nbytes = int(sum(k.nbytes + (0 if b is None else b.nbytes) for k, b in self._layers))

@@ -65,8 +65,14 @@ class Int8MLP:
       nbytes: bytes of the int8 codes, float32 scales and float32 biases.
     """
 
-    def __init__(self, layers: Sequence[ort_int8.Layer], output_activation: str = "tanh", *,
-                 threads: int | None = 1, gemm: str = "auto"):
+    def __init__(
+        self,
+        layers: Sequence[ort_int8.Layer],
+        output_activation: str = "tanh",
+        *,
+        threads: int | None = 1,
+        gemm: str = "auto",
+    ):
         """Prefer :meth:`from_params` / :meth:`from_quantized`; arguments as in :meth:`from_quantized`.
 
         Raises ``ImportError`` (one line, with the install command) if onnxruntime or onnx is not installed.
@@ -75,8 +81,9 @@ class Int8MLP:
         self.output_activation = check_output_activation(output_activation)
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}.")
-        if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool)
-                                    or threads < 1):
+        if threads is not None and (
+            not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1
+        ):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}.")
         self.layers = tuple(_check_layer(i, layer) for i, layer in enumerate(_as_layer_list(layers)))
         check_chain([codes.shape for codes, _, _ in self.layers])
@@ -88,8 +95,9 @@ class Int8MLP:
         self.nbytes = int(sum(c.nbytes + s.nbytes + (0 if b is None else b.nbytes) for c, s, b in self.layers))
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], output_activation: str = "tanh", *, threads: int | None = 1,
-                    gemm: str = "auto") -> Int8MLP:
+    def from_params(
+        cls, params: Mapping[str, Any], output_activation: str = "tanh", *, threads: int | None = 1, gemm: str = "auto"
+    ) -> Int8MLP:
         """Quantizes an :class:`lpjax.nn.MLP` parameter tree (see :func:`lpjax.inference.mlp_layers`).
 
         Each kernel goes through :func:`lpjax.quant.quantize_int8_weight` (any float dtype); biases become float32.
@@ -103,13 +111,20 @@ class Int8MLP:
         layers = []
         for kernel, bias in mlp_layers(params):
             qw = quantize_int8_weight(jnp.asarray(kernel))
-            layers.append((np.asarray(qw.codes), np.asarray(qw.scales),
-                           None if bias is None else np.asarray(bias, np.float32)))
+            layers.append(
+                (np.asarray(qw.codes), np.asarray(qw.scales), None if bias is None else np.asarray(bias, np.float32))
+            )
         return cls(layers, output_activation, threads=threads, gemm=gemm)
 
     @classmethod
-    def from_quantized(cls, layers: Sequence[ort_int8.Layer], output_activation: str = "tanh", *,
-                       threads: int | None = 1, gemm: str = "auto") -> Int8MLP:
+    def from_quantized(
+        cls,
+        layers: Sequence[ort_int8.Layer],
+        output_activation: str = "tanh",
+        *,
+        threads: int | None = 1,
+        gemm: str = "auto",
+    ) -> Int8MLP:
         """Builds the runtime from already-quantized layers, e.g. what an actor unpacks from a learner's broadcast.
 
         Args:
@@ -153,8 +168,10 @@ class Int8MLP:
 
     def dequantized_layers(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """``(codes * scales, bias)`` per layer in float64: the weights this runtime multiplies by, exactly."""
-        return [(c.astype(np.float64) * s.astype(np.float64)[None, :], None if b is None else b.astype(np.float64))
-                for c, s, b in self.layers]
+        return [
+            (c.astype(np.float64) * s.astype(np.float64)[None, :], None if b is None else b.astype(np.float64))
+            for c, s, b in self.layers
+        ]
 
     def __reduce__(self):
         # An ONNX Runtime session does not pickle; an actor process rebuilds it from the NumPy layers.
@@ -162,8 +179,10 @@ class Int8MLP:
 
     def __repr__(self) -> str:
         sizes = [self.in_dim] + [c.shape[1] for c, _, _ in self.layers]
-        return (f"Int8MLP(sizes={sizes}, output_activation={self.output_activation!r}, gemm={self.gemm!r}, "
-                f"threads={self.threads})")
+        return (
+            f"Int8MLP(sizes={sizes}, output_activation={self.output_activation!r}, gemm={self.gemm!r}, "
+            f"threads={self.threads})"
+        )
 
 
 def _rebuild_int8_mlp(layers, output_activation, threads, gemm):
@@ -172,8 +191,10 @@ def _rebuild_int8_mlp(layers, output_activation, threads, gemm):
 
 def _as_layer_list(layers: Any) -> list:
     if isinstance(layers, (str, bytes, Mapping)) or not isinstance(layers, Sequence):
-        raise TypeError(f"layers must be a sequence of (codes, scales, bias) tuples, got {type(layers).__name__}; "
-                        "use Int8MLP.from_params for a Flax parameter tree.")
+        raise TypeError(
+            f"layers must be a sequence of (codes, scales, bias) tuples, got {type(layers).__name__}; "
+            "use Int8MLP.from_params for a Flax parameter tree."
+        )
     if not layers:
         raise ValueError("layers is empty; an MLP needs at least one layer.")
     return list(layers)
@@ -193,8 +214,9 @@ def _check_layer(i: int, layer: Any) -> ort_int8.Layer:
     if bias is not None:
         bias = np.asarray(bias)
         if bias.shape != (n,) or not np.issubdtype(bias.dtype, np.floating):
-            raise ValueError(f"layers[{i}] bias must be floating with shape ({n},) or None, got {bias.dtype} "
-                             f"{bias.shape}.")
+            raise ValueError(
+                f"layers[{i}] bias must be floating with shape ({n},) or None, got {bias.dtype} {bias.shape}."
+            )
         bias = np.asarray(bias, np.float32)
         if not np.isfinite(bias).all():
             raise ValueError(f"layers[{i}] bias must be finite.")

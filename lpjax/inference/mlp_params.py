@@ -55,11 +55,11 @@ def mlp_layers(params: Mapping[str, Any]) -> list[tuple[np.ndarray, np.ndarray |
         kernel = np.asarray(layer["kernel"])
         bias = None if layer.get("bias") is None else np.asarray(layer["bias"])
         if kernel.ndim != 2 or not np.issubdtype(kernel.dtype, np.floating):
-            raise ValueError(f"{index[i]}/kernel must be a floating (K, N) matrix, got {kernel.dtype} "
-                             f"{kernel.shape}.")
+            raise ValueError(f"{index[i]}/kernel must be a floating (K, N) matrix, got {kernel.dtype} {kernel.shape}.")
         if bias is not None and (bias.shape != kernel.shape[1:] or not np.issubdtype(bias.dtype, np.floating)):
-            raise ValueError(f"{index[i]}/bias must be floating with shape ({kernel.shape[1]},), got {bias.dtype} "
-                             f"{bias.shape}.")
+            raise ValueError(
+                f"{index[i]}/bias must be floating with shape ({kernel.shape[1]},), got {bias.dtype} {bias.shape}."
+            )
         layers.append((kernel, bias))
     check_chain([k.shape for k, _ in layers])
     return layers
@@ -69,8 +69,9 @@ def check_chain(shapes: Sequence[tuple[int, ...]]) -> None:
     """Raises ``ValueError`` unless each ``(K_i, N_i)`` feeds the next: ``N_i = K_{i+1}``."""
     for i, (a, b) in enumerate(itertools.pairwise(shapes)):
         if a[1] != b[0]:
-            raise ValueError(f"Layer {i} outputs {a[1]} features but layer {i + 1} expects {b[0]} "
-                             f"(shapes {tuple(a)} -> {tuple(b)}).")
+            raise ValueError(
+                f"Layer {i} outputs {a[1]} features but layer {i + 1} expects {b[0]} (shapes {tuple(a)} -> {tuple(b)})."
+            )
 
 
 def check_output_activation(output_activation: str) -> str:

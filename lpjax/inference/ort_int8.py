@@ -19,11 +19,12 @@ slower). :func:`u8s8_saturates` probes which case this CPU is in, once per proce
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from lpjax._optional import check, require
 
 GEMM_KINDS = ("u8s8", "u8u8")
 """The MLAS GEMMs an int8 layer can run on: uint8 activations times int8 (``"u8s8"``) or uint8 (``"u8u8"``)
@@ -42,18 +43,19 @@ Layer = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 REQUIRED_PACKAGES = ("onnxruntime", "onnx")
 """What building a session needs: ONNX Runtime, and onnx to write the graph (the ``int8`` extra)."""
 
-INSTALL_HINT = "pip install 'lpjax[int8]'"
+EXTRA = "int8"
+"""The extra of ``setup.cfg`` that installs :data:`REQUIRED_PACKAGES`: ``pip install 'lpjax[int8]'``."""
 
 
 def check_installed() -> None:
-    """Raises a one-line ``ImportError`` naming the first of :data:`REQUIRED_PACKAGES` that is not installed.
+    """Raises a one-line ``ModuleNotFoundError`` (an ``ImportError``) naming the first of
+    :data:`REQUIRED_PACKAGES` that is not installed, and the extra that installs it.
 
     Finds the packages without importing them, so a process that only checks (a learner about to start int8
     actors) does not load ONNX Runtime.
     """
     for name in REQUIRED_PACKAGES:
-        if importlib.util.find_spec(name) is None:
-            raise ImportError(f"{name} is not installed: {INSTALL_HINT}")
+        check(name, EXTRA)
 
 
 # ------------------------------------------------------------------------------------------------ NumPy model
@@ -79,8 +81,9 @@ def dynamic_quantize_uint8(x: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
     return q, scale, zero_point
 
 
-def int8_linear_reference(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray | None,
-                          relu: bool) -> np.ndarray:
+def int8_linear_reference(
+    x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, relu: bool
+) -> np.ndarray:
     """NumPy model of one ``DynamicQuantizeMatMul`` (+ relu) layer: ``x (B, K)`` float32 -> ``(B, N)`` float32.
 
     ``y = float32(sum_k (q - z) c) * (s * scales) + bias`` (then relu) with ``(q, s, z)`` from
@@ -106,15 +109,17 @@ def int8_mlp_onnx(layers: Sequence[Layer], gemm: str) -> bytes:
     """
     if gemm not in GEMM_KINDS:
         raise ValueError(f"gemm must be one of {GEMM_KINDS}, got {gemm!r}.")
-    from onnx import TensorProto, helper, numpy_helper
+    TensorProto = require("onnx", EXTRA).TensorProto
+    helper, numpy_helper = require("onnx.helper", EXTRA), require("onnx.numpy_helper", EXTRA)
 
     nodes, weights = [], []
     x = INPUT_NAME
     for i, (codes, scales, bias) in enumerate(layers):
         inputs = [x, f"codes_{i}", f"scales_{i}", "", ""]
         if gemm == "u8u8":
-            weights.append(numpy_helper.from_array((codes.astype(np.int16) + _U8U8_ZERO_POINT).astype(np.uint8),
-                                                   inputs[1]))
+            weights.append(
+                numpy_helper.from_array((codes.astype(np.int16) + _U8U8_ZERO_POINT).astype(np.uint8), inputs[1])
+            )
             weights.append(numpy_helper.from_array(np.array(_U8U8_ZERO_POINT, np.uint8), f"zero_point_{i}"))
             inputs[3] = f"zero_point_{i}"
         else:
@@ -127,19 +132,23 @@ def int8_mlp_onnx(layers: Sequence[Layer], gemm: str) -> bytes:
             inputs.pop()
         last = i == len(layers) - 1
         y = OUTPUT_NAME if last else f"linear_{i}"
-        nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, [y], name=f"layer_{i}",
-                                      domain="com.microsoft"))
+        nodes.append(helper.make_node("DynamicQuantizeMatMul", inputs, [y], name=f"layer_{i}", domain="com.microsoft"))
         if not last:
             x = f"relu_{i}"
             nodes.append(helper.make_node("Relu", [y], [x], name=f"relu_{i}"))
     graph = helper.make_graph(
-        nodes, "int8_mlp",
+        nodes,
+        "int8_mlp",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["B", int(layers[0][0].shape[0])])],
         [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["B", int(layers[-1][0].shape[1])])],
-        weights)
-    model = helper.make_model(graph, ir_version=_IR_VERSION, producer_name="lpjax",
-                              opset_imports=[helper.make_opsetid("", _ONNX_OPSET),
-                                             helper.make_opsetid("com.microsoft", _MS_OPSET)])
+        weights,
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=_IR_VERSION,
+        producer_name="lpjax",
+        opset_imports=[helper.make_opsetid("", _ONNX_OPSET), helper.make_opsetid("com.microsoft", _MS_OPSET)],
+    )
     return model.SerializeToString()
 
 
@@ -149,7 +158,7 @@ def inference_session(model: bytes, threads: int | None) -> Any:
     ``threads`` sets this session's ``intra_op_num_threads`` (``None``: ONNX Runtime's default, one per physical
     core); nodes run one after another. The weights are prepacked for MLAS when the session is created.
     """
-    import onnxruntime as ort
+    ort = require("onnxruntime", EXTRA)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 0 if threads is None else threads

@@ -27,8 +27,9 @@ def check_runtime(kind: str) -> str:
     return kind
 
 
-def make_policy_runtime(params: Mapping[str, Any], kind: str = "int8", output_activation: str = "tanh",
-                        **kwargs: Any) -> Int8MLP | Fp32MLP:
+def make_policy_runtime(
+    params: Mapping[str, Any], kind: str = "int8", output_activation: str = "tanh", **kwargs: Any
+) -> Int8MLP | Fp32MLP:
     """The actor's policy runtime by name: ``"int8"`` -> :meth:`Int8MLP.from_params`, ``"fp32"`` ->
     :meth:`Fp32MLP.from_params`. Extra keyword arguments (``threads``, ``gemm``) go to :class:`Int8MLP`.
 

@@ -4,9 +4,10 @@ or float8, found by interpreting its jaxpr, before training breaks.
     report = lpjax.inspect.precision_report(jax.grad(loss), params, batch, dtype=jnp.float16)
     print(report)
 
-Command line, for a learner built from an experiment config (see :mod:`lpjax.inspect.cli`):
+Command line, for a learner built from an experiment config, in a checkout of the repository (see
+``experiments/inspect.py``):
 
-    python -m lpjax.inspect --config=fp16_naive.py --algo=sac
+    python -m experiments.inspect --config=fp16_naive.py --algo=sac
 """
 
 from lpjax.inspect.formats import NumberFormat, number_format

@@ -70,11 +70,15 @@ def number_format(dtype) -> NumberFormat:
     maximum = float(info.max)
     _, exponent = np.frexp(maximum)
     ulp_max = float(np.ldexp(1.0, exponent - 1 - info.nmant))
-    return NumberFormat(name=dtype.name, nmant=int(info.nmant), max=maximum,
-                        smallest_normal=float(info.smallest_normal),
-                        smallest_subnormal=float(info.smallest_subnormal),
-                        overflow_threshold=maximum + ulp_max / 2,
-                        overflow_at_threshold=bool(int(maximum / ulp_max) % 2))
+    return NumberFormat(
+        name=dtype.name,
+        nmant=int(info.nmant),
+        max=maximum,
+        smallest_normal=float(info.smallest_normal),
+        smallest_subnormal=float(info.smallest_subnormal),
+        overflow_threshold=maximum + ulp_max / 2,
+        overflow_at_threshold=bool(int(maximum / ulp_max) % 2),
+    )
 
 
 def is_narrow(dtype) -> bool:

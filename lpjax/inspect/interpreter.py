@@ -36,13 +36,55 @@ from jax.extend import core as jex_core
 from lpjax.inspect.formats import NumberFormat, is_narrow, number_format
 from lpjax.inspect.statistics import OpStatistics
 
-ROUNDING_PRIMITIVES = frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt",
-    "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sin", "cos", "tan", "atan2", "asin", "acos",
-    "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma",
-    "reduce_sum", "reduce_prod", "cumsum", "cumprod", "cumlogsumexp", "dot_general", "conv_general_dilated",
-    "convert_element_type", "reduce_precision",
-})
+ROUNDING_PRIMITIVES = frozenset(
+    {
+        "add",
+        "add_any",
+        "sub",
+        "mul",
+        "div",
+        "rem",
+        "pow",
+        "integer_pow",
+        "square",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log1p",
+        "tanh",
+        "logistic",
+        "sin",
+        "cos",
+        "tan",
+        "atan2",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "lgamma",
+        "digamma",
+        "reduce_sum",
+        "reduce_prod",
+        "cumsum",
+        "cumprod",
+        "cumlogsumexp",
+        "dot_general",
+        "conv_general_dilated",
+        "convert_element_type",
+        "reduce_precision",
+    }
+)
 """Primitives whose output is a newly rounded value (the ones the inspector checks)."""
 
 ADDITIONS = frozenset({"add", "add_any", "sub"})
@@ -83,8 +125,9 @@ class Interpreter:
     def run(self, closed: jex_core.ClosedJaxpr, args: Sequence[Any]) -> list[Any]:
         return self.eval_jaxpr(closed.jaxpr, closed.consts, args, path=(), stack="")
 
-    def eval_jaxpr(self, jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
-                   path: tuple[int, ...], stack: str) -> list[Any]:
+    def eval_jaxpr(
+        self, jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any], path: tuple[int, ...], stack: str
+    ) -> list[Any]:
         env: dict[Any, Any] = {}
 
         def read(var):
@@ -111,8 +154,7 @@ class Interpreter:
                     env[var] = value
         return [read(var) for var in jaxpr.outvars]
 
-    def record(self, eqn, invals: Sequence[Any], outvals: Sequence[Any], path: tuple[int, ...],
-               stack: str) -> None:
+    def record(self, eqn, invals: Sequence[Any], outvals: Sequence[Any], path: tuple[int, ...], stack: str) -> None:
         """Accumulates the statistics of one evaluation of ``eqn`` (its first floating output)."""
         floating = [value for value in outvals if _is_float(value)]
         if not floating:
@@ -126,8 +168,9 @@ class Interpreter:
             fmt = self.what_if if self.what_if is not None and self.what_if.bits < own.itemsize * 8 else None
         record = self.records.get(path)
         if record is None:
-            record = EquationRecord(name, eqn, stack, own.name, fmt.name if fmt else None,
-                                    tuple(np.shape(output)), OpStatistics())
+            record = EquationRecord(
+                name, eqn, stack, own.name, fmt.name if fmt else None, tuple(np.shape(output)), OpStatistics()
+            )
             self.records[path] = record
         stats = record.stats
         stats.calls += 1
@@ -148,15 +191,18 @@ class Interpreter:
 
 def higher_order(*names: str):
     """Registers an evaluator ``fn(interpreter, eqn, invals, path, stack) -> outvals`` for primitives ``names``."""
+
     def register(fn):
         for name in names:
             _HIGHER_ORDER[name] = fn
         return fn
+
     return register
 
 
-@higher_order("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat",
-              "checkpoint", "remat2")
+@higher_order(
+    "jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint", "remat2"
+)
 def _call(interp: Interpreter, eqn, invals, path, stack):
     inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
     if isinstance(inner, jex_core.ClosedJaxpr):
@@ -174,17 +220,23 @@ def _scan(interp: Interpreter, eqn, invals, path, stack):
         groups = getattr(params["ft_in"], "elts", params["ft_in"])
         num_consts, num_carry = len(groups[0]), len(groups[1])
     length = params["length"]
-    consts, carry, xs = invals[:num_consts], invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+    consts, carry, xs = (
+        invals[:num_consts],
+        invals[num_consts : num_consts + num_carry],
+        invals[num_consts + num_carry :],
+    )
     ys = []
-    for i in (reversed(range(length)) if params["reverse"] else range(length)):
+    for i in reversed(range(length)) if params["reverse"] else range(length):
         out = interp.eval_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *(x[i] for x in xs)], path, stack)
         carry, y = out[:num_carry], out[num_carry:]
         ys.append(y)
     if params["reverse"]:
         ys.reverse()
     y_avals = [var.aval for var in body.jaxpr.outvars[num_carry:]]
-    stacked = [jnp.stack([y[j] for y in ys]) if ys else jnp.zeros((0, *aval.shape), aval.dtype)
-               for j, aval in enumerate(y_avals)]
+    stacked = [
+        jnp.stack([y[j] for y in ys]) if ys else jnp.zeros((0, *aval.shape), aval.dtype)
+        for j, aval in enumerate(y_avals)
+    ]
     return [*carry, *stacked]
 
 
@@ -193,9 +245,9 @@ def _while(interp: Interpreter, eqn, invals, path, stack):
     params = eqn.params
     cond: jex_core.ClosedJaxpr = params["cond_jaxpr"]
     body: jex_core.ClosedJaxpr = params["body_jaxpr"]
-    cond_consts = invals[:params["cond_nconsts"]]
-    body_consts = invals[params["cond_nconsts"]:params["cond_nconsts"] + params["body_nconsts"]]
-    carry = invals[params["cond_nconsts"] + params["body_nconsts"]:]
+    cond_consts = invals[: params["cond_nconsts"]]
+    body_consts = invals[params["cond_nconsts"] : params["cond_nconsts"] + params["body_nconsts"]]
+    carry = invals[params["cond_nconsts"] + params["body_nconsts"] :]
     while bool(interp.eval_jaxpr(cond.jaxpr, cond.consts, [*cond_consts, *carry], path, stack)[0]):
         carry = interp.eval_jaxpr(body.jaxpr, body.consts, [*body_consts, *carry], path, stack)
     return carry
@@ -259,14 +311,27 @@ def _dot_general(params, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 _FLOAT64_RULES: dict[str, Callable[..., np.ndarray]] = {
-    "add": lambda p, a, b: a + b, "add_any": lambda p, a, b: a + b, "sub": lambda p, a, b: a - b,
-    "mul": lambda p, a, b: a * b, "div": lambda p, a, b: a / b, "pow": lambda p, a, b: np.power(a, b),
-    "integer_pow": lambda p, a: a ** p["y"], "square": lambda p, a: a * a, "sqrt": lambda p, a: np.sqrt(a),
-    "rsqrt": lambda p, a: 1 / np.sqrt(a), "exp": lambda p, a: np.exp(a), "exp2": lambda p, a: np.exp2(a),
-    "expm1": lambda p, a: np.expm1(a), "log": lambda p, a: np.log(a), "log1p": lambda p, a: np.log1p(a),
-    "tanh": lambda p, a: np.tanh(a), "logistic": lambda p, a: 1 / (1 + np.exp(-a)),
-    "sin": lambda p, a: np.sin(a), "cos": lambda p, a: np.cos(a),
-    "reduce_sum": lambda p, a: np.sum(a, axis=tuple(p["axes"])), "dot_general": _dot_general,
+    "add": lambda p, a, b: a + b,
+    "add_any": lambda p, a, b: a + b,
+    "sub": lambda p, a, b: a - b,
+    "mul": lambda p, a, b: a * b,
+    "div": lambda p, a, b: a / b,
+    "pow": lambda p, a, b: np.power(a, b),
+    "integer_pow": lambda p, a: a ** p["y"],
+    "square": lambda p, a: a * a,
+    "sqrt": lambda p, a: np.sqrt(a),
+    "rsqrt": lambda p, a: 1 / np.sqrt(a),
+    "exp": lambda p, a: np.exp(a),
+    "exp2": lambda p, a: np.exp2(a),
+    "expm1": lambda p, a: np.expm1(a),
+    "log": lambda p, a: np.log(a),
+    "log1p": lambda p, a: np.log1p(a),
+    "tanh": lambda p, a: np.tanh(a),
+    "logistic": lambda p, a: 1 / (1 + np.exp(-a)),
+    "sin": lambda p, a: np.sin(a),
+    "cos": lambda p, a: np.cos(a),
+    "reduce_sum": lambda p, a: np.sum(a, axis=tuple(p["axes"])),
+    "dot_general": _dot_general,
 }
 """float64 NumPy versions of the commonest rounding primitives, for exact values beyond float32's range
 (bfloat16's underflows are float32 subnormals, which XLA:CPU flushes to zero) and without compiling."""

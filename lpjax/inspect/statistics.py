@@ -102,8 +102,16 @@ class OpStatistics:
 
     def merge(self, other: OpStatistics) -> None:
         """Adds ``other``'s counts into this one."""
-        for name in ("calls", "elements", "overflow", "underflow", "flushed", "absorbed", "absorbed_scalar",
-                     "nonfinite"):
+        for name in (
+            "calls",
+            "elements",
+            "overflow",
+            "underflow",
+            "flushed",
+            "absorbed",
+            "absorbed_scalar",
+            "nonfinite",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.zero_constant |= other.zero_constant
         self.min_abs = min(self.min_abs, other.min_abs)

@@ -8,9 +8,9 @@
 ==================  =====================  ========================================================
 float32 / float64   ``lax.dot_general`` in  (no kernel: ``ValueError``)
                     ``compute_dtype``
-float16 / bfloat16  ``lax.dot_general`` in  :func:`kernels.fp16_matmul`: fp16/bf16 operands, fp32
+float16 / bfloat16  ``lax.dot_general`` in  :func:`lpjax.kernels.fp16_matmul`: fp16/bf16 operands, fp32
                     ``compute_dtype``       accumulation, bias and activation fused in the epilogue
-float8_e4m3fn       the jnp reference of    :func:`kernels.fp8_blockwise_matmul`: 128x128 weight
+float8_e4m3fn       the jnp reference of    :func:`lpjax.kernels.fp8_blockwise_matmul`: 128x128 weight
                     the fp8 GEMM            blocks, 1x128 activation groups, fp32 promotion per slice
 ==================  =====================  ========================================================
 
@@ -21,21 +21,26 @@ computes, so swapping Flax's layer for :class:`Dense` changes nothing until a ke
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import fp8_blockwise_matmul, fp16_matmul
+from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul
 from lpjax.precision import Policy, get_policy
 
 IMPLS = ("xla", "pallas", "reference")
 """Valid matmul implementations of :class:`Dense`."""
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "none": lambda x: x, "relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}
+    "none": lambda x: x,
+    "relu": jax.nn.relu,
+    "elu": jax.nn.elu,
+    "tanh": jnp.tanh,
+}
 """Activations the fused epilogues support, by name."""
 
 _FULL = (np.dtype(jnp.float64), np.dtype(jnp.float32))
@@ -54,15 +59,25 @@ def check_dense_options(policy: Policy, impl: str, activation: str) -> None:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}.")
     matmul = policy.matmul_dtype
     if matmul not in _FULL + _HALF + (_FP8,):
-        raise ValueError(f"No dense matmul for matmul_dtype={matmul.name}; use float64, float32, float16, "
-                         "bfloat16 or float8_e4m3fn.")
+        raise ValueError(
+            f"No dense matmul for matmul_dtype={matmul.name}; use float64, float32, float16, bfloat16 or float8_e4m3fn."
+        )
     if impl != "xla" and matmul not in _HALF + (_FP8,):
-        raise ValueError(f"impl={impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
-                         f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use impl='xla'.")
+        raise ValueError(
+            f"impl={impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
+            f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use impl='xla'."
+        )
 
 
-def policy_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, *, policy: Policy | str,
-                 impl: str = "xla", activation: str = "none") -> jax.Array:
+def policy_dense(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None,
+    *,
+    policy: Policy | str,
+    impl: str = "xla",
+    activation: str = "none",
+) -> jax.Array:
     """``act(x @ kernel + bias)`` with the matmul implementation chosen by ``policy`` and ``impl``.
 
     Args:
@@ -80,13 +95,20 @@ def policy_dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, *, pol
     check_dense_options(policy, impl, activation)
     compute, matmul = policy.compute_dtype, policy.matmul_dtype
     if matmul == _FP8:
-        y = _flat(x, lambda x2: fp8_blockwise_matmul(
-            x2.astype(compute), kernel, bias=bias, out_dtype=compute,
-            impl="reference" if impl == "xla" else impl))
+        y = _flat(
+            x,
+            lambda x2: fp8_blockwise_matmul(
+                x2.astype(compute), kernel, bias=bias, out_dtype=compute, impl="reference" if impl == "xla" else impl
+            ),
+        )
         return ACTIVATIONS[activation](y)
     if impl != "xla":
-        return _flat(x, lambda x2: fp16_matmul(
-            x2.astype(matmul), kernel.astype(matmul), bias, activation=activation, out_dtype=compute, impl=impl))
+        return _flat(
+            x,
+            lambda x2: fp16_matmul(
+                x2.astype(matmul), kernel.astype(matmul), bias, activation=activation, out_dtype=compute, impl=impl
+            ),
+        )
     x, kernel = x.astype(compute), kernel.astype(compute)
     y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
     if bias is not None:

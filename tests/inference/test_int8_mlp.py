@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 import pytest
 
-from kernels import int8_matmul
 from lpjax import inference
 from lpjax.inference import Fp32MLP, Int8MLP, check_runtime, make_policy_runtime, ort_int8
+from lpjax.kernels import int8_matmul
 from lpjax.nn import MLP
 from lpjax.quant import Int8Weight, quantize_int8_weight
 
@@ -57,11 +57,12 @@ def rel_rms(errors, refs):
 
 
 def jax_int8_reference(runtime, x):
-    """lpjax's int8 maths: per-token symmetric int8 activations, ``kernels.int8_matmul(impl="reference")``."""
+    """lpjax's int8 maths: per-token symmetric int8 activations, ``lpjax.kernels.int8_matmul(impl="reference")``."""
     h = jnp.asarray(x)
     for i, (codes, scales, bias) in enumerate(runtime.layers):
-        h = int8_matmul(h, Int8Weight(jnp.asarray(codes), jnp.asarray(scales)), bias=jnp.asarray(bias),
-                        impl="reference")
+        h = int8_matmul(
+            h, Int8Weight(jnp.asarray(codes), jnp.asarray(scales)), bias=jnp.asarray(bias), impl="reference"
+        )
         h = jax.nn.relu(h) if i < len(runtime.layers) - 1 else h
     return np.asarray(h)
 
@@ -191,7 +192,8 @@ def test_weights_reach_the_onnx_graph_bit_for_bit(runtime, gemm, offset):
     graph = onnx.load_from_string(ort_int8.int8_mlp_onnx(runtime.layers, gemm)).graph
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     assert [n.op_type for n in graph.node] == ["DynamicQuantizeMatMul", "Relu"] * (len(HIDDEN)) + [
-        "DynamicQuantizeMatMul"]
+        "DynamicQuantizeMatMul"
+    ]
     for i, (codes, scales, bias) in enumerate(runtime.layers):
         np.testing.assert_array_equal(weights[f"codes_{i}"].astype(np.int16) - offset, codes)
         np.testing.assert_array_equal(weights[f"scales_{i}"], scales)
@@ -239,8 +241,11 @@ def test_make_policy_runtime(params):
 @pytest.mark.parametrize("missing", ort_int8.REQUIRED_PACKAGES)
 def test_a_missing_package_is_one_line_with_the_install_command(params, monkeypatch, missing):
     monkeypatch.setitem(sys.modules, missing, None)  # `import` and find_spec now fail as if it were not installed
-    builders = (lambda: Int8MLP.from_params(params), lambda: make_policy_runtime(params, "int8"),
-                lambda: check_runtime("int8"))
+    builders = (
+        lambda: Int8MLP.from_params(params),
+        lambda: make_policy_runtime(params, "int8"),
+        lambda: check_runtime("int8"),
+    )
     for build in builders:
         with pytest.raises(ImportError) as error:
             build()
@@ -268,17 +273,20 @@ def _tree(params, **changes):
     return tree
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(Dense_1=None), "Dense_0 .. Dense_2"),
-    (dict(Dense_9={"kernel": np.zeros((6, 6), np.float32)}), "Dense_0 .. Dense_4"),
-    (dict(head={"kernel": np.zeros((6, 6), np.float32)}), "Unexpected entry 'head'"),
-    (dict(Dense_0={"bias": np.zeros(128, np.float32)}), "must be a mapping with a 'kernel'"),
-    (dict(Dense_0={"kernel": np.zeros((24, 128), np.float32), "scale": 1.0}), "unexpected entries"),
-    (dict(Dense_0={"kernel": np.zeros((24, 128, 1), np.float32)}), "floating \\(K, N\\) matrix"),
-    (dict(Dense_0={"kernel": np.zeros((24, 128), np.int32)}), "floating \\(K, N\\) matrix"),
-    (dict(Dense_0={"kernel": np.zeros((24, 128), np.float32), "bias": np.zeros(7, np.float32)}), "bias must"),
-    (dict(Dense_1={"kernel": np.zeros((100, 128), np.float32)}), "Layer 0 outputs 128 features but layer 1"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(Dense_1=None), "Dense_0 .. Dense_2"),
+        (dict(Dense_9={"kernel": np.zeros((6, 6), np.float32)}), "Dense_0 .. Dense_4"),
+        (dict(head={"kernel": np.zeros((6, 6), np.float32)}), "Unexpected entry 'head'"),
+        (dict(Dense_0={"bias": np.zeros(128, np.float32)}), "must be a mapping with a 'kernel'"),
+        (dict(Dense_0={"kernel": np.zeros((24, 128), np.float32), "scale": 1.0}), "unexpected entries"),
+        (dict(Dense_0={"kernel": np.zeros((24, 128, 1), np.float32)}), "floating \\(K, N\\) matrix"),
+        (dict(Dense_0={"kernel": np.zeros((24, 128), np.int32)}), "floating \\(K, N\\) matrix"),
+        (dict(Dense_0={"kernel": np.zeros((24, 128), np.float32), "bias": np.zeros(7, np.float32)}), "bias must"),
+        (dict(Dense_1={"kernel": np.zeros((100, 128), np.float32)}), "Layer 0 outputs 128 features but layer 1"),
+    ],
+)
 def test_malformed_params_raise(params, change, match):
     tree = _tree(params, **change)
     with pytest.raises(ValueError, match=match):
@@ -342,14 +350,20 @@ def test_malformed_arguments_raise(params, runtime):
 
 
 def test_imports_no_runtime_library_nor_lpjax_beyond_quant():
-    code = ("import sys, lpjax.inference; loaded = {'onnxruntime', 'onnx', 'torch'} & set(sys.modules); "
-            "assert not loaded, loaded")
+    code = (
+        "import sys, lpjax.inference; loaded = {'onnxruntime', 'onnx', 'torch'} & set(sys.modules); "
+        "assert not loaded, loaded"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     package = pathlib.Path(inference.__file__).parent
     for file in package.rglob("*.py"):
         for node in ast.walk(ast.parse(file.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            )
             for name in names:
                 if name.startswith("lpjax"):
-                    assert name.startswith(("lpjax.quant", "lpjax.inference")), f"{file.name} imports {name}"
+                    allowed = ("lpjax.quant", "lpjax.inference", "lpjax._optional")  # _optional: the install hints
+                    assert name.startswith(allowed), f"{file.name} imports {name}"

@@ -8,18 +8,20 @@ an 8-bit ``wgmma``). Lowering needs no GPU and no skip on jax >= 0.10.2: it runs
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
-from kernels._common import TRITON_AVAILABLE, describe_lowering, lower_for_cuda
-from kernels._mosaic_gpu import INTERPRETS_TRANSPOSED_OPERANDS
+from lpjax.kernels._common import TRITON_AVAILABLE, describe_lowering, lower_for_cuda
+from lpjax.kernels._mosaic_gpu import INTERPRETS_TRANSPOSED_OPERANDS
 
 _SKIPS = {
     "triton": pytest.mark.skipif(not TRITON_AVAILABLE, reason="this jax no longer ships Pallas' Triton backend"),
     "mosaic_gpu_8bit": pytest.mark.skipif(
         not INTERPRETS_TRANSPOSED_OPERANDS,
-        reason="the Mosaic GPU interpreter of jax < 0.11.2 cannot read an 8-bit wgmma's transposed SMEM operand"),
+        reason="the Mosaic GPU interpreter of jax < 0.11.2 cannot read an 8-bit wgmma's transposed SMEM operand",
+    ),
 }
 
 
@@ -32,8 +34,8 @@ def backend_params(impl: str, cases: Iterable[tuple] = ((),), *, eight_bit: bool
 
 
 def lowered(fn: Callable[..., Any], *args: Any, arch: str) -> dict[str, Any]:
-    """:func:`kernels._common.describe_lowering` of ``fn`` lowered for CUDA on ``arch``, failing on any
-    ``DeprecationWarning`` that leaks out of :func:`~kernels._common.lower_for_cuda` (which silences the Triton
+    """:func:`lpjax.kernels._common.describe_lowering` of ``fn`` lowered for CUDA on ``arch``, failing on any
+    ``DeprecationWarning`` that leaks out of :func:`~lpjax.kernels._common.lower_for_cuda` (which silences the Triton
     backend's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)

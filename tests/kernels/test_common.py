@@ -1,21 +1,33 @@
-"""kernels._common: which backend ``impl`` selects for the target GPU, and the abstract GPUs lowering targets."""
+"""lpjax.kernels._common: which backend ``impl`` selects for the target GPU, and the abstract GPUs lowering targets."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernels import _common
-from kernels._common import GPU_TARGETS, abstract_gpu, is_hopper, select_backend, target_device_kind
+from lpjax.kernels import _common
+from lpjax.kernels._common import GPU_TARGETS, abstract_gpu, is_hopper, select_backend, target_device_kind
 
 
 def _select(impl, interpret=False):
     return select_backend(impl, kernel="k", interpret=interpret)
 
 
-@pytest.mark.parametrize("kind, hopper", [
-    ("NVIDIA H100 80GB HBM3", True), ("NVIDIA H200", True), ("NVIDIA GH200 480GB", True), ("NVIDIA H800", True),
-    ("NVIDIA H20", True), ("NVIDIA A100-SXM4-80GB", False), ("NVIDIA L4", False), ("NVIDIA B200", False),
-    ("NVIDIA GeForce RTX 4090", False), ("cpu", False), (None, False)])
+@pytest.mark.parametrize(
+    "kind, hopper",
+    [
+        ("NVIDIA H100 80GB HBM3", True),
+        ("NVIDIA H200", True),
+        ("NVIDIA GH200 480GB", True),
+        ("NVIDIA H800", True),
+        ("NVIDIA H20", True),
+        ("NVIDIA A100-SXM4-80GB", False),
+        ("NVIDIA L4", False),
+        ("NVIDIA B200", False),
+        ("NVIDIA GeForce RTX 4090", False),
+        ("cpu", False),
+        (None, False),
+    ],
+)
 def test_is_hopper(kind, hopper):
     assert is_hopper(kind) is hopper
 

@@ -1,4 +1,4 @@
-"""kernels.fp16_matmul: the Triton and Mosaic GPU kernels (interpret mode) against the jnp reference and float64,
+"""lpjax.kernels.fp16_matmul: the Triton and Mosaic GPU kernels (interpret mode) against the jnp reference and float64,
 the custom VJP against float32 autodiff, the CUDA lowering of both backends for abstract GPUs, and argument checks.
 
 Error bounds are elementwise and derived from the maths (``u = eps / 2`` is a dtype's unit roundoff):
@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.fp16_matmul import ACTIVATIONS, fp16_matmul
+from lpjax.kernels.fp16_matmul import ACTIVATIONS, fp16_matmul
 from tests.kernels.helpers import backend_params, lowered, wgmma
 
 F16, BF16, F32 = jnp.float16, jnp.bfloat16, jnp.float32
 EPS32 = float(jnp.finfo(F32).eps)
-EXP_MINUS_ONE_ERR = 2.0 ** -22  # |(exp(t) - 1) - expm1(t)| for t <= 0, Mosaic GPU's ELU
+EXP_MINUS_ONE_ERR = 2.0**-22  # |(exp(t) - 1) - expm1(t)| for t <= 0, Mosaic GPU's ELU
 
 
 def _act_err(impl: str, activation: str) -> float:
@@ -93,8 +93,10 @@ FORWARD_CASES = [
 MOSAIC_GPU_CASES = [FORWARD_CASES[i] for i in (1, 3, 7, 10)]
 
 
-@pytest.mark.parametrize("impl,shape,dtype,activation,out_dtype,bias_dtype,block",
-                         backend_params("triton", FORWARD_CASES) + backend_params("mosaic_gpu", MOSAIC_GPU_CASES))
+@pytest.mark.parametrize(
+    "impl,shape,dtype,activation,out_dtype,bias_dtype,block",
+    backend_params("triton", FORWARD_CASES) + backend_params("mosaic_gpu", MOSAIC_GPU_CASES),
+)
 def test_pallas_matches_reference_and_float64(impl, shape, dtype, activation, out_dtype, bias_dtype, block):
     m, k, n = shape
     x, w, b = _inputs(m, k, n, dtype, bias_dtype)
@@ -121,8 +123,7 @@ def test_pallas_matches_reference_and_float64(impl, shape, dtype, activation, ou
     # vs float64 on the same (rounded) inputs: one f32 summation (<= sum_err / 2, bounded by sum_err), a few
     # f32 ulps for the activation, then one rounding to out_dtype (<= u_out |y|, or half a subnormal).
     for got in (y_f, y_ref_f):
-        bound64 = (sum_err + act_err + 0.5 * _eps(out) * np.abs(y64) + 4 * EPS32 * np.abs(y64)
-                   + 0.5 * _subnormal(out))
+        bound64 = sum_err + act_err + 0.5 * _eps(out) * np.abs(y64) + 4 * EPS32 * np.abs(y64) + 0.5 * _subnormal(out)
         err64 = np.abs(got - y64)
         assert np.all(err64 <= bound64), f"max err {err64.max():.3g}, max err/bound {np.max(err64 / bound64):.3g}"
 
@@ -135,9 +136,10 @@ GRAD_CASES = [(act, *dtypes) for act in ACTIVATIONS for dtypes in GRAD_DTYPES]
 
 
 # Mosaic GPU: one case (its interpreter is slow) whose backward pass needs the saved pre-activation z.
-@pytest.mark.parametrize("impl,activation,dtype,out_dtype,bias_dtype",
-                         backend_params("triton", GRAD_CASES)
-                         + backend_params("mosaic_gpu", [("elu", *GRAD_DTYPES[0])]))
+@pytest.mark.parametrize(
+    "impl,activation,dtype,out_dtype,bias_dtype",
+    backend_params("triton", GRAD_CASES) + backend_params("mosaic_gpu", [("elu", *GRAD_DTYPES[0])]),
+)
 def test_gradients_match_float32_autodiff(impl, activation, dtype, out_dtype, bias_dtype):
     m, k, n = 5, 40, 24  # ragged: every one of the three kernels (forward, dx, dw) pads
     x, w, b = _inputs(m, k, n, dtype, bias_dtype, seed=1)

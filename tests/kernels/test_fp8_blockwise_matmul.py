@@ -1,5 +1,5 @@
-"""kernels.fp8_blockwise_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference vs float64
-NumPy, gradients, and the CUDA lowering of both backends for abstract GPUs.
+"""lpjax.kernels.fp8_blockwise_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference vs
+float64 NumPy, gradients, and the CUDA lowering of both backends for abstract GPUs.
 
 Bounds asserted (``rel(a, b) = mean|a - b| / mean|b|``):
 
@@ -27,9 +27,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels._common import lower_for_cuda
-from kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
 from lpjax import quant
+from lpjax.kernels._common import lower_for_cuda
+from lpjax.kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
 from tests.kernels.helpers import backend_params, lowered, wgmma
 
 run = jax.jit(fp8_blockwise_matmul, static_argnames=("out_dtype", "impl", "interpret", "block_m"))
@@ -64,14 +64,14 @@ def _rel(a, b):
 
 def _dequantized_product(x, w, bias):
     a = quant.dequantize_fp8_per_token_group(*quant.quantize_fp8_per_token_group(x))
-    y = jnp.dot(a, quant.dequantize_fp8_blockwise(quant.quantize_fp8_blockwise(w)),
-                precision=jax.lax.Precision.HIGHEST)
+    y = jnp.dot(a, quant.dequantize_fp8_blockwise(quant.quantize_fp8_blockwise(w)), precision=jax.lax.Precision.HIGHEST)
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
-@pytest.mark.parametrize("impl, m, k, n, dtype, out_dtype, with_bias, block_m",
-                         backend_params("triton", CASES)
-                         + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True))
+@pytest.mark.parametrize(
+    "impl, m, k, n, dtype, out_dtype, with_bias, block_m",
+    backend_params("triton", CASES) + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True),
+)
 def test_pallas_matches_reference_and_dequantized_product(impl, m, k, n, dtype, out_dtype, with_bias, block_m):
     x, w, b = _operands(m, k, n, dtype)
     bias = b if with_bias else None
@@ -82,11 +82,11 @@ def test_pallas_matches_reference_and_dequantized_product(impl, m, k, n, dtype, 
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=eps, atol=eps)
 
     dq = _dequantized_product(x, w, bias)
-    bound = 2.0 ** -8 if out_dtype == jnp.bfloat16 else 1e-3
+    bound = 2.0**-8 if out_dtype == jnp.bfloat16 else 1e-3
     assert _rel(out, dq) < bound and _rel(ref, dq) < bound
     full = jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     full = full if bias is None else full + bias.astype(jnp.float32)
-    assert _rel(out, full) < 2.0 ** -4
+    assert _rel(out, full) < 2.0**-4
 
 
 def test_pre_quantized_weight_gives_the_same_result():
@@ -100,13 +100,14 @@ def test_pre_quantized_weight_gives_the_same_result():
 
 def _numpy_blockwise_fp8_matmul(x, w, bias):
     """The blockwise-FP8 formula in float64 NumPy, with its own quantization through ml_dtypes."""
+
     def quantize(v, rows, cols):
         v = np.asarray(v, np.float32)
         r, c = v.shape
         s = np.ones((-(-r // rows), -(-c // cols)), np.float32)
         for i in range(s.shape[0]):
             for j in range(s.shape[1]):
-                amax = np.abs(v[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]).max()
+                amax = np.abs(v[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]).max()
                 s[i, j] = amax * np.float32(1 / 448) if amax > 0 else 1.0
         full = np.repeat(np.repeat(s, rows, 0), cols, 1)[:r, :c]
         q = np.clip(v * (np.float32(1) / full), -448, 448).astype(ml_dtypes.float8_e4m3fn)
@@ -118,7 +119,7 @@ def _numpy_blockwise_fp8_matmul(x, w, bias):
     c = np.zeros((m, n))
     for g in range(sa.shape[1]):
         ks = slice(g * 128, (g + 1) * 128)
-        c += (qa[:, ks] @ qw[ks, :]) * sa[:, g:g + 1] * np.repeat(sw[g], 128)[None, :n]
+        c += (qa[:, ks] @ qw[ks, :]) * sa[:, g : g + 1] * np.repeat(sw[g], 128)[None, :n]
     return c + np.asarray(bias, np.float64)
 
 
@@ -134,7 +135,7 @@ def test_positive_data_elementwise_bound_vs_float32_matmul():
     x, w, _ = _operands(70, 129, 300, positive=True)
     y = np.asarray(run(x, w, impl="reference"), np.float64)
     exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-    assert np.all(np.abs(y - exact) <= ((1 + 2.0 ** -4) ** 2 - 1) * exact * (1 + 1e-5))
+    assert np.all(np.abs(y - exact) <= ((1 + 2.0**-4) ** 2 - 1) * exact * (1 + 1e-5))
 
 
 def _ste_loss(x, w, b, cot):
@@ -163,8 +164,9 @@ def test_straight_through_gradients(impl):
 
 def test_gradients_have_the_primal_dtypes():
     x, w, b = _operands(3, 200, 130, dtype=jnp.bfloat16)
-    grads = jax.grad(lambda *a: run(*a[:2], bias=a[2], out_dtype=jnp.float32, impl="reference").sum(),
-                     argnums=(0, 1, 2))(x, w, b)
+    grads = jax.grad(
+        lambda *a: run(*a[:2], bias=a[2], out_dtype=jnp.float32, impl="reference").sum(), argnums=(0, 1, 2)
+    )(x, w, b)
     assert [g.dtype for g in grads] == [jnp.bfloat16] * 3
     np.testing.assert_allclose(np.asarray(grads[2], np.float32), 3.0)
 
@@ -180,12 +182,14 @@ def test_lowers_for_cuda_on_every_backend_and_arch(block_m):
     b = jax.ShapeDtypeStruct((129,), jnp.float32)
 
     def fn(x, w, b, impl="pallas"):
-        return fp8_blockwise_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl=impl, interpret=False,
-                                    block_m=block_m)
+        return fp8_blockwise_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl=impl, interpret=False, block_m=block_m)
 
     triton = {"triton_calls": 1, "mosaic_gpu_calls": 0, "wgmma": []}
-    assert lowered(fn, x, w, b, arch="sm_90") == {"triton_calls": 0, "mosaic_gpu_calls": 1,
-                                                  "wgmma": [wgmma(64, 128, 32, "f32", "e4m3")]}
+    assert lowered(fn, x, w, b, arch="sm_90") == {
+        "triton_calls": 0,
+        "mosaic_gpu_calls": 1,
+        "wgmma": [wgmma(64, 128, 32, "f32", "e4m3")],
+    }
     assert lowered(functools.partial(fn, impl="triton"), x, w, b, arch="sm_90") == triton
     assert lowered(fn, x, w, b, arch="sm_89") == triton
     with pytest.raises(ValueError, match="needs an sm_90 GPU"):

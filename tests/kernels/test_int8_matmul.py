@@ -1,4 +1,4 @@
-"""kernels.int8_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference, exact int32 sums,
+"""lpjax.kernels.int8_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference, exact int32 sums,
 error bounds, and the CUDA lowering of both backends for abstract GPUs.
 
 Bounds asserted:
@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels._common import lower_for_cuda
-from kernels.int8_matmul import MAX_K, int8_matmul
 from lpjax import quant
+from lpjax.kernels._common import lower_for_cuda
+from lpjax.kernels.int8_matmul import MAX_K, int8_matmul
 from tests.kernels.helpers import backend_params, lowered, wgmma
 
 run = jax.jit(int8_matmul, static_argnames=("out_dtype", "impl", "interpret", "block_m", "block_n", "block_k"))
@@ -53,9 +53,10 @@ def _rel(a, b):
     return float(np.mean(np.abs(a - b)) / np.mean(np.abs(b)))
 
 
-@pytest.mark.parametrize("impl, m, k, n, dtype, out_dtype, with_bias, blocks",
-                         backend_params("triton", CASES)
-                         + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True))
+@pytest.mark.parametrize(
+    "impl, m, k, n, dtype, out_dtype, with_bias, blocks",
+    backend_params("triton", CASES) + backend_params("mosaic_gpu", MOSAIC_GPU_CASES, eight_bit=True),
+)
 def test_pallas_matches_reference_and_error_bounds(impl, m, k, n, dtype, out_dtype, with_bias, blocks):
     x, w, b = _operands(m, k, n, dtype)
     bias = b if with_bias else None
@@ -69,34 +70,42 @@ def test_pallas_matches_reference_and_error_bounds(impl, m, k, n, dtype, out_dty
     qx, sx = quant.quantize_int8_per_token(x)
     qw = quant.quantize_int8_weight(w)
     b64 = np.zeros(n) if bias is None else np.asarray(bias, np.float64)
-    dq = np.asarray(quant.dequantize_int8(qx, sx), np.float64) @ np.asarray(
-        quant.dequantize_int8(qw.codes, qw.scales), np.float64) + b64
+    dq = (
+        np.asarray(quant.dequantize_int8(qx, sx), np.float64)
+        @ np.asarray(quant.dequantize_int8(qw.codes, qw.scales), np.float64)
+        + b64
+    )
     assert _rel(out, dq) < eps and _rel(ref, dq) < eps
 
     x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
     exact = x64 @ w64 + b64
     sx64, sw64 = np.asarray(sx, np.float64), np.asarray(qw.scales, np.float64)[None, :]
-    bound = (sx64 / 2 * np.abs(w64).sum(0)[None, :] + sw64 / 2 * np.abs(x64).sum(1)[:, None]
-             + k * sx64 * sw64 / 4)
+    bound = sx64 / 2 * np.abs(w64).sum(0)[None, :] + sw64 / 2 * np.abs(x64).sum(1)[:, None] + k * sx64 * sw64 / 4
     bound += eps * np.abs(out64) + 1e-6 * (np.abs(x64) @ np.abs(w64) + np.abs(b64))
     assert np.all(np.abs(out64 - exact) <= bound)
     assert _rel(out, exact) < 0.02
 
 
-@pytest.mark.parametrize("impl, blocks",
-                         backend_params("reference", [({},)])
-                         + backend_params("triton", [(dict(block_m=32, block_k=32),),
-                                                     (dict(block_m=16, block_n=128, block_k=128),)])
-                         + backend_params("mosaic_gpu", [(dict(block_n=128, block_k=32),)], eight_bit=True))
+@pytest.mark.parametrize(
+    "impl, blocks",
+    backend_params("reference", [({},)])
+    + backend_params("triton", [(dict(block_m=32, block_k=32),), (dict(block_m=16, block_n=128, block_k=128),)])
+    + backend_params("mosaic_gpu", [(dict(block_n=128, block_k=32),)], eight_bit=True),
+)
 def test_int32_accumulation_is_exact(impl, blocks):
     m, k, n = 70, 300, 129
     rng = np.random.default_rng(0)
-    qx = rng.integers(-128, 128, (m, k), dtype=np.int8)   # the full int8 range, -128 included
+    qx = rng.integers(-128, 128, (m, k), dtype=np.int8)  # the full int8 range, -128 included
     qw = rng.integers(-128, 128, (k, n), dtype=np.int8)
     exact = qx.astype(np.int64) @ qw.astype(np.int64)
-    assert np.abs(exact).max() < 2 ** 24
-    out = run((jnp.asarray(qx), jnp.ones((m, 1))), quant.Int8Weight(jnp.asarray(qw), jnp.ones((n,))),
-              impl=impl, interpret=True, **blocks)
+    assert np.abs(exact).max() < 2**24
+    out = run(
+        (jnp.asarray(qx), jnp.ones((m, 1))),
+        quant.Int8Weight(jnp.asarray(qw), jnp.ones((n,))),
+        impl=impl,
+        interpret=True,
+        **blocks,
+    )
     np.testing.assert_array_equal(np.asarray(out).astype(np.int64), exact)
 
 
@@ -108,8 +117,9 @@ def test_pre_quantized_operands_give_the_same_result():
         a = run(x, w, bias=b, impl=impl, interpret=True)
         c = run((qx, sx), qw, bias=b, impl=impl, interpret=True)
         np.testing.assert_array_equal(a, c)
-    np.testing.assert_array_equal(run((qx, sx[:, 0]), qw, bias=b, impl="reference"),
-                                  run(x, w, bias=b, impl="reference"))
+    np.testing.assert_array_equal(
+        run((qx, sx[:, 0]), qw, bias=b, impl="reference"), run(x, w, bias=b, impl="reference")
+    )
 
 
 def test_has_no_gradient():
@@ -131,8 +141,11 @@ def test_lowers_for_cuda_on_every_backend_and_arch(blocks, n_tile):
         return int8_matmul(x, w, bias=b, out_dtype=jnp.bfloat16, impl=impl, interpret=False, **blocks)
 
     triton = {"triton_calls": 1, "mosaic_gpu_calls": 0, "wgmma": []}
-    assert lowered(fn, x, w, b, arch="sm_90") == {"triton_calls": 0, "mosaic_gpu_calls": 1,
-                                                  "wgmma": [wgmma(64, n_tile, 32, "s32", "s8")]}
+    assert lowered(fn, x, w, b, arch="sm_90") == {
+        "triton_calls": 0,
+        "mosaic_gpu_calls": 1,
+        "wgmma": [wgmma(64, n_tile, 32, "s32", "s8")],
+    }
     assert lowered(functools.partial(fn, impl="triton"), x, w, b, arch="sm_90") == triton
     assert lowered(fn, x, w, b, arch="sm_80") == triton
     with pytest.raises(ValueError, match="needs an sm_90 GPU"):

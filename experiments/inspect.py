@@ -1,4 +1,7 @@
-r"""``python -m lpjax.inspect --config=fp16_naive.py --algo=sac``: the precision report of a learner's update.
+r"""``python -m experiments.inspect --config=fp16_naive.py --algo=sac``: the precision report of a learner's update.
+
+Run it with ``-m`` from the repository root (as a script, its folder on ``sys.path`` would shadow the standard
+library's ``inspect``). The library side is :mod:`lpjax.inspect`.
 
 Builds the learner of an experiment config (a file, or a bare name in ``experiments/configs/<algo>/``; run from
 the repository root), collects one batch by running its policy in the environment, and prints the precision
@@ -13,11 +16,11 @@ on n-step transitions of the exploring policy.
 
 ``--checkpoint=RUN_DIR`` (SAC) inspects the networks of a trained run (its latest checkpoint) instead of a fresh
 initialisation: the environment and network sizes come from the run's ``config.json``, the precision settings
-(policy, the six methods, matmul implementation) from ``--config``, and the parameters are cast to that policy
-(optimizer states start fresh). Failures that appear late in training (a saturated, nearly deterministic
-policy) show up this way. ``--json=PATH`` saves the reports; ``--dtype`` chooses what float32 operations are
-checked as (``auto``: nothing when the config computes in a narrow dtype, float16 otherwise: "what would
-break in fp16?").
+(:data:`PRECISION_FIELDS`: the policy, the matmul implementation and the whole ``methods`` subtree) from
+``--config``, and the parameters are cast to that policy (optimizer states start fresh). Failures that appear
+late in training (a saturated, nearly deterministic policy) show up this way. ``--json=PATH`` saves the reports;
+``--dtype`` chooses what float32 operations are checked as (``auto``: nothing when the config computes in a
+narrow dtype, float16 otherwise: "what would break in fp16?").
 """
 
 from __future__ import annotations
@@ -31,29 +34,40 @@ from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
 
-from lpjax.inspect.formats import is_narrow  # noqa: E402
-from lpjax.inspect.report import PrecisionReport, precision_report  # noqa: E402
+from lpjax.inspect import PrecisionReport, precision_report
+from lpjax.inspect.formats import is_narrow
+from lpjax.methods import split_method_fields
 
 ALGOS = ("sac", "d4pg")
 DTYPES = ("auto", "none", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-PRECISION_FIELDS = ("policy", "matmul_impl", "hadam", "loss_scaling", "kahan_gradients", "kahan_momentum",
-                    "softplus_fix", "normal_fix")
-"""Agent fields taken from ``--config`` when inspecting a ``--checkpoint`` (the rest come from the run)."""
+PRECISION_FIELDS = ("policy", "matmul_impl", "methods")
+"""Agent fields taken from ``--config`` when inspecting a ``--checkpoint`` (the rest come from the run): the
+fields of the off-policy learners' config (:class:`lpjax.agents.training.OffPolicyConfig`) that set the numerics,
+``methods`` as a whole subtree (every field of :class:`lpjax.methods.PrecisionMethods`, so a method added there
+is copied without a change here)."""
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config: a file, or a name in experiments/configs/<algo> (e.g. fp16_naive.py).",
-    lock_config=True)
+    "config",
+    None,
+    "Experiment config: a file, or a name in experiments/configs/<algo> (e.g. fp16_naive.py).",
+    lock_config=True,
+)
 _ALGO = flags.DEFINE_enum("algo", "sac", ALGOS, "Learner to inspect.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Run directory of a trained run to take the networks from.")
-_DTYPE = flags.DEFINE_enum("dtype", "auto", DTYPES, "Format float32 operations are checked as ('none': not "
-                           "checked; 'auto': none for narrow policies, float16 otherwise).")
+_DTYPE = flags.DEFINE_enum(
+    "dtype",
+    "auto",
+    DTYPES,
+    "Format float32 operations are checked as ('none': not "
+    "checked; 'auto': none for narrow policies, float16 otherwise).",
+)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Batch size (default: the config's agent.batch_size).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the initialisation, the batch collection and the update.")
 _LIMIT = flags.DEFINE_integer("limit", 20, "Rows printed per phase (all flagged rows go to --json).")
@@ -68,7 +82,11 @@ def what_if_dtype(choice: str, compute_dtype) -> Any:
 
 
 def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) -> ml_collections.ConfigDict:
-    """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`."""
+    """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`.
+
+    A run saved before the methods were nested holds their fields at the agent's top level, where they would
+    override the copied ``methods``; they are dropped.
+    """
     if checkpoint is None:
         return config
     from experiments import sac_loop
@@ -77,9 +95,10 @@ def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) 
         run_config = sac_loop.load_run_config(checkpoint)
     except FileNotFoundError as error:
         raise ValueError(f"--checkpoint={checkpoint}: {error}") from error
-    for field in PRECISION_FIELDS:
-        if field in config.agent:
-            run_config.agent[field] = config.agent[field]
+    agent, _ = split_method_fields(run_config.agent.to_dict())
+    inspected = config.agent.to_dict()
+    agent.update({field: inspected[field] for field in PRECISION_FIELDS if field in inspected})
+    run_config.agent = ml_collections.ConfigDict(agent)
     return run_config
 
 
@@ -93,11 +112,12 @@ def restore_networks(checkpoint: str, state):
     def cast_like(source, like):
         return jax.tree.map(lambda s, d: jnp.asarray(s, d.dtype), source, like)
 
-    return state.replace(actor=state.actor._replace(params=cast_like(trained.actor.params, state.actor.params)),
-                         critic=state.critic._replace(params=cast_like(trained.critic.params, state.critic.params)),
-                         target_critic=cast_like(trained.target_critic, state.target_critic),
-                         temperature=state.temperature._replace(params=cast_like(trained.temperature.params,
-                                                                                 state.temperature.params)))
+    return state.replace(
+        actor=state.actor._replace(params=cast_like(trained.actor.params, state.actor.params)),
+        critic=state.critic._replace(params=cast_like(trained.critic.params, state.critic.params)),
+        target_critic=cast_like(trained.target_critic, state.target_critic),
+        temperature=state.temperature._replace(params=cast_like(trained.temperature.params, state.temperature.params)),
+    )
 
 
 def collect_batch(env, policy, batch_size: int, seed: int, n_step: int = 1, gamma: float = 1.0) -> dict:
@@ -115,17 +135,22 @@ def collect_batch(env, policy, batch_size: int, seed: int, n_step: int = 1, gamm
         key, action_key = jax.random.split(key)
         action = np.asarray(policy(jnp.asarray(obs), action_key))
         if not np.all(np.isfinite(action)):
-            raise RuntimeError("the policy produced non-finite actions while collecting the batch; inspect "
-                               "with a policy that runs (e.g. without --checkpoint).")
+            raise RuntimeError(
+                "the policy produced non-finite actions while collecting the batch; inspect "
+                "with a policy that runs (e.g. without --checkpoint)."
+            )
         next_obs, reward, terminated, truncated = env.step(action)
-        transitions += accumulator.add(obs, action, reward, 0.0 if terminated else 1.0, next_obs,
-                                       episode_end=terminated or truncated)
+        transitions += accumulator.add(
+            obs, action, reward, 0.0 if terminated else 1.0, next_obs, episode_end=terminated or truncated
+        )
         obs = next_obs
         if terminated or truncated:
             episode += 1
             obs = env.reset(seed=seed + episode)
-    return {name: jnp.asarray(np.stack([t[name] for t in transitions[:batch_size]]))
-            for name in ("obs", "action", "reward", "discount", "next_obs")}
+    return {
+        name: jnp.asarray(np.stack([t[name] for t in transitions[:batch_size]]))
+        for name in ("obs", "action", "reward", "discount", "next_obs")
+    }
 
 
 def with_batch_size(agent_config, batch_size: int | None):
@@ -137,8 +162,9 @@ def with_batch_size(agent_config, batch_size: int | None):
     return dataclasses.replace(agent_config, batch_size=batch_size)
 
 
-def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
-                batch_size: int | None, seed: int) -> dict[str, PrecisionReport]:
+def sac_reports(
+    config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str, batch_size: int | None, seed: int
+) -> dict[str, PrecisionReport]:
     """The precision reports of SAC's ``critic`` and ``actor`` phases (see the module docstring)."""
     from experiments import sac_loop
     from lpjax.agents import sac
@@ -146,20 +172,25 @@ def sac_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype
     agent_config = with_batch_size(sac_loop.validate(config), batch_size)
     env = sac_loop.make_envs(config)[0]
     init_key, critic_key, actor_key = jax.random.split(jax.random.key(seed), 3)
-    state = sac.init(init_key, jnp.zeros(env.observation_shape, env.observation_dtype), env.action_dim,
-                     agent_config)
+    state = sac.init(init_key, jnp.zeros(env.observation_shape, env.observation_dtype), env.action_dim, agent_config)
     if checkpoint is not None:
         state = restore_networks(checkpoint, state)
     batch = collect_batch(env, lambda obs, key: sac.act(state, obs[None], key)[0], agent_config.batch_size, seed)
     if agent_config.pixels:  # the critic sees the augmented and the original batch, as in sac.update
         batch = jax.tree.map(lambda a: jnp.concatenate([a, a]), batch)
     dtype = what_if_dtype(dtype_choice, agent_config.precision.compute_dtype)
-    return {"critic": precision_report(sac.critic_update, state, batch, critic_key, dtype=dtype),
-            "actor": precision_report(sac.actor_update, state, batch["obs"], actor_key, dtype=dtype)}
+    return {
+        "critic": precision_report(sac.critic_update, state, batch, critic_key, dtype=dtype),
+        "actor": precision_report(sac.actor_update, state, batch["obs"], actor_key, dtype=dtype),
+    }
 
 
-PAPER_FINDINGS = ("Adam's g^2 underflows", "Adam's eps rounds to 0", "Gaussian variance underflows",
-                  "softplus exp overflows")
+PAPER_FINDINGS = (
+    "Adam's g^2 underflows",
+    "Adam's eps rounds to 0",
+    "Gaussian variance underflows",
+    "softplus exp overflows",
+)
 """The fp16 problems of SAC that Björck et al. (2021) fix (with hAdam, compound loss scaling, normal-fix and
 softplus-fix), as :func:`paper_findings` recognises them."""
 
@@ -169,18 +200,24 @@ def paper_findings(reports: dict[str, PrecisionReport]) -> dict[str, list]:
     rows = [row for report in reports.values() for row in report.flagged(include_harmless=False)]
     gaussian = os.path.join("lpjax", "agents", "sac", "squashed_gaussian.py")
     return {
-        PAPER_FINDINGS[0]: [r for r in rows if r.power and "optimizer" in r.scope.split("/")
-                            and r.underflow_frac > 0 and r.source.startswith("optax")],
+        PAPER_FINDINGS[0]: [
+            r
+            for r in rows
+            if r.power and "optimizer" in r.scope.split("/") and r.underflow_frac > 0 and r.source.startswith("optax")
+        ],
         PAPER_FINDINGS[1]: [r for r in rows if r.zero_constant and "optimizer" in r.scope.split("/")],
-        PAPER_FINDINGS[2]: [r for r in rows if r.primitive == "square" and gaussian in r.source
-                            and r.underflow_frac > 0],
-        PAPER_FINDINGS[3]: [r for r in rows if r.primitive == "exp" and gaussian in r.source
-                            and (r.overflow_frac > 0 or r.nonfinite)],
+        PAPER_FINDINGS[2]: [
+            r for r in rows if r.primitive == "square" and gaussian in r.source and r.underflow_frac > 0
+        ],
+        PAPER_FINDINGS[3]: [
+            r for r in rows if r.primitive == "exp" and gaussian in r.source and (r.overflow_frac > 0 or r.nonfinite)
+        ],
     }
 
 
-def d4pg_reports(config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str,
-                 batch_size: int | None, seed: int) -> dict[str, PrecisionReport]:
+def d4pg_reports(
+    config: ml_collections.ConfigDict, checkpoint: str | None, dtype_choice: str, batch_size: int | None, seed: int
+) -> dict[str, PrecisionReport]:
     """The precision report of one D4PG update (critic, actor and targets, under those name scopes) on a batch of
     n-step transitions of its exploring policy (sigma ``config.max_sigma``)."""
     import lpjax.envs
@@ -223,8 +260,16 @@ def main(argv):
     if _JSON.value:
         path = pathlib.Path(_JSON.value)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"config": config.to_dict(), "checkpoint": _CHECKPOINT.value,
-                                    "reports": {phase: r.to_dict() for phase, r in reports.items()}}, indent=1))
+        path.write_text(
+            json.dumps(
+                {
+                    "config": config.to_dict(),
+                    "checkpoint": _CHECKPOINT.value,
+                    "reports": {phase: r.to_dict() for phase, r in reports.items()},
+                },
+                indent=1,
+            )
+        )
         print(f"\nwrote {path}")
 
 
@@ -236,3 +281,7 @@ def run() -> None:
     if algo not in ALGOS:
         raise SystemExit(f"--algo={algo}: the inspector's CLI supports {', '.join(ALGOS)}.")
     run_app(main, REPO_ROOT / "experiments" / "configs" / algo)
+
+
+if __name__ == "__main__":
+    run()

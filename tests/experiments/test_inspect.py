@@ -1,5 +1,6 @@
-"""python -m lpjax.inspect: --help, errors, a real run on naive fp16 SAC, and --checkpoint of a trained run."""
+"""python -m experiments.inspect: --help, errors, a real run on naive fp16 SAC, and --checkpoint of a trained run."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,19 +11,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import inspect as cli
 from experiments import sac_loop
 from experiments.cli import REPO_ROOT
-from experiments.configs.sac import fp16_naive, fp32
-from lpjax.agents import sac
+from experiments.configs.sac import fp16, fp16_naive, fp32
+from lpjax.agents import d4pg, sac
 from lpjax.checkpoint import Checkpointer
-from lpjax.inspect import cli
+from lpjax.methods import PrecisionMethods
 
 TINY = ("--config.env=dmc:cartpole-swingup", "--config.agent.hidden_dims=32,32", "--batch_size=32")
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "lpjax.inspect", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, MUJOCO_GL="egl"))
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.inspect", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MUJOCO_GL="egl"),
+    )
 
 
 def test_help_lists_the_flags_and_explains_the_phases():
@@ -66,24 +74,33 @@ def test_dtype_choice_and_config_errors():
 def test_checkpoint_networks_are_cast_into_the_inspected_precision(tmp_path):
     config = fp32.get_config()
     config.unlock()
-    config.update(env="dmc:cartpole-swingup", action_repeat=4, total_steps=300, seed_steps=100,
-                  replay_capacity=400, eval_every=300, eval_episodes=1, log_every=100, checkpoint_every=300)
+    config.update(
+        env="dmc:cartpole-swingup",
+        action_repeat=4,
+        total_steps=300,
+        seed_steps=100,
+        replay_capacity=400,
+        eval_every=300,
+        eval_episodes=1,
+        log_every=100,
+        checkpoint_every=300,
+    )
     config.agent.update(hidden_dims=(32, 32), batch_size=32)
     run_dir = tmp_path / "run"
     assert sac_loop.train(config, run_dir, progress=False)["status"] == "finished"
 
     inspected = cli.inspected_config(fp16_naive.get_config(), str(run_dir))
-    assert inspected.agent.policy == "fp16" and not inspected.agent.hadam
+    assert inspected.agent.policy == "fp16" and not inspected.agent.methods.hadam
     assert tuple(inspected.agent.hidden_dims) == (32, 32) and inspected.action_repeat == 4  # from the run
 
     env = sac_loop.make_envs(config)[0]
-    fresh = sac.init(jax.random.key(5), jnp.zeros(env.observation_shape), env.action_dim,
-                     sac_loop.validate(inspected))
+    fresh = sac.init(jax.random.key(5), jnp.zeros(env.observation_shape), env.action_dim, sac_loop.validate(inspected))
     restored = cli.restore_networks(str(run_dir), fresh)
     trained_loop = sac_loop.init_loop(config, sac_loop.validate(config), env)
     with Checkpointer(run_dir / "checkpoints") as checkpointer:
-        trained, _ = checkpointer.restore(target=trained_loop if config.save_replay else
-                                          trained_loop._replace(replay=None))
+        trained, _ = checkpointer.restore(
+            target=trained_loop if config.save_replay else trained_loop._replace(replay=None)
+        )
     for got, want in zip(jax.tree.leaves(restored.actor.params), jax.tree.leaves(trained.agent.actor.params)):
         assert got.dtype == jnp.float16
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.float16)))
@@ -97,8 +114,8 @@ def test_d4pg_update_report_on_n_step_transitions():
     config = d4pg_fp16.get_config()
     config.unlock()
     config.env = "dmc:cartpole-balance"
-    config.agent.update(actor_hidden=(16, 16), critic_hidden=(16, 16), hadam=False, loss_scaling=False,
-                        kahan_gradients=False, kahan_momentum=False)
+    config.agent.update(actor_hidden=(16, 16), critic_hidden=(16, 16))
+    config.agent.methods.update(hadam=False, loss_scaling=False, kahan_gradients=False, kahan_momentum=False)
     reports = cli.d4pg_reports(config, None, "auto", 16, 0)
     report = reports["update"]
     assert {row.scope.split("/")[0] for row in report.rows} >= {"critic", "actor", "target"}
@@ -116,5 +133,37 @@ def test_collect_batch_builds_n_step_transitions():
     np.testing.assert_array_equal(one_step["discount"], 1.0)  # no terminal in 8 steps
     np.testing.assert_allclose(n_step["discount"], 0.5**3)
     np.testing.assert_array_equal(n_step["next_obs"][0], one_step["next_obs"][2])  # s_3, three steps later
-    np.testing.assert_allclose(n_step["reward"][0], one_step["reward"][0] + 0.5 * one_step["reward"][1]
-                               + 0.25 * one_step["reward"][2], rtol=1e-6)
+    np.testing.assert_allclose(
+        n_step["reward"][0],
+        one_step["reward"][0] + 0.5 * one_step["reward"][1] + 0.25 * one_step["reward"][2],
+        rtol=1e-6,
+    )
+
+
+def test_precision_fields_are_the_learner_configs_numerics_with_the_whole_methods_subtree():
+    for config_class in (sac.SACConfig, d4pg.D4PGConfig):
+        fields = {field.name: field for field in dataclasses.fields(config_class)}
+        assert set(cli.PRECISION_FIELDS) <= set(fields), config_class
+        assert isinstance(config_class().methods, PrecisionMethods)
+
+
+def test_checkpoint_config_takes_policy_matmul_and_every_method_from_the_config(tmp_path):
+    """The run gives everything but the precision fields; a run saved with flat method fields (before they were
+    nested) does not override the copied methods."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stored = {
+        "env": "dmc:cartpole-swingup",
+        "action_repeat": 4,
+        "agent": {"policy": "fp32", "hidden_dims": [32, 32], "hadam": False, "normal_fix": False},
+    }
+    (run_dir / "config.json").write_text(json.dumps(stored))
+    config = fp16.get_config()
+    inspected = cli.inspected_config(config, str(run_dir))
+    assert inspected.agent.policy == "fp16" and inspected.agent.matmul_impl == config.agent.matmul_impl
+    assert inspected.agent.methods.to_dict() == config.agent.methods.to_dict()
+    assert inspected.agent.methods.hadam and inspected.agent.methods.normal_fix
+    assert "hadam" not in inspected.agent and "normal_fix" not in inspected.agent
+    assert tuple(inspected.agent.hidden_dims) == (32, 32) and inspected.action_repeat == 4
+    agent = sac_loop.validate(inspected)
+    assert agent.methods == PrecisionMethods.from_mapping(config.agent.methods.to_dict())
