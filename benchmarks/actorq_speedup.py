@@ -1,13 +1,12 @@
 """ActorQ on this machine: D4PG with fp32 actors vs int8 actors, side by side, time to 95% of fp32's return.
 
 Each run is one ``experiments.d4pg_loop.train`` call of ``experiments/configs/d4pg/fp32.py`` or ``int8.py`` with
-the flags' overrides: the task (default ``dmc:cartpole-balance``), 2 Ray actors (this machine has 2 cores), and a
-CPU-affordable scale: actor 3x1024 (ActorQ: 3x2048), critic 3x512, batch 64 (ActorQ: 256), samples-per-insert
-32 and 25k environment steps. At ActorQ's own scale (3x2048, batch 256, samples-per-insert 16) an update takes
-~0.15-0.45 s here and 40k steps give only ~2400 updates: D4PG had not started learning cartpole-balance after
-24k steps (return 136, tried in this session), so that scale cannot answer "time to 95%" on this machine. The two
-runs of a seed differ only in what the actors run and receive: fp32 weights with a JAX fp32 forward, or int8
-weights (4x smaller broadcasts) with ONNX Runtime's int8 matmuls (:class:`lpjax.inference.Int8MLP`).
+the flags' overrides: the task (default ``dmc:cartpole-balance``), 2 Ray actors, and a CPU-affordable scale:
+actor 3x1024 (ActorQ: 3x2048), critic 3x512, batch 64 (ActorQ: 256), samples-per-insert 32 and 25k environment
+steps. ActorQ's own scale gives too few updates in that many steps for D4PG to learn the task on a CPU, so it
+cannot answer "time to 95%" here (README.md, "ActorQ speed-up"). The two runs of a seed differ only in what the
+actors run and receive: fp32 weights with a JAX fp32 forward, or int8 weights (4x smaller broadcasts) with ONNX
+Runtime's int8 matmuls (:class:`lpjax.inference.Int8MLP`).
 
 Recorded per run: the evaluation curve of the learner's fp32 policy against environment steps and against
 training wall-clock time, the final return, actor steps/s per actor, learner updates/s, broadcast bytes, and
@@ -15,13 +14,13 @@ the actors' time split (env / inference / pull / deserialize / load). Then, per 
 return ``R`` (mean of its last two evaluations), and for each runtime the first wall-clock time and step at
 which an evaluation reaches ``0.95 R``; the speed-up is the ratio of those times.
 
-What limits the speed-up here: on 2 cores, two actors and a learner share the CPU, and D4PG's learner (a
-3x2048 actor and 3x512 critic at batch 256) is the bottleneck under a samples-per-insert of 16, so faster actor
-inference shortens the wall-clock time only as far as the rate limiter lets it. The actor-side time split shows
-the inference saving directly.
+Faster actor inference shortens the wall-clock time only as far as the learner and the samples-per-insert rate
+limiter let it, when actors and learner share a few cores; the actors' time split shows the inference saving
+directly.
 
-Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/``; a finished run (``done.json``) is not rerun.
-Writes ``benchmarks/results/actorq_speedup.{json,png}``. ``python -m benchmarks.actorq_speedup --help``.
+Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/``, kept by :mod:`benchmarks.run_farm`: a finished
+run (``done.json``) is not rerun, an interrupted one resumes from its checkpoint. Writes
+``benchmarks/results/actorq_speedup.{json,png}``. ``python -m benchmarks.actorq_speedup --help``.
 """
 
 from __future__ import annotations
@@ -30,10 +29,12 @@ import argparse
 import json
 import pathlib
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from benchmarks import run_farm
 from benchmarks.common import command_line, write_results
 
 RUNTIMES = ("fp32", "int8")
@@ -46,26 +47,37 @@ def run_config(runtime: str, args: argparse.Namespace, seed: int):
     from experiments.configs.d4pg import fp32, int8
 
     config = {"fp32": fp32, "int8": int8}[runtime].get_config()
-    config.update(env=args.env, seed=seed, total_env_steps=args.steps, num_actors=args.actors,
-                  backend=args.backend, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
-                  checkpoint_every=args.steps, min_replay_size=args.min_replay, log_every=50,
-                  samples_per_insert=args.samples_per_insert)
-    config.agent.update(actor_hidden=(args.width,) * 3, critic_hidden=(min(args.width, 512),) * 3,
-                        batch_size=args.batch)
+    config.update(
+        env=args.env,
+        seed=seed,
+        total_env_steps=args.steps,
+        num_actors=args.actors,
+        backend=args.backend,
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
+        checkpoint_every=args.steps,
+        min_replay_size=args.min_replay,
+        log_every=50,
+        samples_per_insert=args.samples_per_insert,
+    )
+    config.agent.update(
+        actor_hidden=(args.width,) * 3, critic_hidden=(min(args.width, 512),) * 3, batch_size=args.batch
+    )
     return config
 
 
 def train_run(runtime: str, args: argparse.Namespace, seed: int) -> pathlib.Path:
-    """Trains (or finds finished) one run; returns its directory."""
+    """Trains (or resumes, or finds finished) one run; returns its directory."""
     from experiments import d4pg_loop
 
     run_dir = args.runs_dir / args.env.replace(":", "_") / runtime / f"seed{seed}"
-    if (run_dir / "done.json").exists():
+
+    def train(resume: bool, progress: bool) -> dict:
+        return d4pg_loop.train(run_config(runtime, args, seed), run_dir, resume=resume, progress=progress)
+
+    outcome = run_farm.train_to_end(run_farm.Job(f"{runtime}/seed{seed}", run_dir, train=train), args.progress)
+    if outcome["action"] == "skipped":
         print(f"{runtime} seed {seed}: finished earlier ({run_dir})")
-        return run_dir
-    resume = (run_dir / "checkpoints").exists()
-    summary = d4pg_loop.train(run_config(runtime, args, seed), run_dir, resume=resume, progress=args.progress)
-    (run_dir / "done.json").write_text(json.dumps(summary, indent=2) + "\n")
     return run_dir
 
 
@@ -75,9 +87,12 @@ def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
 
     columns = read_metrics(run_dir)
     rows = np.isfinite(columns["eval/return"])
-    return {"steps": columns["step"][rows].tolist(), "wall_s": columns["eval/wall_s"][rows].tolist(),
-            "returns": columns["eval/return"][rows].tolist(),
-            "actor_learner": json.loads((run_dir / "actor_learner.json").read_text())}
+    return {
+        "steps": columns["step"][rows].tolist(),
+        "wall_s": columns["eval/wall_s"][rows].tolist(),
+        "returns": columns["eval/return"][rows].tolist(),
+        "actor_learner": json.loads((run_dir / "actor_learner.json").read_text()),
+    }
 
 
 def time_to_target(run: dict[str, Any], target: float) -> dict[str, float | None]:
@@ -97,16 +112,21 @@ def aggregate(runs: dict[int, dict[str, dict]]) -> dict[str, Any]:
         reached = {rt: time_to_target(run, target) for rt, run in by_runtime.items()}
         fp32_t, int8_t = reached["fp32"]["wall_s"], reached["int8"]["wall_s"]
         per_seed[seed] = {
-            "fp32_final_return": reference, "target_return": target, "time_to_target": reached,
+            "fp32_final_return": reference,
+            "target_return": target,
+            "time_to_target": reached,
             "final_return": {rt: float(np.mean(run["returns"][-2:])) for rt, run in by_runtime.items()},
             "wall_clock_speedup": fp32_t / int8_t if fp32_t and int8_t else None,
-            "actor_steps_per_s": {rt: [a["steps_per_s"] for a in run["actor_learner"]["actors"]]
-                                  for rt, run in by_runtime.items()},
+            "actor_steps_per_s": {
+                rt: [a["steps_per_s"] for a in run["actor_learner"]["actors"]] for rt, run in by_runtime.items()
+            },
             "actor_inference_s_per_step": {
                 rt: [a["time_split"]["inference"] / max(a["env_steps"], 1) for a in run["actor_learner"]["actors"]]
-                for rt, run in by_runtime.items()},
-            "learner_updates_per_s": {rt: run["actor_learner"]["learner_updates_per_s"]
-                                      for rt, run in by_runtime.items()},
+                for rt, run in by_runtime.items()
+            },
+            "learner_updates_per_s": {
+                rt: run["actor_learner"]["learner_updates_per_s"] for rt, run in by_runtime.items()
+            },
             "broadcast_bytes": {rt: run["actor_learner"]["broadcast_bytes"] for rt, run in by_runtime.items()},
         }
     return per_seed
@@ -114,6 +134,7 @@ def aggregate(runs: dict[int, dict[str, dict]]) -> dict[str, Any]:
 
 def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -126,8 +147,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
         target = result["per_seed"][seed]["target_return"]
         for ax in axes:
             ax.axhline(target, color="k", ls=":", lw=1)
-    axes[0].set(xlabel="environment steps", ylabel="evaluation return (learner's fp32 policy)",
-                title=f"D4PG on {result['settings']['env']}: fp32 vs int8 actors")
+    axes[0].set(
+        xlabel="environment steps",
+        ylabel="evaluation return (learner's fp32 policy)",
+        title=f"D4PG on {result['settings']['env']}: fp32 vs int8 actors",
+    )
     axes[1].set(xlabel="training wall-clock seconds", title="same runs vs time (dotted: 95% of fp32's final)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -160,19 +184,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
         runs[seed] = {runtime: read_run(train_run(runtime, args, seed)) for runtime in RUNTIMES}
     per_seed = aggregate(runs)
     settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()}
-    result = {"command": command_line("benchmarks.actorq_speedup", argv), "settings": settings,
-              "target_fraction": TARGET_FRACTION, "per_seed": per_seed, "runs": runs,
-              "session_seconds": time.perf_counter() - started}
+    result = {
+        "command": command_line("benchmarks.actorq_speedup", argv),
+        "settings": settings,
+        "target_fraction": TARGET_FRACTION,
+        "per_seed": per_seed,
+        "runs": runs,
+        "session_seconds": time.perf_counter() - started,
+    }
     lines = [f"D4PG on {args.env}, {args.actors} {args.backend} actors, {args.steps} steps"]
     for seed, row in per_seed.items():
         times = row["time_to_target"]
-        lines.append(f"seed {seed}: fp32 final {row['fp32_final_return']:.1f}, int8 final "
-                     f"{row['final_return']['int8']:.1f}; time to {TARGET_FRACTION:.0%}: fp32 "
-                     f"{times['fp32']['wall_s']} s, int8 {times['int8']['wall_s']} s; speed-up "
-                     f"{row['wall_clock_speedup']}")
-        lines.append(f"  actor steps/s fp32 {row['actor_steps_per_s']['fp32']}, int8 {row['actor_steps_per_s']['int8']}; "
-                     f"inference s/step fp32 {row['actor_inference_s_per_step']['fp32']}, int8 "
-                     f"{row['actor_inference_s_per_step']['int8']}; broadcast bytes {row['broadcast_bytes']}")
+        lines.append(
+            f"seed {seed}: fp32 final {row['fp32_final_return']:.1f}, int8 final "
+            f"{row['final_return']['int8']:.1f}; time to {TARGET_FRACTION:.0%}: fp32 "
+            f"{times['fp32']['wall_s']} s, int8 {times['int8']['wall_s']} s; speed-up "
+            f"{row['wall_clock_speedup']}"
+        )
+        lines.append(
+            f"  actor steps/s fp32 {row['actor_steps_per_s']['fp32']}, int8 "
+            f"{row['actor_steps_per_s']['int8']}; inference s/step fp32 "
+            f"{row['actor_inference_s_per_step']['fp32']}, int8 "
+            f"{row['actor_inference_s_per_step']['int8']}; broadcast bytes {row['broadcast_bytes']}"
+        )
     write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
     return result
 

@@ -7,9 +7,26 @@ from benchmarks import actorq_speedup as bench
 
 
 def test_toy_run_records_both_runtimes(tmp_path):
-    argv = ["--backend", "inprocess", "--width", "32", "--batch", "32", "--steps", "1500", "--eval_every", "500",
-            "--eval_episodes", "1", "--min_replay", "300", "--runs_dir", str(tmp_path / "runs"),
-            "--out_dir", str(tmp_path)]
+    argv = [
+        "--backend",
+        "inprocess",
+        "--width",
+        "32",
+        "--batch",
+        "32",
+        "--steps",
+        "1500",
+        "--eval_every",
+        "500",
+        "--eval_episodes",
+        "1",
+        "--min_replay",
+        "300",
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--out_dir",
+        str(tmp_path),
+    ]
     result = bench.main(argv)
     recorded = json.loads((tmp_path / "actorq_speedup.json").read_text())
     assert (tmp_path / "actorq_speedup.png").stat().st_size > 0

@@ -1,30 +1,64 @@
 """Smoke test of benchmarks/sac_reproduction.py at a micro scale, into a temporary directory: two real runs
 (fp32, fp16) on one task, the aggregate json/png, a second invocation that skips the final runs, and a
-deliberately partial run that the aggregate marks incomplete and the next session resumes."""
+deliberately partial run that the aggregate marks incomplete and the next session resumes. Also: the plan's
+configs and the ``python -m experiments.sac`` command lines of its workers (sac_reproduction_plan.py), and the
+aggregation's reading of runs (sac_reproduction_aggregate.py), old run directories included."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
+from benchmarks import run_farm
 from benchmarks import sac_reproduction as bench
+from benchmarks import sac_reproduction_aggregate as agg
+from benchmarks import sac_reproduction_plan as plan
 from experiments import sac_loop
-from lpjax.run_logging import to_jsonable
+from lpjax.jsonable import to_jsonable
+from lpjax.methods import PrecisionMethods
 
 TASK = "cartpole-swingup"
-MICRO = ["--steps", "400", "--width", "32", "--batch", "32", "--seed_steps", "100", "--eval_every", "200",
-         "--eval_episodes", "1", "--action_repeat", "8"]  # 125-step episodes: short evaluations
+MICRO = [
+    "--steps",
+    "400",
+    "--width",
+    "32",
+    "--batch",
+    "32",
+    "--seed_steps",
+    "100",
+    "--eval_every",
+    "200",
+    "--eval_episodes",
+    "1",
+    "--action_repeat",
+    "8",
+]  # 125-step episodes: short evaluations
 
 
 def _args(tmp_path, *extra):
-    return [*MICRO, "--tasks", TASK, "--configs", "fp32,fp16", "--runs_dir", str(tmp_path / "runs"),
-            "--results_dir", str(tmp_path / "results"), "--no-progress", *extra]
+    return [
+        *MICRO,
+        "--tasks",
+        TASK,
+        "--configs",
+        "fp32,fp16",
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--results_dir",
+        str(tmp_path / "results"),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _sessions(run_dir):
-    return [json.loads(line) for line in (run_dir / bench.SESSIONS_FILE).read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / run_farm.SESSIONS_FILE).read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -34,27 +68,67 @@ def first(tmp_path_factory):
 
 
 def test_help_is_fast_and_lists_the_flags():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.sac_reproduction", "--help"], capture_output=True,
-                            text=True, cwd=bench.REPO_ROOT, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sac_reproduction", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=plan.REPO_ROOT,
+        timeout=60,
+    )
     assert result.returncode == 0
-    for flag in ("--only", "--tasks", "--seeds", "--configs", "--max_runs", "--workers", "--aggregate_only",
-                 "--runs_dir", "--steps", "--width", "--batch"):
+    for flag in (
+        "--only",
+        "--tasks",
+        "--seeds",
+        "--configs",
+        "--max_runs",
+        "--workers",
+        "--aggregate_only",
+        "--runs_dir",
+        "--steps",
+        "--width",
+        "--batch",
+    ):
         assert flag in result.stdout
 
 
 def test_plan_and_ablation_configs():
-    plan = bench.build_plan(bench.DEFAULT_TASKS, range(3), [bench.DEFAULT_ABLATION_TASK])
-    assert len(plan) == 3 * (3 * 3 + 6) and len(set(plan)) == len(plan)
-    assert [s.seed for s in plan] == sorted(s.seed for s in plan)  # seed 0 of every cell first
-    scale = bench.Scale()
-    for method in bench.METHODS:
-        agent = bench.make_config(bench.RunSpec(f"fp16_no_{method}", "walker-walk", 0), scale).agent
-        assert agent.policy == "fp16" and not agent[method]
-        assert all(agent[m] for m in bench.METHODS if m != method)
-    config = bench.make_config(bench.RunSpec("fp16_naive", "reacher-easy", 2), scale)
-    assert not any(config.agent[m] for m in bench.METHODS) and config.seed == 2
+    runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
+    assert len(runs) == 3 * (3 * 3 + 6) and len(set(runs)) == len(runs)
+    assert [s.seed for s in runs] == sorted(s.seed for s in runs)  # seed 0 of every cell first
+    # The ablation rows are the methods the paper's agent turns on; a switch it leaves off has no row.
+    paper = PrecisionMethods.paper()
+    assert tuple(m for m in PrecisionMethods.switches() if getattr(paper, m)) == plan.METHODS
+    assert len(plan.METHODS) == 6 and "stochastic_rounding" not in plan.METHODS
+    scale = plan.Scale()
+    for method in plan.METHODS:
+        agent = plan.make_config(plan.RunSpec(f"fp16_no_{method}", "walker-walk", 0), scale).agent
+        assert agent.policy == "fp16"
+        assert agent.methods.to_dict() == dataclasses.asdict(dataclasses.replace(paper, **{method: False}))
+    config = plan.make_config(plan.RunSpec("fp16_naive", "reacher-easy", 2), scale)
+    assert not any(config.agent.methods[m] for m in plan.METHODS) and config.seed == 2
     assert tuple(config.agent.hidden_dims) == (256, 256) and config.agent.batch_size == 256
     assert config.total_steps == 100_000 and config.env == "dmc:reacher-easy"
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16_naive", "fp16_no_hadam", "fp16_no_normal_fix"])
+def test_worker_command_builds_the_same_config(name):
+    """A --workers subprocess runs ``python -m experiments.sac`` with overrides: its flags give make_config's."""
+    spec = plan.RunSpec(name, "walker-walk", 1)
+    scale = plan.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1, action_repeat=8)
+    argv = plan.command(spec, scale, "/tmp/run", resume=True)
+    assert argv[:3] == [sys.executable, "-m", "experiments.sac"]
+    if name.startswith("fp16_no_"):
+        assert f"--config.agent.methods.{name[8:]}=False" in argv
+    argv = ["prog", *argv[3:]]
+    parsed = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=parsed, lock_config=True, sys_argv=argv)
+    flags.DEFINE_string("run_dir", None, "", flag_values=parsed)
+    flags.DEFINE_bool("resume", False, "", flag_values=parsed)
+    flags.DEFINE_bool("progress", True, "", flag_values=parsed)
+    parsed(argv)
+    assert to_jsonable(parsed.config) == to_jsonable(plan.make_config(spec, scale))
+    assert (parsed.run_dir, parsed.resume, parsed.progress) == ("/tmp/run", True, False)
 
 
 def test_first_session_trains_and_aggregates(first):
@@ -76,7 +150,7 @@ def test_first_session_trains_and_aggregates(first):
     assert comparison["naive_failed"] is None  # naive not run: undecided, not "did not fail"
     # Everything not run is reported as missing, never as a result.
     assert data["results"]["walker-walk"]["fp16_no_hadam"]["status"] == "missing"
-    assert {row["variant"] for row in data["ablation"]["walker-walk"]} >= set(bench.ABLATION_CONFIGS)
+    assert {row["variant"] for row in data["ablation"]["walker-walk"]} >= set(plan.ABLATION_CONFIGS)
     assert not data["complete"] and data["progress"]["runs_final"] == 2
 
 
@@ -84,23 +158,21 @@ def test_second_session_skips_final_runs(first):
     tmp_path, _ = first
     out = bench.main(_args(tmp_path, "--num_seeds", "1"))
     assert out["trained"] == [] and sorted(out["skipped"]) == [f"fp16/{TASK}/seed0", f"fp32/{TASK}/seed0"]
-    scale = bench.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1,
-                        action_repeat=8)
+    scale = plan.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1, action_repeat=8)
     for config in ("fp32", "fp16"):
-        assert len(_sessions(bench.run_dir_of(tmp_path / "runs", scale, bench.RunSpec(config, TASK, 0)))) == 1
+        assert len(_sessions(plan.run_dir_of(tmp_path / "runs", scale, plan.RunSpec(config, TASK, 0)))) == 1
 
 
 def test_partial_run_is_incomplete_then_resumed(first):
     tmp_path, _ = first
-    scale = bench.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1,
-                        action_repeat=8)
-    spec = bench.RunSpec("fp16", TASK, 1)
-    run_dir = bench.run_dir_of(tmp_path / "runs", scale, spec)
+    scale = plan.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1, action_repeat=8)
+    spec = plan.RunSpec("fp16", TASK, 1)
+    run_dir = plan.run_dir_of(tmp_path / "runs", scale, spec)
     # A run of the benchmark's config stopped at step 200 (as if interrupted after its checkpoint at 200).
-    config = bench.make_config(spec, scale)
+    config = plan.make_config(spec, scale)
     config.total_steps = 200
     sac_loop.train(config, run_dir, progress=False)
-    (run_dir / "config.json").write_text(json.dumps(to_jsonable(bench.make_config(spec, scale))))
+    (run_dir / "config.json").write_text(json.dumps(to_jsonable(plan.make_config(spec, scale))))
     out = bench.main(_args(tmp_path, "--num_seeds", "2", "--aggregate_only"))
     assert out["trained"] == []
     data = json.loads((tmp_path / "results" / "sac_reproduction.json").read_text())
@@ -124,37 +196,72 @@ def test_partial_run_is_incomplete_then_resumed(first):
 
 def test_fields_added_since_a_run_started_match_at_their_old_behaviour():
     """A run started before ``agent.matmul_impl`` existed still matches configs with the default "xla"."""
-    from benchmarks import sac_reproduction
-
     stored = {"agent": {"policy": "fp16"}, "seed": 0}
-    assert sac_reproduction._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "xla"},
-                                                         "seed": 0}) == []
-    diffs = sac_reproduction._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "pallas"},
-                                                          "seed": 0})
+    assert agg._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "xla"}, "seed": 0}) == []
+    diffs = agg._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "pallas"}, "seed": 0})
     assert diffs == ["agent.matmul_impl: run has '<absent>', flags give 'pallas'"]
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp16_no_kahan_momentum", "fp32"])
+def test_old_run_with_flat_method_fields_still_matches(tmp_path, name):
+    """A config.json saved before the methods were nested in ``agent.methods`` (and before ``moment_dtype`` and
+    ``stochastic_rounding`` existed) matches the config the flags build today, and aggregates as a result."""
+    scale = plan.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1, action_repeat=8)
+    spec = plan.RunSpec(name, "walker-walk", 0)
+    config = json.loads(json.dumps(to_jsonable(plan.make_config(spec, scale))))
+    methods = config["agent"].pop("methods")
+    del methods["moment_dtype"], methods["stochastic_rounding"]
+    config["agent"].update(methods)  # the old, flat layout
+    run_dir = plan.run_dir_of(tmp_path, scale, spec)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    (run_dir / "metrics.csv").write_text("step,eval/return\n200,10.0\n400,12.5\n")
+    (run_dir / run_farm.DONE_FILE).write_text(
+        json.dumps({"status": "finished", "detail": "finished", "env_steps": 400, "time": "t"})
+    )
+    record = agg.inspect_run(run_dir, scale, plan.make_config(spec, scale))
+    assert record["status"] == "finished" and record["final_return"] == 12.5
+    config["agent"]["hadam"] = not config["agent"]["hadam"]  # a real difference is still one
+    (run_dir / "config.json").write_text(json.dumps(config))
+    record = agg.inspect_run(run_dir, scale, plan.make_config(spec, scale))
+    assert record["status"] == "config_mismatch"
+    assert record["config_differences"] == [
+        f"agent.methods.hadam: run has {config['agent']['hadam']!r}, flags give {not config['agent']['hadam']!r}"
+    ]
 
 
 def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():
     fp16 = {"final_return_per_seed": {"0": 400.0, "1": 300.0, "2": 200.0}}
     one_seed = {"final_return_per_seed": {"0": 200.0}}
-    ref = bench._same_seeds_reference(one_seed, fp16)
+    ref = agg._same_seeds_reference(one_seed, fp16)
     assert ref == {"fp16_same_seeds": [0], "fp16_same_seeds_mean": 400.0, "ratio_to_fp16_same_seeds": 0.5}
     # A diverged seed (None) is not a shared finished seed; the mean over seeds 1 and 2 is 250.
     two = {"final_return_per_seed": {"0": None, "1": 150.0, "2": 100.0}}
-    assert bench._same_seeds_reference(two, fp16) == {
-        "fp16_same_seeds": [1, 2], "fp16_same_seeds_mean": 250.0, "ratio_to_fp16_same_seeds": 0.5}
-    assert bench._same_seeds_reference(one_seed, None)["ratio_to_fp16_same_seeds"] is None
-    assert bench._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
+    assert agg._same_seeds_reference(two, fp16) == {
+        "fp16_same_seeds": [1, 2],
+        "fp16_same_seeds_mean": 250.0,
+        "ratio_to_fp16_same_seeds": 0.5,
+    }
+    assert agg._same_seeds_reference(one_seed, None)["ratio_to_fp16_same_seeds"] is None
+    assert agg._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
 
 
 def test_nonfinite_losses_since_finds_where_the_losses_stayed_nan(tmp_path):
     header = "step,train/critic_loss,eval/return\n"
-    rows = ["1000,1.5,\n", "2000,nan,\n", "2000,,20.0\n", "3000,2.0,\n", "4000,nan,\n", "5000,inf,\n",
-            "5000,,22.9\n", "6000,nan,\n"]
+    rows = [
+        "1000,1.5,\n",
+        "2000,nan,\n",
+        "2000,,20.0\n",
+        "3000,2.0,\n",
+        "4000,nan,\n",
+        "5000,inf,\n",
+        "5000,,22.9\n",
+        "6000,nan,\n",
+    ]
     (tmp_path / "metrics.csv").write_text(header + "".join(rows))
-    assert bench._nonfinite_losses_since(tmp_path) == 4000  # the nan at 2000 recovered; from 4000 it did not
-    assert bench._eval_curve(tmp_path) == ([2000, 5000], [20.0, 22.9])
+    assert agg._nonfinite_losses_since(tmp_path) == 4000  # the nan at 2000 recovered; from 4000 it did not
+    assert agg._eval_curve(tmp_path) == ([2000, 5000], [20.0, 22.9])
     (tmp_path / "metrics.csv").write_text(header + "".join(rows[:4]))
-    assert bench._nonfinite_losses_since(tmp_path) is None  # the last logged loss is finite
+    assert agg._nonfinite_losses_since(tmp_path) is None  # the last logged loss is finite
     (tmp_path / "metrics.csv").write_text(header + "1000,nan,\n2000,nan,\n")
-    assert bench._nonfinite_losses_since(tmp_path) == 1000  # never finite
+    assert agg._nonfinite_losses_since(tmp_path) == 1000  # never finite

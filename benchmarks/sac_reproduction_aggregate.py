@@ -1,0 +1,499 @@
+"""Reads the SAC reproduction's runs and aggregates them into the result (``sac_reproduction.json``).
+
+Only final runs count: ``final_return_per_seed`` holds finished runs' last evaluation (at ``--steps``), ``null``
+for diverged seeds; partial runs are listed apart with their step and last evaluation and marked ``incomplete``.
+Per cell (task, config): mean and (population) std over finished seeds, ``seeds_final`` / ``seeds_planned``,
+``seeds_diverged``, status ``complete`` / ``diverged`` / ``incomplete`` / ``missing``. Per task: ``ratio`` = fp16
+mean / fp32 mean against :data:`TARGET_RATIO`, ``final`` only when both cells are complete; ``naive_failed`` when
+a naive seed diverged or returned non-finite values, or its mean is below :data:`NAIVE_FAR_LOWER` x fp32's.
+Ablation table: each variant's mean and its ratio to fp16 with all methods (also on the variant's own seeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks import run_farm
+from benchmarks.common import command_line
+from benchmarks.sac_reproduction_plan import (
+    ABLATION_CONFIGS,
+    ALL_CONFIGS,
+    MAIN_CONFIGS,
+    RunSpec,
+    Scale,
+    discover_runs,
+    make_config,
+    removed_method,
+    run_dir_of,
+)
+from lpjax.methods import split_method_fields
+
+RESULT_NAME = "sac_reproduction"
+TARGET_RATIO = 0.95  # fp16 mean final return / fp32's (paper Table 7: within ~3%)
+NAIVE_FAR_LOWER = 0.5  # naive fp16 "failed" if its mean is below this fraction of fp32's
+REFERENCE_RETURNS = {  # pytorch_sac fp32 at 500k / 1M steps: docs/design.md ("Reference returns and targets")
+    "cartpole-swingup": [880, 881],
+    "reacher-easy": [948, 987],
+    "cheetah-run": [686, 802],
+    "finger-spin": [880, 951],
+    "ball_in_cup-catch": [976, 980],
+    "walker-walk": [897, 905],
+}
+# Fields of config.json that may differ on resume (they do not change what is computed).
+CONFIG_FIELDS_IGNORED = ("checkpoint_every",)
+CONFIG_FIELDS_ADDED = {
+    "agent.matmul_impl": "xla",
+    "agent.methods.moment_dtype": None,
+    "agent.methods.stochastic_rounding": False,
+}
+"""Config fields added after runs started, with the value that reproduces the old behaviour bit for bit: a stored
+config without the field matches a flags config that has it at this value."""
+
+
+# ------------------------------------------------------------------------------------------ one run's state
+
+
+def _jsonable_config(config) -> dict:
+    from lpjax.jsonable import to_jsonable
+
+    return json.loads(json.dumps(to_jsonable(config)))
+
+
+def _nest_methods(stored: dict) -> dict:
+    """A stored config as it reads today: a run started before the methods were nested in ``agent.methods``
+    holds their fields (``hadam``, ``init_scale``, ...) in ``agent`` itself."""
+    agent = stored.get("agent")
+    if not isinstance(agent, dict):
+        return stored
+    other, flat = split_method_fields(agent)
+    if not flat:
+        return stored
+    return {**stored, "agent": {**other, "methods": {**(other.get("methods") or {}), **flat}}}
+
+
+def config_differences(run_dir: pathlib.Path, expected_config) -> list[str]:
+    """How the run's ``config.json`` differs from ``expected_config`` (none without a ``config.json``), fields
+    that may differ on resume (:data:`CONFIG_FIELDS_IGNORED`) aside."""
+    path = pathlib.Path(run_dir) / "config.json"
+    if not path.exists():
+        return []
+    return _config_differences(_nest_methods(run_farm.read_json(path) or {}), _jsonable_config(expected_config))
+
+
+def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(stored) | set(expected))
+    diffs = []
+    for key in keys:
+        if not prefix and key in CONFIG_FIELDS_IGNORED:
+            continue
+        a, b = stored.get(key, "<absent>"), expected.get(key, "<absent>")
+        if a == "<absent>" and CONFIG_FIELDS_ADDED.get(f"{prefix}{key}", "<absent>") == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.extend(_config_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            diffs.append(f"{prefix}{key}: run has {a!r}, flags give {b!r}")
+    return diffs
+
+
+def _logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | None]]:
+    """Steps and values of the rows of ``metrics.csv`` that logged ``column`` (``None`` for a non-finite value).
+
+    Read from the file directly: a row logged the column when its cell is not empty
+    (``lpjax.run_logging.read_metrics`` reads empty and non-finite cells both as nan)."""
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return [], []
+    text = path.read_text()
+    if not text.endswith("\n"):  # a partial last line left by a crash
+        text = text[: text.rfind("\n") + 1]
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows or column not in rows[0]:
+        return [], []
+    step_col, value_col = rows[0].index("step"), rows[0].index(column)
+    steps, values = [], []
+    for row in rows[1:]:
+        if len(row) > value_col and row[value_col] != "":
+            value = float(row[value_col])
+            steps.append(int(float(row[step_col])))
+            values.append(value if math.isfinite(value) else None)
+    return steps, values
+
+
+def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
+    """Steps and returns of the logged evaluations (``None`` for a non-finite return)."""
+    return _logged(run_dir, "eval/return")
+
+
+def _nonfinite_losses_since(run_dir: pathlib.Path) -> int | None:
+    """The first logged step from which every logged critic loss is non-finite (``None``: the last is finite).
+
+    The loss scaler skips every such step, so the networks stop learning while actions stay finite: such a run
+    finishes, with the return of a frozen policy."""
+    steps, losses = _logged(run_dir, "train/critic_loss")
+    if not losses or losses[-1] is not None:
+        return None
+    finite = [i for i, loss in enumerate(losses) if loss is not None]
+    return steps[finite[-1] + 1 if finite else 0]
+
+
+def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check_lock: bool = True) -> dict:
+    """What is on disk for one run. ``status``: :data:`benchmarks.run_farm.STATUSES`, ``nonfinite`` (finished
+    with a non-finite final return) or ``config_mismatch`` (its ``config.json`` is not ``expected_config``'s).
+    ``final`` says whether the run is done (finished, diverged or nonfinite): only final runs are results."""
+    record: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "status": "missing",
+        "final": False,
+        "step": 0,
+        "final_return": None,
+        "last_eval_return": None,
+        "last_eval_step": None,
+    }
+    if not run_dir.is_dir():
+        return record
+    steps, returns = _eval_curve(run_dir)
+    record["eval_steps"], record["eval_returns"] = steps, returns
+    if steps:
+        record["last_eval_step"], record["last_eval_return"] = steps[-1], returns[-1]
+    record.update(run_farm.session_totals(run_dir))
+    error = run_farm.read_json(run_dir / run_farm.ERROR_FILE)
+    if error:
+        record["last_error"] = error.get("error")
+    if expected_config is not None:
+        diffs = config_differences(run_dir, expected_config)
+        if diffs:
+            record.update(status="config_mismatch", config_differences=diffs)
+            return record
+    record.update(run_farm.run_state(run_dir, scale.steps, check_lock=check_lock))
+    if record["status"] == "finished":
+        record["nonfinite_losses_since"] = _nonfinite_losses_since(run_dir)
+        if steps and steps[-1] == scale.steps and returns[-1] is not None:
+            record["final_return"] = returns[-1]
+        elif steps and steps[-1] == scale.steps:
+            record["status"] = "nonfinite"
+        else:  # the last evaluation is missing: not a result
+            record.update(status="partial", final=False)
+    return record
+
+
+# ------------------------------------------------------------------------------------------------ aggregate
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return float(np.mean(values)), float(np.std(values))
+
+
+def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[int], runs: dict) -> dict:
+    records = {seed: runs[(config, task, seed)] for seed in seeds if (config, task, seed) in runs}
+    final = {s: r for s, r in records.items() if r["final"]}
+    finished = {s: r["final_return"] for s, r in final.items() if r["status"] == "finished"}
+    diverged = sorted(s for s, r in final.items() if r["status"] == "diverged")
+    nonfinite = sorted(s for s, r in final.items() if r["status"] == "nonfinite")
+    mean, std = _mean_std(list(finished.values()))
+    missing_planned = [s for s in planned_seeds if s not in final]
+    if not records or all(r["status"] == "missing" for r in records.values()):
+        status = "missing"
+    elif missing_planned or len(final) < len(records):
+        status = "incomplete"
+    elif diverged or nonfinite:
+        status = "diverged"
+    else:
+        status = "complete"
+    partial = {
+        str(s): {
+            "status": r["status"],
+            "step": r["step"],
+            "last_eval_step": r["last_eval_step"],
+            "last_eval_return": r["last_eval_return"],
+        }
+        for s, r in records.items()
+        if not r["final"] and r["status"] != "missing"
+    }
+    return {
+        "status": status,
+        "final_return_per_seed": {str(s): finished.get(s) for s in sorted(final)},
+        "mean": mean,
+        "std": std,
+        "seeds_final": len(final),
+        "seeds_finished": len(finished),
+        "seeds_planned": len(planned_seeds),
+        "seeds_diverged": diverged,
+        "seeds_nonfinite": nonfinite,
+        "incomplete_seeds": partial,
+        "seed_status": {str(s): r["status"] for s, r in sorted(records.items())},
+        "diverged_at_step": {str(s): records[s]["step"] for s in diverged},
+        "nonfinite_losses_since": {
+            str(s): r["nonfinite_losses_since"]
+            for s, r in sorted(final.items())
+            if r.get("nonfinite_losses_since") is not None
+        },
+    }
+
+
+def _curves(task: str, config: str, seeds: Sequence[int], runs: dict) -> dict:
+    """Mean +- std over finished seeds (on the evaluation steps they share), and the other seeds' own curves."""
+    records = {s: runs[(config, task, s)] for s in seeds if (config, task, s) in runs}
+    finished = [r for r in records.values() if r["status"] == "finished"]
+    out: dict[str, Any] = {"finished": None, "diverged": {}, "partial": {}}
+    if finished:
+        common = sorted(set.intersection(*(set(r["eval_steps"]) for r in finished)))
+        table = []
+        for r in finished:
+            by_step = dict(zip(r["eval_steps"], r["eval_returns"]))
+            table.append([by_step[s] if by_step[s] is not None else np.nan for s in common])
+        table = np.asarray(table, float).reshape(len(finished), len(common))
+        out["finished"] = {
+            "steps": common,
+            "mean": np.nanmean(table, 0).tolist() if common else [],
+            "std": np.nanstd(table, 0).tolist() if common else [],
+            "n": len(finished),
+        }
+    for s, r in records.items():
+        if r["status"] in ("finished", "missing") or not r.get("eval_steps"):
+            continue
+        kind = "diverged" if r["status"] in ("diverged", "nonfinite") else "partial"
+        out[kind][str(s)] = {"steps": r["eval_steps"], "returns": r["eval_returns"]}
+    return out
+
+
+def cell_done(cell: dict) -> bool:
+    """Every planned seed of the cell is final (finished or diverged)."""
+    return cell["status"] in ("complete", "diverged")
+
+
+def _same_seeds_reference(cell: dict, reference: dict | None) -> dict:
+    """fp16 (all methods) on the seeds ``cell`` finished, and ``cell``'s mean over them relative to it.
+
+    Seed noise is large at this scale, so an ablation row with fewer seeds than fp16 is compared on its own
+    seeds: ``fp16_same_seeds_mean`` and ``ratio_to_fp16_same_seeds`` (``None`` without a shared finished seed).
+    """
+    ours = {s: r for s, r in cell["final_return_per_seed"].items() if r is not None}
+    theirs = {} if reference is None else reference["final_return_per_seed"]
+    shared = sorted(s for s in ours if theirs.get(s) is not None)
+    if not shared:
+        return {"fp16_same_seeds": [], "fp16_same_seeds_mean": None, "ratio_to_fp16_same_seeds": None}
+    ref = float(np.mean([theirs[s] for s in shared]))
+    mean = float(np.mean([ours[s] for s in shared]))
+    return {
+        "fp16_same_seeds": [int(s) for s in shared],
+        "fp16_same_seeds_mean": ref,
+        "ratio_to_fp16_same_seeds": mean / ref if ref else None,
+    }
+
+
+def _ratio(num: dict, den: dict) -> float | None:
+    if num["mean"] is None or den["mean"] is None or den["mean"] == 0:
+        return None
+    return num["mean"] / den["mean"]
+
+
+def _clean(obj: Any) -> Any:
+    """Strict JSON: non-finite floats become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], argv: Sequence[str] | None) -> dict:
+    """Reads every run of ``scale`` on disk and builds the result (see the module docstring)."""
+    import jax
+
+    specs = sorted(
+        set(plan) | set(discover_runs(runs_dir, scale)), key=lambda s: (s.task, ALL_CONFIGS.index(s.config), s.seed)
+    )
+    runs = {}
+    for spec in specs:
+        runs[(spec.config, spec.task, spec.seed)] = inspect_run(
+            run_dir_of(runs_dir, scale, spec), scale, make_config(spec, scale)
+        )
+    planned = {}
+    for spec in plan:
+        planned.setdefault((spec.config, spec.task), []).append(spec.seed)
+    tasks = list(dict.fromkeys(s.task for s in [*plan, *specs]))
+    seeds = sorted({s.seed for s in specs})
+    results, curves, comparison, ablation = {}, {}, {}, {}
+    for task in tasks:
+        configs = [
+            c
+            for c in ALL_CONFIGS
+            if (c, task) in planned
+            or any((c, task, s) in runs and runs[(c, task, s)]["status"] != "missing" for s in seeds)
+        ]
+        results[task] = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
+        curves[task] = {c: _curves(task, c, seeds, runs) for c in configs}
+        cells = results[task]
+        if "fp32" in cells and "fp16" in cells:
+            fp16 = cells["fp16"]
+            final = cell_done(cells["fp32"]) and cell_done(fp16)
+            ratio = _ratio(fp16, cells["fp32"])
+            meets = (
+                ratio is not None
+                and ratio >= TARGET_RATIO
+                and not fp16["seeds_diverged"]
+                and not fp16["seeds_nonfinite"]
+                and not fp16["nonfinite_losses_since"]
+            )
+            entry = {
+                "fp32_mean": cells["fp32"]["mean"],
+                "fp16_mean": fp16["mean"],
+                "ratio": ratio,
+                "target_ratio": TARGET_RATIO,
+                "final": final,
+                "meets_target": meets if final else None,
+            }
+            if not final:
+                entry["note"] = "provisional: fp32 or fp16 is not complete (ratio of the seeds final so far)"
+            if "fp16_naive" in cells:
+                naive = cells["fp16_naive"]
+                reasons = []
+                if naive["seeds_diverged"]:
+                    reasons.append(f"diverged on seeds {naive['seeds_diverged']}")
+                if naive["seeds_nonfinite"]:
+                    reasons.append(f"non-finite final return on seeds {naive['seeds_nonfinite']}")
+                naive_ratio = _ratio(naive, cells["fp32"])
+                if naive_ratio is not None and naive_ratio < NAIVE_FAR_LOWER:
+                    reasons.append(f"mean return {naive_ratio:.2f} x fp32's (< {NAIVE_FAR_LOWER})")
+                conclusive = bool(reasons) or (cell_done(naive) and final)
+                entry.update(
+                    naive_mean=naive["mean"],
+                    naive_ratio=naive_ratio,
+                    naive_status=naive["status"],
+                    naive_failed=bool(reasons) if conclusive else None,
+                    naive_failure=reasons,
+                )
+            comparison[task] = entry
+        if any(c in cells for c in ABLATION_CONFIGS):
+            reference = cells.get("fp16")
+            rows = []
+            for config in ("fp16", *ABLATION_CONFIGS, "fp16_naive", "fp32"):
+                if config not in cells:
+                    continue
+                cell = cells[config]
+                rows.append(
+                    {
+                        "variant": config,
+                        "removed": removed_method(config) or ("all" if config == "fp16_naive" else None),
+                        "mean": cell["mean"],
+                        "std": cell["std"],
+                        "seeds_final": cell["seeds_final"],
+                        "seeds_planned": cell["seeds_planned"],
+                        "seeds_diverged": cell["seeds_diverged"],
+                        "status": cell["status"],
+                        "nonfinite_losses_since": cell["nonfinite_losses_since"],
+                        "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
+                        **_same_seeds_reference(cell, reference),
+                    }
+                )
+            ablation[task] = rows
+    statuses = [r["status"] for r in runs.values()]
+    final_runs = [r for r in runs.values() if r["final"]]
+    planned_records = [runs[(s.config, s.task, s.seed)] for s in plan]
+    remaining = [r for r in planned_records if not r["final"]]
+    rates = [r["steps_per_s"] for r in runs.values() if r.get("steps_per_s")]
+    steps_per_s = float(np.median(rates)) if rates else None
+    remaining_steps = sum(scale.steps - r["step"] for r in remaining)
+    result = {
+        "benchmark": RESULT_NAME,
+        "command": command_line("benchmarks.sac_reproduction", argv),
+        "generated": run_farm.now(),
+        "jax_version": jax.__version__,
+        "complete": not remaining,
+        "scale": {
+            **scale.describe(),
+            "why": (
+                "Paper: width 1024, batch 1024, 500k-1M steps (~320 ms per update on this 2-core CPU, ~2 days per "
+                "run). Here: the paper's hyper-parameters at a scale that fits this CPU; returns are not comparable "
+                "to the paper's, fp16 vs fp32 at the same scale is."
+            ),
+        },
+        "plan": {
+            "tasks": [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)],
+            "ablation_tasks": sorted({s.task for s in plan if removed_method(s.config)}),
+            "seeds": sorted({s.seed for s in plan}),
+            "configs": list(ALL_CONFIGS),
+            "runs_planned": len(plan),
+            "runs_dir": str(pathlib.Path(runs_dir) / scale.tag),
+        },
+        "progress": {
+            "runs_on_disk": sum(s != "missing" for s in statuses),
+            "runs_final": len(final_runs),
+            "runs_planned_remaining": len(remaining),
+            "by_status": {s: statuses.count(s) for s in sorted(set(statuses))},
+            "median_steps_per_s": steps_per_s,
+            "estimated_hours_remaining_one_worker": (
+                round(remaining_steps / steps_per_s / 3600, 2) if steps_per_s else None
+            ),
+        },
+        "target_ratio": TARGET_RATIO,
+        "naive_far_lower_threshold": NAIVE_FAR_LOWER,
+        "results": results,
+        "comparison": comparison,
+        "ablation": ablation,
+        "curves": curves,
+        "runs": [
+            {"run": f"{c}/{t}/seed{s}", **{k: v for k, v in r.items() if k not in ("eval_steps", "eval_returns")}}
+            for (c, t, s), r in runs.items()
+        ],
+        "reference_returns_pytorch_sac_500k_1m": {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS},
+        "notes": [
+            "Only final runs are results: finished (final evaluation at `scale.steps`), diverged (non-finite "
+            "actions; final_return null), nonfinite. Runs still partial are in `incomplete_seeds`, never in "
+            "`final_return_per_seed` or the means.",
+            "mean/std: over finished seeds (population std); diverged seeds are counted in `seeds_diverged`.",
+            "comparison.meets_target is null until every planned seed of fp32 and fp16 is final on the task; a "
+            "diverged fp16 seed fails the target, and so does one whose losses stayed non-finite.",
+            "nonfinite_losses_since (per seed): a finished run whose logged critic losses are non-finite from that "
+            "step to the end; the loss scaler skipped every update, so its final return is a frozen policy's.",
+            "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
+            "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
+        ],
+    }
+    return _clean(result)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"SAC reproduction at {result['scale']['tag']} ({'complete' if result['complete'] else 'INCOMPLETE'}: "
+        f"{result['progress']['runs_final']} runs final, {result['progress']['runs_planned_remaining']} "
+        "planned runs remaining)"
+    ]
+    lines.append(f"{'task':<18} {'config':<26} {'mean':>8} {'std':>7} {'seeds':>6}  status")
+    for task, cells in result["results"].items():
+        for config, cell in cells.items():
+            seeds = f"{cell['seeds_final']}/{cell['seeds_planned']}"
+            extra = f" (diverged: seeds {cell['seeds_diverged']})" if cell["seeds_diverged"] else ""
+            if cell["incomplete_seeds"]:
+                extra += " not final: " + ", ".join(
+                    f"seed{s} {v['status']} at step {v['step']}" for s, v in cell["incomplete_seeds"].items()
+                )
+            lines.append(
+                f"{task:<18} {config:<26} {_fmt(cell['mean']):>8} {_fmt(cell['std']):>7} {seeds:>6}  "
+                f"{cell['status']}{extra}"
+            )
+    for task, c in result["comparison"].items():
+        verdict = {True: "meets", False: "MISSES", None: "provisional, vs"}[c["meets_target"]]
+        naive = {True: "failed", False: "did not fail", None: "undecided"}[c.get("naive_failed")]
+        lines.append(
+            f"{task}: fp16/fp32 = {_fmt(c['ratio'], 3)} ({verdict} target {c['target_ratio']}); naive fp16 "
+            f"{naive}" + (f" ({'; '.join(c['naive_failure'])})" if c.get("naive_failure") else "")
+        )
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""What the SAC reproduction trains: its configs, the scale, the plan of (config, task, seed) runs, and each run's
+config, directory and command line.
+
+Configs: ``fp32``, ``fp16`` (the paper's methods on), ``fp16_naive`` (none) from ``experiments/configs/sac/``, and
+for each method of :data:`METHODS` an ablation ``fp16_no_<method>``: ``fp16`` with ``agent.methods.<method>``
+off. A run's config is its config file's with :func:`overrides` applied; :func:`make_config` builds it in this
+process and :func:`command` is the ``python -m experiments.sac`` command line that builds the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import run_farm
+from lpjax.methods import PrecisionMethods
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
+
+MAIN_CONFIGS = ("fp32", "fp16", "fp16_naive")
+METHODS = tuple(name for name in PrecisionMethods.switches() if getattr(PrecisionMethods.paper(), name))
+"""The methods ``fp16`` turns on (:meth:`lpjax.methods.PrecisionMethods.paper`), in declaration order: each has an
+ablation row. A switch the paper's agent leaves off (``stochastic_rounding``) has none."""
+ABLATION_PREFIX = "fp16_no_"
+ABLATION_CONFIGS = tuple(ABLATION_PREFIX + method for method in METHODS)
+ALL_CONFIGS = MAIN_CONFIGS + ABLATION_CONFIGS
+CONFIG_GROUPS = {"main": MAIN_CONFIGS, "ablation": ABLATION_CONFIGS}
+DEFAULT_TASKS = ("cartpole-swingup", "reacher-easy", "walker-walk")
+DEFAULT_ABLATION_TASK = "walker-walk"
+DEFAULT_NUM_SEEDS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """The flags that set what a run computes; ``tag`` names the directory holding all runs of this scale."""
+
+    width: int = 256
+    batch: int = 256
+    steps: int = 100_000
+    seed_steps: int = 5000
+    eval_every: int = 10_000
+    eval_episodes: int = 10
+    action_repeat: int = 0  # 0: the task's default (1 from states)
+    checkpoint_every: int = 10_000
+
+    @property
+    def tag(self) -> str:
+        tag = (
+            f"w{self.width}_b{self.batch}_steps{self.steps}_seed{self.seed_steps}"
+            f"_eval{self.eval_every}x{self.eval_episodes}"
+        )
+        return tag + (f"_ar{self.action_repeat}" if self.action_repeat else "")
+
+    def describe(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "hidden_layers": 2,
+            "replay_capacity": replay_capacity(self.steps),
+            "tag": self.tag,
+        }
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class RunSpec:
+    config: str
+    task: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.config}/{self.task}/seed{self.seed}"
+
+    @classmethod
+    def parse(cls, name: str) -> RunSpec:
+        try:
+            config, task, seed = name.split("/")
+            if not seed.startswith("seed"):
+                raise ValueError
+            return cls(config, task, int(seed[4:]))
+        except ValueError:
+            raise ValueError(f"run names look like 'fp16/walker-walk/seed0', got {name!r}") from None
+
+
+def removed_method(config: str) -> str | None:
+    """``"fp16_no_hadam" -> "hadam"``; ``None`` for the main configs."""
+    return config[len(ABLATION_PREFIX) :] if config.startswith(ABLATION_PREFIX) else None
+
+
+def replay_capacity(steps: int) -> int:
+    """The whole run fits (as the paper's 1M buffer does); smaller checkpoints than a 1M buffer."""
+    return min(1_000_000, steps)
+
+
+def config_file(config: str) -> pathlib.Path:
+    """The file under ``experiments/configs/sac/`` a config starts from (``fp16.py`` for the ablations)."""
+    if config not in ALL_CONFIGS:
+        raise ValueError(f"unknown config {config!r}; valid: {', '.join(ALL_CONFIGS)}")
+    return CONFIG_DIR / f"{'fp16' if removed_method(config) else config}.py"
+
+
+def overrides(spec: RunSpec, scale: Scale) -> dict[str, Any]:
+    """The dotted config fields a run sets over its config file's, with their values."""
+    fields: dict[str, Any] = {
+        "env": f"dmc:{spec.task}",
+        "seed": spec.seed,
+        "total_steps": scale.steps,
+        "seed_steps": scale.seed_steps,
+        "replay_capacity": replay_capacity(scale.steps),
+        "eval_every": scale.eval_every,
+        "eval_episodes": scale.eval_episodes,
+        "log_every": min(1000, scale.eval_every),
+        "checkpoint_every": scale.checkpoint_every,
+        "action_repeat": scale.action_repeat,
+        "agent.hidden_dims": (scale.width, scale.width),
+        "agent.batch_size": scale.batch,
+    }
+    method = removed_method(spec.config)
+    if method is not None:
+        fields[f"agent.methods.{method}"] = False
+    return fields
+
+
+def make_config(spec: RunSpec, scale: Scale):
+    """The ``ml_collections`` config of one run: the config file's, with :func:`overrides` applied."""
+    path = config_file(spec.config)
+    config = importlib.import_module(f"experiments.configs.sac.{path.stem}").get_config()
+    method = removed_method(spec.config)
+    if method is not None and not config.agent.methods[method]:
+        raise ValueError(f"{path.name} does not enable {method!r}; cannot ablate it")
+    for key, value in overrides(spec, scale).items():
+        *parents, name = key.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[name] = value
+    return config
+
+
+def command(spec: RunSpec, scale: Scale, run_dir: pathlib.Path, resume: bool) -> list[str]:
+    """``python -m experiments.sac`` training one session of the run in ``run_dir`` (the config of
+    :func:`make_config`: ``--config.agent.methods.hadam=False`` etc.), printing its summary last."""
+    flags = [f"--config={config_file(spec.config)}"]
+    for key, value in overrides(spec, scale).items():
+        text = repr(tuple(value)) if isinstance(value, tuple) else str(value)
+        flags.append(f"--config.{key}={text}")
+    flags += [f"--run_dir={run_dir}", "--noprogress"] + (["--resume"] if resume else [])
+    return run_farm.python_module("experiments.sac", *flags)
+
+
+def build_plan(tasks: Sequence[str], seeds: Sequence[int], ablation_tasks: Sequence[str]) -> list[RunSpec]:
+    """All runs, in the order a session takes them: seed by seed, task by task, main configs then ablations."""
+    plan = []
+    for seed in seeds:
+        for task in dict.fromkeys([*tasks, *ablation_tasks]):
+            configs = (MAIN_CONFIGS if task in tasks else ()) + (ABLATION_CONFIGS if task in ablation_tasks else ())
+            if task in ablation_tasks and task not in tasks:
+                configs = ("fp16",) + configs  # the ablation's reference
+            plan.extend(RunSpec(config, task, seed) for config in configs)
+    return plan
+
+
+def run_dir_of(runs_dir: pathlib.Path, scale: Scale, spec: RunSpec) -> pathlib.Path:
+    return pathlib.Path(runs_dir) / scale.tag / spec.config / spec.task / f"seed{spec.seed}"
+
+
+def discover_runs(runs_dir: pathlib.Path, scale: Scale) -> list[RunSpec]:
+    """Runs of this scale that have a directory (planned or not)."""
+    root = pathlib.Path(runs_dir) / scale.tag
+    found = []
+    for path in sorted(root.glob("*/*/seed*")):
+        if path.is_dir() and path.name[4:].isdigit() and path.parent.parent.name in ALL_CONFIGS:
+            found.append(RunSpec(path.parent.parent.name, path.parent.name, int(path.name[4:])))
+    return found

@@ -1,0 +1,108 @@
+"""The SAC reproduction's figure: learning curves per task (mean +- std over finished seeds; diverged seeds as thin
+lines ending in x, partial seeds dotted) and the ablation bar chart (hatched bars: incomplete)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from benchmarks.sac_reproduction_aggregate import cell_done
+from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX
+
+COLORS = {"fp32": "tab:blue", "fp16": "tab:green", "fp16_naive": "tab:red"}
+
+
+def plot(result: dict, out_png: pathlib.Path) -> None:
+    """Learning curves per task (top) and the ablation bar chart per ablation task (bottom)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    tasks = list(result["curves"])
+    ablations = [t for t, rows in result["ablation"].items() if rows]
+    ncols = max(1, len(tasks))
+    nrows = 2 if ablations else 1
+    figure = Figure(figsize=(5 * ncols, 4.2 * nrows), dpi=110)
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(nrows, max(ncols, len(ablations) or 1))
+    palette = iter(["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan"])
+    colors = dict(COLORS, **{c: next(palette) for c in ABLATION_CONFIGS})
+    for col, task in enumerate(tasks):
+        axes = figure.add_subplot(grid[0, col])
+        for config, curve in result["curves"][task].items():
+            cell = result["results"][task][config]
+            color = colors[config]
+            label = f"{config} ({cell['seeds_final']}/{cell['seeds_planned']} final"
+            if cell["seeds_diverged"]:
+                steps_at = ", ".join(str(v) for v in cell["diverged_at_step"].values())
+                label += f", {len(cell['seeds_diverged'])} diverged at step {steps_at}"
+            label += ", INCOMPLETE)" if cell["status"] in ("incomplete", "missing") else ")"
+            ablated = config in ABLATION_CONFIGS  # thinner, no band: the bar chart is their summary
+            drawn = False
+            if curve["finished"] and curve["finished"]["steps"]:
+                steps = np.asarray(curve["finished"]["steps"])
+                mean = np.asarray(curve["finished"]["mean"], float)
+                std = np.asarray(curve["finished"]["std"], float)
+                axes.plot(steps, mean, color=color, linewidth=1.0 if ablated else 1.8, label=label)
+                if not ablated:
+                    axes.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
+                drawn = True
+            for kind, style in (("diverged", "-"), ("partial", ":")):
+                for c in curve[kind].values():
+                    pts = [(s, r) for s, r in zip(c["steps"], c["returns"]) if r is not None]
+                    if not pts:
+                        continue
+                    xs, ys = zip(*pts)
+                    axes.plot(xs, ys, style, color=color, linewidth=1.0, alpha=0.8, label=None if drawn else label)
+                    drawn = True
+                    if kind == "diverged":
+                        axes.plot(xs[-1], ys[-1], "x", color=color, markersize=8)
+            if not drawn and cell["status"] != "missing":  # e.g. diverged before its first evaluation
+                axes.plot([], [], "x", color=color, label=label)
+        if not axes.get_legend_handles_labels()[0]:
+            axes.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=axes.transAxes)
+        axes.set_title(task)
+        axes.set_xlabel("agent steps")
+        axes.set_ylabel("eval return")
+        axes.grid(True, alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize="x-small", loc="best")
+    for col, task in enumerate(ablations):
+        axes = figure.add_subplot(grid[1, :] if len(ablations) == 1 else grid[1, col])
+        rows = result["ablation"][task]
+        xs = np.arange(len(rows))
+        for x, row in zip(xs, rows):
+            done = cell_done(row)
+            height = row["mean"] if row["mean"] is not None else 0.0
+            axes.bar(
+                x,
+                height,
+                yerr=row["std"] or 0.0,
+                color=colors.get(row["variant"], "tab:gray"),
+                alpha=0.9 if done else 0.35,
+                hatch=None if done else "//",
+                edgecolor="black",
+                capsize=3,
+            )
+            text = f"{row['seeds_final']}/{row['seeds_planned']}"
+            if row["seeds_diverged"]:
+                text += f"\n{len(row['seeds_diverged'])} div."
+            if row["nonfinite_losses_since"]:
+                text += f"\n{len(row['nonfinite_losses_since'])} nan loss"
+            if not done:
+                text += f"\n{row['status']}"
+            axes.text(x, height, text, ha="center", va="bottom", fontsize="x-small")
+            if row["variant"] != "fp16" and row["fp16_same_seeds_mean"] is not None:
+                axes.plot([x - 0.4, x + 0.4], [row["fp16_same_seeds_mean"]] * 2, color="tab:green", linewidth=2)
+        axes.set_xticks(xs, [r["variant"].replace(ABLATION_PREFIX, "no ") for r in rows], rotation=20, fontsize="small")
+        axes.set_ylabel("final eval return (mean ± std over finished seeds)")
+        axes.set_title(
+            f"Ablation on {task}: fp16 with one method removed (paper Fig. 7); hatched = incomplete; "
+            "green line: fp16 with all methods on the bar's seeds"
+        )
+        axes.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(
+        f"SAC fp32 vs fp16 at {result['scale']['tag']}" + ("" if result["complete"] else "  [INCOMPLETE: see the json]")
+    )
+    figure.tight_layout()
+    figure.savefig(out_png)
