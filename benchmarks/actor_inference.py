@@ -7,7 +7,7 @@ a NumPy action out, host-device copies included):
 
 * ``jax_fp32``: :class:`lpjax.inference.Fp32MLP`, one ``jax.jit``-compiled fp32 forward.
 * XLA int8, jitted, all lpjax's int8 maths (per-token symmetric int8 activations, the epilogue of
-  :func:`kernels.int8_matmul`), differing only in how the int32 accumulation is written (slow: each is timed on
+  :func:`lpjax.kernels.int8_matmul`), differing only in how the int32 accumulation is written (slow: each is timed on
   ``calls // SLOW_CALL_FRACTION`` calls per round):
   ``xla_int8_dot_general`` (``jnp.dot(int8, int8, preferred_element_type=int32)``, ``int8_matmul``'s reference),
   ``xla_int8_widened_matmul`` (``jnp.matmul`` of both operands widened to int32 in the graph),
@@ -101,7 +101,7 @@ JAX_FP32 = "jax_fp32"
 TORCH_INT8 = "torch_int8_quantize_dynamic"
 TARGET_SPEEDUP_VS_JAX_FP32 = 2.0
 TARGET_RATIO_VS_TORCH_INT8 = 1.0
-SLOW_CALL_FRACTION = 20  # the XLA int8 variants (~20 ms per call) are timed on calls // 20 calls per round
+SLOW_CALL_FRACTION = 20  # the slow XLA int8 variants are timed on calls // 20 calls per round
 FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
 OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
 SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
@@ -121,7 +121,8 @@ ORT_ACTIVATIONS = (
     "ONNX Runtime's DynamicQuantizeMatMul quantizes each layer's float32 input per tensor (one range for the whole "
     "batch), asymmetrically to uint8, in float32: lo = min(min(x), 0), hi = max(max(x), 0), s = (hi - lo) / 255, "
     "zero point z = rint(-lo / s), q = clip(rint(x / s) + z, 0, 255); y = float32(sum_k (q - z) c) * (s * w_scale) "
-    "+ bias. For a post-relu input that step is max/255, half of lpjax's symmetric per-token int8 (max/127).")
+    "+ bias. For a post-relu input that step is max/255, half of lpjax's symmetric per-token int8 (max/127)."
+)
 
 
 class Sizes(NamedTuple):
@@ -155,21 +156,31 @@ def _multiply_reduce(q, codes):
 
 XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of (q (B, K) int8, codes (K, N)))
     "xla_int8_dot_general": (
-        "jnp.dot(int8, int8, preferred_element_type=int32) (kernels.int8_matmul impl='reference')", jnp.int8,
-        lambda q, codes: jnp.dot(q, codes, preferred_element_type=jnp.int32)),
-    "xla_int8_widened_matmul": ("jnp.matmul(int32(q), int32(codes)): int8 weights widened in the graph", jnp.int8,
-                                _widened_matmul),
-    "xla_int32_weights_matmul": ("jnp.matmul(int32(q), codes32): weights stored widened to int32", jnp.int32,
-                                 _widened_matmul),
-    "xla_int8_multiply_reduce": ("sum_k int32(q)[:, :, None] * int32(codes)[None]: a multiply-reduce fusion",
-                                 jnp.int8, _multiply_reduce),
+        "jnp.dot(int8, int8, preferred_element_type=int32) (kernels.int8_matmul impl='reference')",
+        jnp.int8,
+        lambda q, codes: jnp.dot(q, codes, preferred_element_type=jnp.int32),
+    ),
+    "xla_int8_widened_matmul": (
+        "jnp.matmul(int32(q), int32(codes)): int8 weights widened in the graph",
+        jnp.int8,
+        _widened_matmul,
+    ),
+    "xla_int32_weights_matmul": (
+        "jnp.matmul(int32(q), codes32): weights stored widened to int32",
+        jnp.int32,
+        _widened_matmul,
+    ),
+    "xla_int8_multiply_reduce": (
+        "sum_k int32(q)[:, :, None] * int32(codes)[None]: a multiply-reduce fusion",
+        jnp.int8,
+        _multiply_reduce,
+    ),
 }
 
 
-def xla_int8_forward(layers: Sequence[Layer], name: str,
-                     output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
+def xla_int8_forward(layers: Sequence[Layer], name: str, output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
     """lpjax's int8 maths in XLA, jitted, NumPy in/out: per-token int8 activations, ``XLA_INT8[name]``'s int32
-    accumulation, then ``float32(acc) * s_x * s_w + bias`` (``kernels.int8_matmul``'s epilogue)."""
+    accumulation, then ``float32(acc) * s_x * s_w + bias`` (``lpjax.kernels.int8_matmul``'s epilogue)."""
     _, dtype, accumulate = XLA_INT8[name]
     weights = [(jnp.asarray(c, dtype), jnp.asarray(s), jnp.asarray(b)) for c, s, b in layers]
 
@@ -191,8 +202,9 @@ def xla_int8_forward(layers: Sequence[Layer], name: str,
 
 def _float_layers(params: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     tree = params["params"]
-    return [(np.asarray(tree[f"Dense_{i}"]["kernel"]), np.asarray(tree[f"Dense_{i}"]["bias"]))
-            for i in range(len(tree))]
+    return [
+        (np.asarray(tree[f"Dense_{i}"]["kernel"]), np.asarray(tree[f"Dense_{i}"]["bias"])) for i in range(len(tree))
+    ]
 
 
 def onnx_fp32_model(params: dict, output_activation: str):
@@ -203,8 +215,10 @@ def onnx_fp32_model(params: dict, output_activation: str):
     nodes, weights, x = [], [], "obs"
     for i, (kernel, bias) in enumerate(layers):
         weights += [numpy_helper.from_array(kernel, f"kernel_{i}"), numpy_helper.from_array(bias, f"bias_{i}")]
-        nodes += [helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]),
-                  helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"])]
+        nodes += [
+            helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]),
+            helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"]),
+        ]
         x = f"linear_{i}"
         if i < len(layers) - 1:
             nodes.append(helper.make_node("Relu", [x], [f"relu_{i}"]))
@@ -213,8 +227,12 @@ def onnx_fp32_model(params: dict, output_activation: str):
         nodes.append(helper.make_node("Tanh", [x], ["tanh"]))
         x = "tanh"
     graph = helper.make_graph(
-        nodes, "fp32_mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", layers[0][0].shape[0]])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", layers[-1][0].shape[1]])], weights)
+        nodes,
+        "fp32_mlp",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", layers[0][0].shape[0]])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", layers[-1][0].shape[1]])],
+        weights,
+    )
     return helper.make_model(graph, ir_version=7, opset_imports=[helper.make_opsetid("", 13)])
 
 
@@ -297,8 +315,13 @@ def torch_fbgemm_forward(layers: Sequence[Layer], output_activation: str) -> Cal
         weight = torch.from_numpy(codes.T.astype(np.float32) * scales[:, None])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # quantized tensor creation is deprecated
-            q = torch.quantize_per_channel(weight, torch.from_numpy(scales.astype(np.float64)),
-                                           torch.zeros(codes.shape[1], dtype=torch.int64), 0, torch.qint8)
+            q = torch.quantize_per_channel(
+                weight,
+                torch.from_numpy(scales.astype(np.float64)),
+                torch.zeros(codes.shape[1], dtype=torch.int64),
+                0,
+                torch.qint8,
+            )
         packed.append(torch.ops.quantized.linear_prepack(q, torch.from_numpy(np.array(bias))))
 
     def call(obs: np.ndarray) -> np.ndarray:
@@ -355,37 +378,67 @@ def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[s
     ort_quantized = ort_quantize_dynamic_model(ort_fp32)
     runtimes = {JAX_FP32: ("lpjax.inference.Fp32MLP: jax.jit fp32 forward", fp32.nbytes, fp32)}
     for name, (description, dtype, _) in XLA_INT8.items():
-        runtimes[name] = (f"XLA int8, per-token activations: {description}, jitted",
-                          int32_bytes if dtype == jnp.int32 else ours.nbytes,
-                          xla_int8_forward(ours.layers, name, output_activation))
-    runtimes.update({
-        OURS: (f"lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul "
-               f"(gemm={ours.gemm!r})", ours.nbytes, ours),
-        "ort_int8_u8u8": ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8),
-        "ort_fp32": ("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", onnx_weight_bytes(ort_fp32),
-                     ort_call(ort_fp32)),
-        "ort_quantize_dynamic": ("onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
-                                 onnx_weight_bytes(ort_quantized), ort_call(ort_quantized)),
-    })
+        runtimes[name] = (
+            f"XLA int8, per-token activations: {description}, jitted",
+            int32_bytes if dtype == jnp.int32 else ours.nbytes,
+            xla_int8_forward(ours.layers, name, output_activation),
+        )
+    runtimes.update(
+        {
+            OURS: (
+                f"lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul "
+                f"(gemm={ours.gemm!r})",
+                ours.nbytes,
+                ours,
+            ),
+            "ort_int8_u8u8": ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8),
+            "ort_fp32": (
+                "ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)",
+                onnx_weight_bytes(ort_fp32),
+                ort_call(ort_fp32),
+            ),
+            "ort_quantize_dynamic": (
+                "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
+                onnx_weight_bytes(ort_quantized),
+                ort_call(ort_quantized),
+            ),
+        }
+    )
     if torch_available():
         torch_fp32, torch_int8 = torch_models(params, output_activation)
-        runtimes.update({
-            "torch_fp32": ("torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode",
-                           int(sum(p.numel() * p.element_size() for p in torch_fp32.parameters())),
-                           torch_call(torch_fp32)),
-            TORCH_INT8: ("torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
-                         torch_int8_bytes(torch_int8), torch_call(torch_int8)),
-            "torch_int8_fbgemm": ("lpjax int8 weights on fbgemm (quantized::linear_relu_dynamic), 8-bit activations",
-                                  ours.nbytes, torch_fbgemm_forward(ours.layers, output_activation)),
-        })
+        runtimes.update(
+            {
+                "torch_fp32": (
+                    "torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode",
+                    int(sum(p.numel() * p.element_size() for p in torch_fp32.parameters())),
+                    torch_call(torch_fp32),
+                ),
+                TORCH_INT8: (
+                    "torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
+                    torch_int8_bytes(torch_int8),
+                    torch_call(torch_int8),
+                ),
+                "torch_int8_fbgemm": (
+                    "lpjax int8 weights on fbgemm (quantized::linear_relu_dynamic), 8-bit activations",
+                    ours.nbytes,
+                    torch_fbgemm_forward(ours.layers, output_activation),
+                ),
+            }
+        )
     return runtimes
 
 
 # ------------------------------------------------------------------------------------------------------- timing
 
 
-def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, calls: int, warmup: int,
-                  log: Callable[[str], None] = print) -> dict[str, dict]:
+def time_variants(
+    variants: Sequence[Variant],
+    pool: np.ndarray,
+    rounds: int,
+    calls: int,
+    warmup: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict]:
     """Per-call latencies (ms) of every variant, interleaved over ``rounds`` (order rotated each round)."""
     for v in variants:
         for i in range(warmup):
@@ -448,8 +501,11 @@ def like_for_like(variant: str) -> str:
 def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
     """Errors of the pre-tanh mean (and of the tanh action) against float64 forwards, batch 1 and batch 8."""
     fp32_layers, deq_layers = _float_layers(params), ours.dequantized_layers()
-    runtimes = {name: fn for name, (_, _, fn) in make_runtimes(params, ours, "none").items()
-                if name not in XLA_INT8 or name == "xla_int8_dot_general"}  # the XLA int8 variants are one maths
+    runtimes = {
+        name: fn
+        for name, (_, _, fn) in make_runtimes(params, ours, "none").items()
+        if name not in XLA_INT8 or name == "xla_int8_dot_general"
+    }  # the XLA int8 variants are one maths
     batches = {"batch_1": obs[:, None, :], "batch_8": obs[: len(obs) // 8 * 8].reshape(-1, 8, obs.shape[-1])}
     out: dict[str, Any] = {}
     for batch_name, xs in batches.items():
@@ -462,17 +518,19 @@ def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
             for ref_name, ref in (("vs_dequantized_int8_float64", ref_deq), ("vs_fp32_float64", ref_fp32)):
                 err = y - ref
                 row[ref_name] = {
-                    "rel_rms_mean": float(np.sqrt(np.mean(err ** 2) / np.mean(ref ** 2))),
+                    "rel_rms_mean": float(np.sqrt(np.mean(err**2) / np.mean(ref**2))),
                     "max_abs_mean": float(np.abs(err).max()),
                     "max_abs_action": float(np.abs(np.tanh(y) - np.tanh(ref)).max()),
                 }
             out[batch_name][name] = row
     out["observations"] = len(obs)
     out["reference_rms_mean"] = float(np.sqrt(np.mean(_forward64(fp32_layers, obs) ** 2)))
-    out["note"] = ("pre-tanh policy mean; each row's 'like_for_like' names the reference that isolates its own "
-                   "rounding: 'vs_dequantized_int8_float64' (activation quantization only) for the variants on "
-                   "lpjax's int8 weights, 'vs_fp32_float64' for the float32 ones and for those quantizing weights "
-                   "of their own")
+    out["note"] = (
+        "pre-tanh policy mean; each row's 'like_for_like' names the reference that isolates its own "
+        "rounding: 'vs_dequantized_int8_float64' (activation quantization only) for the variants on "
+        "lpjax's int8 weights, 'vs_fp32_float64' for the float32 ones and for those quantizing weights "
+        "of their own"
+    )
     return out
 
 
@@ -512,8 +570,15 @@ def installed_mb() -> dict[str, float]:
     return sizes
 
 
-def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int = 0,
-                  log: Callable[[str], None] = print) -> dict:
+def run_benchmark(
+    sizes: Sizes,
+    rounds: int,
+    calls: int,
+    warmup: int,
+    accuracy_obs: int,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
     """One environment's run: timings, accuracy, configuration, versions and machine."""
     if torch_available():
         import torch
@@ -521,8 +586,10 @@ def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_o
         torch.set_num_threads(1)
     params = make_params(sizes, seed)
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
-    log(f"{environment_key()}: policy {sizes.obs_dim} -> {' -> '.join([str(sizes.hidden)] * sizes.layers)} -> "
-        f"{sizes.act_dim}: {param_count:,} parameters")
+    log(
+        f"{environment_key()}: policy {sizes.obs_dim} -> {' -> '.join([str(sizes.hidden)] * sizes.layers)} -> "
+        f"{sizes.act_dim}: {param_count:,} parameters"
+    )
     ours = Int8MLP.from_params(params, "tanh", threads=1)
     variants = [Variant(name, *spec) for name, spec in make_runtimes(params, ours, "tanh").items()]
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
@@ -530,31 +597,46 @@ def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_o
     timings = time_variants(variants, pool, rounds, calls, warmup, log)
     load_after = os.getloadavg()
     log("accuracy ...")
-    acc = accuracy(params, ours, np.random.default_rng(seed + 2).normal(
-        size=(accuracy_obs, sizes.obs_dim)).astype(np.float32))
-    rows = [{"variant": v.name, "description": v.description, "weight_bytes": v.weight_bytes, **timings[v.name]}
-            for v in variants]
+    acc = accuracy(
+        params, ours, np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
+    )
+    rows = [
+        {"variant": v.name, "description": v.description, "weight_bytes": v.weight_bytes, **timings[v.name]}
+        for v in variants
+    ]
     flags = (_cpu_info("flags") or "").split()
     return {
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": _versions(),
         "installed_mb": installed_mb(),
         "machine": {
-            "cpu_model": _cpu_info("model name") or platform.processor() or None, "cpu_count": os.cpu_count(),
+            "cpu_model": _cpu_info("model name") or platform.processor() or None,
+            "cpu_count": os.cpu_count(),
             "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
-                          if f in flags],
+            "cpu_flags": [
+                f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags
+            ],
             "platform": platform.platform(),
-            "loadavg_1_5_15_before": list(load_before), "loadavg_1_5_15_after": list(load_after),
+            "loadavg_1_5_15_before": list(load_before),
+            "loadavg_1_5_15_after": list(load_after),
         },
         "config": {
-            "sizes": sizes._asdict(), "param_count": param_count, "rounds": rounds, "calls_per_round": calls,
-            "slow_calls_per_round": max(1, calls // SLOW_CALL_FRACTION), "warmup_calls": warmup, "seed": seed,
-            "batch": 1, "output_activation": "tanh", "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "sizes": sizes._asdict(),
+            "param_count": param_count,
+            "rounds": rounds,
+            "calls_per_round": calls,
+            "slow_calls_per_round": max(1, calls // SLOW_CALL_FRACTION),
+            "warmup_calls": warmup,
+            "seed": seed,
+            "batch": 1,
+            "output_activation": "tanh",
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "xla_single_threaded": SINGLE_THREAD_XLA_FLAGS in os.environ.get("XLA_FLAGS", ""),
-            "ort_intra_op_threads": 1, "u8s8_saturates": u8s8_saturates(), "ours_gemm": ours.gemm,
+            "ort_intra_op_threads": 1,
+            "u8s8_saturates": u8s8_saturates(),
+            "ours_gemm": ours.gemm,
             "timing": "one perf_counter per call: NumPy obs (obs_dim,) in, NumPy action out (host<->device copies "
-                      "included); rounds interleaved with the variant order rotated; gc disabled",
+            "included); rounds interleaved with the variant order rotated; gc disabled",
         },
         "results": rows,
         "accuracy": acc,
@@ -571,19 +653,32 @@ def summarize(environments: dict[str, dict]) -> dict:
         torch_env = env if TORCH_INT8 in m else (torch_envs[0] if torch_envs else None)
         torch_ms = medians[torch_env][TORCH_INT8] if torch_env else None
         for variant, ms in m.items():
-            rows.append({"environment": env, "variant": variant, "median_ms": ms,
-                         "ratio_to_jax_fp32": ms / m[JAX_FP32],
-                         "ratio_to_torch_int8_quantize_dynamic": None if torch_ms is None else ms / torch_ms,
-                         "torch_environment": torch_env})
+            rows.append(
+                {
+                    "environment": env,
+                    "variant": variant,
+                    "median_ms": ms,
+                    "ratio_to_jax_fp32": ms / m[JAX_FP32],
+                    "ratio_to_torch_int8_quantize_dynamic": None if torch_ms is None else ms / torch_ms,
+                    "torch_environment": torch_env,
+                }
+            )
         speedup = m[JAX_FP32] / m[OURS]
-        targets[env] = {"speedup_vs_jax_fp32": {
-            "target": f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)",
-            "median": speedup, "met": bool(speedup >= TARGET_SPEEDUP_VS_JAX_FP32)}}
+        targets[env] = {
+            "speedup_vs_jax_fp32": {
+                "target": f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)",
+                "median": speedup,
+                "met": bool(speedup >= TARGET_SPEEDUP_VS_JAX_FP32),
+            }
+        }
         if torch_ms is not None:
             ratio = m[OURS] / torch_ms
             targets[env]["ratio_vs_torch_int8"] = {
                 "target": f"< {TARGET_RATIO_VS_TORCH_INT8} ({OURS} median / {TORCH_INT8} median of {torch_env})",
-                "median": ratio, "met": bool(ratio < TARGET_RATIO_VS_TORCH_INT8), "torch_environment": torch_env}
+                "median": ratio,
+                "met": bool(ratio < TARGET_RATIO_VS_TORCH_INT8),
+                "torch_environment": torch_env,
+            }
     return {"rows": rows, "targets": targets}
 
 
@@ -591,8 +686,13 @@ def merged_result(previous: dict | None, runs: dict[str, dict]) -> dict:
     """The json with each of ``runs`` stored under ``environments[<its environment>]``, the other environments'
     runs of ``previous`` kept."""
     environments = dict(sorted({**(previous or {}).get("environments", {}), **runs}.items()))
-    return {"benchmark": RESULT_NAME, "caveats": CAVEATS, "ort_activation_quantization": ORT_ACTIVATIONS,
-            "environments": environments, "summary": summarize(environments)}
+    return {
+        "benchmark": RESULT_NAME,
+        "caveats": CAVEATS,
+        "ort_activation_quantization": ORT_ACTIVATIONS,
+        "environments": environments,
+        "summary": summarize(environments),
+    }
 
 
 def format_table(result: dict, env: str) -> str:
@@ -601,15 +701,16 @@ def format_table(result: dict, env: str) -> str:
     lines = [header, "-" * len(header)]
     for row in result["summary"]["rows"]:
         vs_torch = row["ratio_to_torch_int8_quantize_dynamic"]
-        lines.append(f"{row['environment']:<24} {row['variant']:<28} {row['median_ms']:>10.3f} "
-                     f"{row['ratio_to_jax_fp32']:>10.3f} {'-' if vs_torch is None else f'{vs_torch:.3f}':>13}")
+        lines.append(
+            f"{row['environment']:<24} {row['variant']:<28} {row['median_ms']:>10.3f} "
+            f"{row['ratio_to_jax_fp32']:>10.3f} {'-' if vs_torch is None else f'{vs_torch:.3f}':>13}"
+        )
     lines.append("")
     for env, targets in result["summary"]["targets"].items():
         for name, t in targets.items():
             lines.append(f"{env} {name}: {t['median']:.2f}; target {t['target']} -> {'MET' if t['met'] else 'MISSED'}")
     lines.append("")
-    lines.append(f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error vs dequantized int8 / vs "
-                 "fp32):")
+    lines.append(f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error vs dequantized int8 / vs fp32):")
     for name, row in result["environments"][env]["accuracy"]["batch_1"].items():
         d, f = row["vs_dequantized_int8_float64"], row["vs_fp32_float64"]
         lines.append(f"  {name:<28} {d['rel_rms_mean']:.2e} / {f['rel_rms_mean']:.2e}")
@@ -618,6 +719,7 @@ def format_table(result: dict, env: str) -> str:
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -636,23 +738,40 @@ def plot(result: dict, path: Path) -> None:
             if row is None:
                 continue
             y = yi + 0.4 - height * (j + 0.5)
-            ax.barh(y, row["median_ms"], height=height, color=f"C{j}", label=label if variant == OURS else None,
-                    xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]], capsize=2, edgecolor=(
-                        "black" if variant == OURS else "none"))
-            ax.annotate(f"{row['median_ms']:.3f} ms", (row["p90_ms"], y), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=7)
+            ax.barh(
+                y,
+                row["median_ms"],
+                height=height,
+                color=f"C{j}",
+                label=label if variant == OURS else None,
+                xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]],
+                capsize=2,
+                edgecolor=("black" if variant == OURS else "none"),
+            )
+            ax.annotate(
+                f"{row['median_ms']:.3f} ms",
+                (row["p90_ms"], y),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
     ax.set_yticks(y0, variants)
     ax.set_xscale("log")
     all_rows = list(rows.values())
     ax.set_xlim(min(r["median_ms"] for r in all_rows) / 2, max(r["p90_ms"] for r in all_rows) * 4)
     ax.legend(loc="lower right", fontsize=8)
     s = next(iter(result["environments"].values()))["config"]["sizes"]
-    speedups = ", ".join(f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x"
-                         for env, t in result["summary"]["targets"].items())
+    speedups = ", ".join(
+        f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in result["summary"]["targets"].items()
+    )
     ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
-    ax.set_title(f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
-                 f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
-                 f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}", fontsize=9)
+    ax.set_title(
+        f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
+        f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
+        f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -662,24 +781,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.actor_inference",
         description="Batch-1, single-threaded latency of the actor's 3x2048 MLP policy: JAX fp32, XLA int8, lpjax "
-                    "Int8MLP (ONNX Runtime), ONNX Runtime fp32 and quantize_dynamic, PyTorch fp32, quantize_dynamic "
-                    "and fbgemm where torch is installed; plus their accuracy. Adds this environment's run to "
-                    f"{RESULT_NAME}.json and redraws {RESULT_NAME}.png.")
+        "Int8MLP (ONNX Runtime), ONNX Runtime fp32 and quantize_dynamic, PyTorch fp32, quantize_dynamic "
+        "and fbgemm where torch is installed; plus their accuracy. Adds this environment's run to "
+        f"{RESULT_NAME}.json and redraws {RESULT_NAME}.png.",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick: 2)")
-    parser.add_argument("--calls", type=int, default=None, help="timed calls per variant per round (default 200; "
-                        f"quick: 5; the XLA int8 variants get calls // {SLOW_CALL_FRACTION})")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="timed calls per variant per round (default 200; "
+        f"quick: 5; the XLA int8 variants get calls // {SLOW_CALL_FRACTION})",
+    )
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick: 2)")
-    parser.add_argument("--accuracy_obs", type=int, default=None, help="observations for the accuracy study "
-                        "(default 256; quick: 16)")
+    parser.add_argument(
+        "--accuracy_obs", type=int, default=None, help="observations for the accuracy study (default 256; quick: 16)"
+    )
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default 2048; quick: 64)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny policy, few calls: a smoke test, not a measurement")
     parser.add_argument("--out_dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--no_plot", action="store_true")
-    parser.add_argument("--with_python", type=Path, action="append", default=[], metavar="PYTHON",
-                        help="also run this benchmark, same settings, with another virtualenv's interpreter (a "
-                             "subprocess, before this run) and record its run too, e.g. .venv-oldest/bin/python "
-                             "for the torch rows; repeatable")
+    parser.add_argument(
+        "--with_python",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="also run this benchmark, same settings, with another virtualenv's interpreter (a "
+        "subprocess, before this run) and record its run too, e.g. .venv-oldest/bin/python "
+        "for the torch rows; repeatable",
+    )
     return parser.parse_args(argv)
 
 
@@ -711,9 +843,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if env in runs:
             raise ValueError(f"--with_python {python} runs this benchmark's own environment ({env}).")
     pick = lambda value, full, quick: value if value is not None else (quick if args.quick else full)
-    run = run_benchmark(sizes, rounds=pick(args.rounds, 10, 2), calls=pick(args.calls, 200, 5),
-                        warmup=pick(args.warmup, 20, 2), accuracy_obs=pick(args.accuracy_obs, 256, 16),
-                        seed=args.seed)
+    run = run_benchmark(
+        sizes,
+        rounds=pick(args.rounds, 10, 2),
+        calls=pick(args.calls, 200, 5),
+        warmup=pick(args.warmup, 20, 2),
+        accuracy_obs=pick(args.accuracy_obs, 256, 16),
+        seed=args.seed,
+    )
     run["command"] = command_line("benchmarks.actor_inference", argv)
     run["quick"] = bool(args.quick)
     json_path = args.out_dir / f"{RESULT_NAME}.json"

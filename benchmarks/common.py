@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
@@ -13,8 +13,9 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     return f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
-def write_results(result: dict, table: str, out_dir: pathlib.Path, name: str,
-                  plot: Callable[[dict, pathlib.Path], None] | None = None) -> None:
+def write_results(
+    result: dict, table: str, out_dir: pathlib.Path, name: str, plot: Callable[[dict, pathlib.Path], None] | None = None
+) -> None:
     """Prints ``table``, writes ``out_dir/name.json`` and, unless ``plot`` is None, ``out_dir/name.png``."""
     print()
     print(table)

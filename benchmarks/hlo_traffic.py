@@ -12,8 +12,23 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-             "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_ITEMSIZE = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 # A conditional passes its operands by reference; the passes of the branch it takes are not counted (lpjax's
 # conditionals are the rare paths: an exact finiteness re-check, a growth check).
 _NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all", "conditional"}
@@ -43,7 +58,7 @@ def shape_bytes(shape: str) -> int:
 
 def passes(hlo_text: str) -> list[Pass]:
     """The passes over memory of the ENTRY computation of an optimized HLO module (``compiled.as_text()``)."""
-    entry = hlo_text[hlo_text.index("\nENTRY"):]
+    entry = hlo_text[hlo_text.index("\nENTRY") :]
     sizes: dict[str, int] = {}
     out = []
     for line in entry.splitlines()[1:]:
@@ -61,7 +76,7 @@ def passes(hlo_text: str) -> list[Pass]:
 
 def _outputs(hlo_text: str) -> list[str]:
     """Names of the instructions the ENTRY computation's ROOT tuple returns, in order."""
-    root = next(line for line in hlo_text[hlo_text.index("\nENTRY"):].splitlines() if "ROOT" in line)
+    root = next(line for line in hlo_text[hlo_text.index("\nENTRY") :].splitlines() if "ROOT" in line)
     return re.findall(r"%([\w.\-]+)", root.split(" tuple(", 1)[1])
 
 

@@ -30,9 +30,9 @@ For each precision:
 By construction the fp32 row has zero action distance and zero KL.
 
 **Default input.** ``runs/sac_reproduction/w256_b256_steps100000_seed5000_eval10000x10/fp32/cartpole-swingup/
-seed0`` (a 256x256 SAC actor trained 100k steps by ``benchmarks.sac_reproduction``). Evaluation costs about
-1 ms per environment step here, so the default (10 episodes of 1000 steps for each of fp32, fp16, fp16_act and
-2 x 6 integer rows) took 2 minutes on this machine's 2 busy cores.
+seed0`` (a 256x256 SAC actor trained 100k steps by ``benchmarks.sac_reproduction``). The default evaluates 10
+episodes of 1000 steps for each of fp32, fp16, fp16_act and 2 x 6 integer rows; each row records its time
+(``seconds``).
 
 Run ``python -m benchmarks.ptq_eval --help``.
 """
@@ -62,8 +62,15 @@ from lpjax.agents import sac
 from lpjax.nn import TanhGaussianActor
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_RUN_DIR = (REPO_ROOT / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10" / "fp32"
-                   / "cartpole-swingup" / "seed0")
+DEFAULT_RUN_DIR = (
+    REPO_ROOT
+    / "runs"
+    / "sac_reproduction"
+    / "w256_b256_steps100000_seed5000_eval10000x10"
+    / "fp32"
+    / "cartpole-swingup"
+    / "seed0"
+)
 DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
 RESULT_NAME = "ptq_eval"
@@ -114,8 +121,9 @@ def gaussian(agent: sac.SACState, obs: jax.Array) -> tuple[jax.Array, jax.Array]
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q) -> np.ndarray:
     """``KL(N(mean_p, std_p^2) || N(mean_q, std_q^2))`` of diagonal Gaussians, summed over the last axis (float64)."""
     mean_p, log_std_p, mean_q, log_std_q = (np.asarray(a, np.float64) for a in (mean_p, log_std_p, mean_q, log_std_q))
-    kl = (log_std_q - log_std_p + (np.exp(2 * log_std_p) + np.square(mean_p - mean_q)) / (2 * np.exp(2 * log_std_q))
-          - 0.5)
+    kl = (
+        log_std_q - log_std_p + (np.exp(2 * log_std_p) + np.square(mean_p - mean_q)) / (2 * np.exp(2 * log_std_q)) - 0.5
+    )
     return np.sum(kl, axis=-1)
 
 
@@ -145,8 +153,7 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
             evaluation = sac_loop.evaluate(policy_loop, recorder, episodes)
             states = jnp.asarray(np.stack(recorder.observations))
             reference = gaussian(policy_loop.agent, states)
-            reference_actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True),
-                                           np.float64)
+            reference_actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True), np.float64)
         else:
             evaluation = sac_loop.evaluate(policy_loop, eval_env, episodes)
         mean, log_std = gaussian(policy_loop.agent, states)
@@ -156,19 +163,32 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
         errors = [np.sum(np.square(w - v)) for w, v in zip(_kernels(actor_params), _kernels(params))]
         norm = sum(np.sum(np.square(w)) for w in _kernels(actor_params))
         parsed = quant.parse_spec(spec)
-        rows.append({
-            "name": name, "spec": parsed.name, "format": parsed.format, "bits": parsed.bits,
-            "per_channel": parsed.per_channel, "activations": "fp16" if policy else "fp32",
-            "return_mean": evaluation["return"], "return_std": evaluation["return_std"],
-            "action_l2_mean": float(np.mean(distance)), "action_l2_max": float(np.max(distance)),
-            "kl_mean": float(np.mean(kl)), "kl_median": float(np.median(kl)), "kl_max": float(np.max(kl)),
-            "weight_rel_error": float(np.sqrt(sum(errors) / norm)),
-            "seconds": time.perf_counter() - started,
-        })
+        rows.append(
+            {
+                "name": name,
+                "spec": parsed.name,
+                "format": parsed.format,
+                "bits": parsed.bits,
+                "per_channel": parsed.per_channel,
+                "activations": "fp16" if policy else "fp32",
+                "return_mean": evaluation["return"],
+                "return_std": evaluation["return_std"],
+                "action_l2_mean": float(np.mean(distance)),
+                "action_l2_max": float(np.max(distance)),
+                "kl_mean": float(np.mean(kl)),
+                "kl_median": float(np.median(kl)),
+                "kl_max": float(np.max(kl)),
+                "weight_rel_error": float(np.sqrt(sum(errors) / norm)),
+                "seconds": time.perf_counter() - started,
+            }
+        )
         if progress:
             row = rows[-1]
-            print(f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
-                  f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)", flush=True)
+            print(
+                f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
+                f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)",
+                flush=True,
+            )
     fp32_return = rows[0]["return_mean"]
     for row in rows:
         row["return_ratio"] = row["return_mean"] / fp32_return if fp32_return else None
@@ -179,16 +199,18 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
         "run_dir": str(pathlib.Path(run_dir).resolve()),
         "checkpoint_step": int(step),
         "env": config.env,
-        "actor": {"hidden_dims": list(agent_config.hidden_dims), "action_dim": int(loop.agent.action_dim),
-                  "policy": agent_config.policy,
-                  "parameters": int(sum(np.size(x) for x in jax.tree.leaves(actor_params)))},
+        "actor": {
+            "hidden_dims": list(agent_config.hidden_dims),
+            "action_dim": int(loop.agent.action_dim),
+            "policy": agent_config.policy,
+            "parameters": int(sum(np.size(x) for x in jax.tree.leaves(actor_params))),
+        },
         "episodes": int(episodes),
         "states": int(states.shape[0]),
         "bits": [int(n) for n in bits],
         "quantizer": "delta = (|min(W,0)| + |max(W,0)|) / 2^n, Q(W) = round(W / delta), D = delta * Q; kernels "
-                     "only (biases fp32), per tensor or per output channel; activations fp32 (fp16 in fp16_act)",
-        "kl": "KL(pi_fp32 || pi_q) of the pre-tanh Gaussians, summed over action dims, mean/median/max over "
-              "states",
+        "only (biases fp32), per tensor or per output channel; activations fp32 (fp16 in fp16_act)",
+        "kl": "KL(pi_fp32 || pi_q) of the pre-tanh Gaussians, summed over action dims, mean/median/max over states",
         "rows": rows,
     }
 
@@ -197,20 +219,29 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
 
 
 def format_table(result: dict) -> str:
-    lines = [(f"PTQ of the SAC actor {result['actor']['hidden_dims']} of {result['env']} (step "
-              f"{result['checkpoint_step']}), {result['episodes']} episodes, {result['states']} states"),
-             (f"{'precision':>18} {'return':>16} {'ratio':>6} {'action L2':>10} {'KL mean':>10} "
-              f"{'KL median':>10} {'W rel err':>10}")]
+    lines = [
+        (
+            f"PTQ of the SAC actor {result['actor']['hidden_dims']} of {result['env']} (step "
+            f"{result['checkpoint_step']}), {result['episodes']} episodes, {result['states']} states"
+        ),
+        (
+            f"{'precision':>18} {'return':>16} {'ratio':>6} {'action L2':>10} {'KL mean':>10} "
+            f"{'KL median':>10} {'W rel err':>10}"
+        ),
+    ]
     for row in result["rows"]:
         ratio = "" if row["return_ratio"] is None else f"{row['return_ratio']:.3f}"
-        lines.append(f"{row['name']:>18} {row['return_mean']:8.1f} ± {row['return_std']:5.1f} {ratio:>6} "
-                     f"{row['action_l2_mean']:10.2e} {row['kl_mean']:10.2e} {row['kl_median']:10.2e} "
-                     f"{row['weight_rel_error']:10.2e}")
+        lines.append(
+            f"{row['name']:>18} {row['return_mean']:8.1f} ± {row['return_std']:5.1f} {ratio:>6} "
+            f"{row['action_l2_mean']:10.2e} {row['kl_mean']:10.2e} {row['kl_median']:10.2e} "
+            f"{row['weight_rel_error']:10.2e}"
+        )
     return "\n".join(lines)
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -220,21 +251,28 @@ def plot(result: dict, path: pathlib.Path) -> None:
     for per_channel, color in ((False, "tab:blue"), (True, "tab:orange")):
         series = [rows[f"int{n}" + ("_per_channel" if per_channel else "")] for n in bits]
         label = "int, per channel" if per_channel else "int, per tensor"
-        ax_r.errorbar(bits, [r["return_mean"] for r in series], [r["return_std"] for r in series], fmt="o-",
-                      color=color, capsize=3, label=label)
-        ax_d.plot(bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color,
-                  label=f"action L2, {label}")
-        ax_d.plot(bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6,
-                  label=f"KL, {label}")
+        ax_r.errorbar(
+            bits,
+            [r["return_mean"] for r in series],
+            [r["return_std"] for r in series],
+            fmt="o-",
+            color=color,
+            capsize=3,
+            label=label,
+        )
+        ax_d.plot(
+            bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color, label=f"action L2, {label}"
+        )
+        ax_d.plot(bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}")
     for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
         ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
     for name, color in (("fp16", "tab:green"), ("fp16_act", "tab:olive")):
-        ax_d.axhline(max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":",
-                     label=f"action L2, {name}")
+        ax_d.axhline(max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":", label=f"action L2, {name}")
     ax_r.set_xlabel("bits n")
     ax_r.set_ylabel(f"mean return ± std ({result['episodes']} episode{'s' * (result['episodes'] > 1)})")
-    ax_r.set_title(f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}",
-                   fontsize=9)
+    ax_r.set_title(
+        f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}", fontsize=9
+    )
     ax_r.set_ylim(bottom=0)
     ax_r.legend(fontsize=7)
     ax_d.set_yscale("log")
@@ -263,16 +301,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.ptq_eval",
         description="Post-training quantization of a trained SAC actor (QuaRL Table 1 style): evaluation return, "
-                    "action distance and KL to the fp32 policy at fp32, fp16 and int<n> per tensor / per channel. "
-                    "Writes <out_dir>/<name>.json and .png.")
-    parser.add_argument("--run_dir", type=pathlib.Path, default=DEFAULT_RUN_DIR,
-                        help="SAC run directory of `python -m experiments.sac` (default: the sac_reproduction fp32 "
-                             "cartpole-swingup seed 0 run)")
+        "action distance and KL to the fp32 policy at fp32, fp16 and int<n> per tensor / per channel. "
+        "Writes <out_dir>/<name>.json and .png.",
+    )
+    parser.add_argument(
+        "--run_dir",
+        type=pathlib.Path,
+        default=DEFAULT_RUN_DIR,
+        help="SAC run directory of `python -m experiments.sac` (default: the sac_reproduction fp32 "
+        "cartpole-swingup seed 0 run)",
+    )
     parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
-    parser.add_argument("--bits", type=_bits, default=list(DEFAULT_BITS),
-                        help=f"integer bit widths, comma-separated (default {','.join(map(str, DEFAULT_BITS))})")
-    parser.add_argument("--out_dir", type=pathlib.Path, default=DEFAULT_OUT_DIR,
-                        help="where the json and png go (default benchmarks/results)")
+    parser.add_argument(
+        "--bits",
+        type=_bits,
+        default=list(DEFAULT_BITS),
+        help=f"integer bit widths, comma-separated (default {','.join(map(str, DEFAULT_BITS))})",
+    )
+    parser.add_argument(
+        "--out_dir",
+        type=pathlib.Path,
+        default=DEFAULT_OUT_DIR,
+        help="where the json and png go (default benchmarks/results)",
+    )
     parser.add_argument("--name", default=RESULT_NAME, help=f"file name stem (default {RESULT_NAME})")
     args = parser.parse_args(argv)
     if args.episodes < 1:

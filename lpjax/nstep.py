@@ -92,16 +92,24 @@ class NStepAccumulator:
         for pending in self._pending:
             pending.reward += pending.multiplier * reward
             pending.multiplier *= self.gamma * discount
-        self._pending.append(_Pending(np.array(obs, np.float32), np.array(action, np.float32), reward,
-                                      self.gamma * discount))
+        self._pending.append(
+            _Pending(np.array(obs, np.float32), np.array(action, np.float32), reward, self.gamma * discount)
+        )
         done = [self._pending.popleft()] if len(self._pending) == self.n else []
         if episode_end:
             done += self._pending
             self._pending.clear()
         next_obs = np.asarray(next_obs, np.float32)
-        return [{"obs": p.obs, "action": p.action, "reward": np.asarray(p.reward, np.float32),
-                 "discount": np.asarray(p.multiplier, np.float32),
-                 "next_obs": next_obs.copy()} for p in done]
+        return [
+            {
+                "obs": p.obs,
+                "action": p.action,
+                "reward": np.asarray(p.reward, np.float32),
+                "discount": np.asarray(p.multiplier, np.float32),
+                "next_obs": next_obs.copy(),
+            }
+            for p in done
+        ]
 
     def reset(self) -> None:
         """Drops the pending steps without emitting them (e.g. when an episode is abandoned mid-way)."""

@@ -87,37 +87,46 @@ def replay_init(example_transition: Any, capacity: int) -> ReplayBuffer:
         raise ValueError(f"capacity must be an integer in [1, {MAX_CAPACITY}], got {capacity!r}.")
     leaves = jax.tree.leaves(example_transition)
     if not leaves:
-        raise ValueError("example_transition has no leaves: give a pytree of arrays (e.g. a dict of obs, action, "
-                         "reward, ...).")
+        raise ValueError(
+            "example_transition has no leaves: give a pytree of arrays (e.g. a dict of obs, action, reward, ...)."
+        )
     capacity = int(capacity)
 
     def slots(leaf):
         leaf = leaf if hasattr(leaf, "dtype") and hasattr(leaf, "shape") else jnp.asarray(leaf)
         return jnp.zeros((capacity,) + tuple(leaf.shape), _canonical_dtype(leaf))
 
-    return ReplayBuffer(data=jax.tree.map(slots, example_transition), insert_pos=jnp.zeros([], jnp.int32),
-                        size=jnp.zeros([], jnp.int32))
+    return ReplayBuffer(
+        data=jax.tree.map(slots, example_transition), insert_pos=jnp.zeros([], jnp.int32), size=jnp.zeros([], jnp.int32)
+    )
 
 
 def _check_batch(buffer: ReplayBuffer, transitions: Any) -> int:
     """Checks ``transitions`` against the buffer's layout; returns the batch size ``n``."""
     expected, got = jax.tree.structure(buffer.data), jax.tree.structure(transitions)
     if expected != got:
-        raise ValueError(f"transitions do not have the structure of the buffer's example transition.\n"
-                         f"  expected: {expected}\n  got:      {got}")
+        raise ValueError(
+            f"transitions do not have the structure of the buffer's example transition.\n"
+            f"  expected: {expected}\n  got:      {got}"
+        )
     sizes = set()
     for (path, slot), leaf in zip(jax.tree_util.tree_flatten_with_path(buffer.data)[0], jax.tree.leaves(transitions)):
         name = jax.tree_util.keystr(path) or "<root>"
         if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-            raise ValueError(f"transitions{name} must be an array with a leading batch axis, got "
-                             f"{type(leaf).__name__}.")
+            raise ValueError(
+                f"transitions{name} must be an array with a leading batch axis, got {type(leaf).__name__}."
+            )
         if tuple(leaf.shape[1:]) != tuple(slot.shape[1:]) or leaf.ndim != slot.ndim:
-            raise ValueError(f"transitions{name} has shape {list(leaf.shape)}; expected [n] + "
-                             f"{list(slot.shape[1:])} (a leading batch axis, then the example's shape).")
+            raise ValueError(
+                f"transitions{name} has shape {list(leaf.shape)}; expected [n] + "
+                f"{list(slot.shape[1:])} (a leading batch axis, then the example's shape)."
+            )
         if _canonical_dtype(leaf) != slot.dtype:
-            raise ValueError(f"transitions{name} has dtype {np.dtype(leaf.dtype).name}; the buffer stores "
-                             f"{np.dtype(slot.dtype).name}. Cast it explicitly (no silent conversion, e.g. of "
-                             "float pixels into uint8).")
+            raise ValueError(
+                f"transitions{name} has dtype {np.dtype(leaf.dtype).name}; the buffer stores "
+                f"{np.dtype(slot.dtype).name}. Cast it explicitly (no silent conversion, e.g. of "
+                "float pixels into uint8)."
+            )
         sizes.add(int(leaf.shape[0]))
     if len(sizes) != 1:
         raise ValueError(f"all leaves of transitions must have the same leading batch size, got {sorted(sizes)}.")
@@ -145,18 +154,26 @@ def replay_add(buffer: ReplayBuffer, transitions: Any) -> ReplayBuffer:
     """
     n, capacity = _check_batch(buffer, transitions), buffer.capacity
     if n > capacity:
-        raise ValueError(f"cannot add {n} transitions at once to a buffer of capacity {capacity}: split the batch "
-                         "or raise the capacity.")
+        raise ValueError(
+            f"cannot add {n} transitions at once to a buffer of capacity {capacity}: split the batch "
+            "or raise the capacity."
+        )
     if n == 0:
         return buffer
     # n <= capacity, so the n slots are distinct.
     slots = (buffer.insert_pos + jnp.arange(n, dtype=jnp.int32)) % capacity
     data = jax.tree.map(
-        lambda stored, new: stored.at[slots].set(new.astype(stored.dtype), unique_indices=True,
-                                                 mode="promise_in_bounds"),
-        buffer.data, transitions)
-    return ReplayBuffer(data=data, insert_pos=(buffer.insert_pos + n) % capacity,
-                        size=jnp.minimum(buffer.size + n, capacity).astype(jnp.int32))
+        lambda stored, new: stored.at[slots].set(
+            new.astype(stored.dtype), unique_indices=True, mode="promise_in_bounds"
+        ),
+        buffer.data,
+        transitions,
+    )
+    return ReplayBuffer(
+        data=data,
+        insert_pos=(buffer.insert_pos + n) % capacity,
+        size=jnp.minimum(buffer.size + n, capacity).astype(jnp.int32),
+    )
 
 
 def replay_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Any:

@@ -57,8 +57,9 @@ def _sampling_logprobs(logits: jax.Array, settings: SamplingSettings) -> jax.Arr
 
 
 @functools.partial(jax.jit, static_argnames=("model", "settings"))
-def sample(model: Any, params: Any, prompts: jax.Array, key: jax.Array, settings: SamplingSettings,
-           kv_scales: Any = None) -> dict[str, jax.Array]:
+def sample(
+    model: Any, params: Any, prompts: jax.Array, key: jax.Array, settings: SamplingSettings, kv_scales: Any = None
+) -> dict[str, jax.Array]:
     """Samples one completion per prompt row.
 
     Args:

@@ -12,8 +12,9 @@ from benchmarks import actor_inference as bench
 OTHER_ENV = "python3.0-jax0.0.0"  # written by the stand-in interpreter of --with_python, with torch
 STALE_ENV = "python2.9-jax0.0.0"  # already in the json before the run, without torch
 TORCH_VARIANTS = ["torch_fp32", bench.TORCH_INT8, "torch_int8_fbgemm"]
-VARIANTS = ([bench.JAX_FP32, *bench.XLA_INT8, bench.OURS, "ort_int8_u8u8", "ort_fp32", "ort_quantize_dynamic"]
-            + (TORCH_VARIANTS if bench.torch_available() else []))
+VARIANTS = [bench.JAX_FP32, *bench.XLA_INT8, bench.OURS, "ort_int8_u8u8", "ort_fp32", "ort_quantize_dynamic"] + (
+    TORCH_VARIANTS if bench.torch_available() else []
+)
 QUICK = ["--quick", "--rounds", "2", "--calls", "3", "--accuracy_obs", "8"]
 
 
@@ -33,7 +34,8 @@ def stand_in_python(directory, env, run):
         f"run = json.loads(pathlib.Path({str(directory / 'run.json')!r}).read_text())\n"
         "run['argv'] = sys.argv[1:]\n"
         "out = pathlib.Path(sys.argv[sys.argv.index('--out_dir') + 1])\n"
-        f"(out / 'actor_inference.json').write_text(json.dumps({{'environments': {{{env!r}: run}}}}))\n")
+        f"(out / 'actor_inference.json').write_text(json.dumps({{'environments': {{{env!r}: run}}}}))\n"
+    )
     script.chmod(0o755)
     return script
 
@@ -43,8 +45,11 @@ def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("actor_inference")
     stale = stored_run({bench.JAX_FP32: 3.0, bench.OURS: 1.0})
     (out / "actor_inference.json").write_text(json.dumps({"environments": {STALE_ENV: stale}}))
-    other = stand_in_python(tmp_path_factory.mktemp("other_python"), OTHER_ENV,
-                            stored_run({bench.JAX_FP32: 4.0, bench.OURS: 1.0, bench.TORCH_INT8: 2.0}))
+    other = stand_in_python(
+        tmp_path_factory.mktemp("other_python"),
+        OTHER_ENV,
+        stored_run({bench.JAX_FP32: 4.0, bench.OURS: 1.0, bench.TORCH_INT8: 2.0}),
+    )
     result = bench.main([*QUICK, "--out_dir", str(out), "--with_python", str(other)])
     assert (out / "actor_inference.png").stat().st_size > 0
     data = json.loads((out / "actor_inference.json").read_text())
@@ -74,7 +79,7 @@ def test_other_environments_are_run_kept_and_summarized(recorded):
     argv = recorded["environments"][OTHER_ENV]["argv"]  # what --with_python passed to the other interpreter
     out_dir = argv.index("--out_dir")
     assert argv[:2] == ["-m", "benchmarks.actor_inference"] and argv[out_dir + 1] != str(bench.DEFAULT_OUT_DIR)
-    passed = argv[2:out_dir] + argv[out_dir + 2:]
+    passed = argv[2:out_dir] + argv[out_dir + 2 :]
     assert passed == ["--no_plot", "--rounds", "2", "--calls", "3", "--accuracy_obs", "8", "--seed", "0", "--quick"]
     summary = {(row["environment"], row["variant"]): row for row in recorded["summary"]["rows"]}
     assert summary[(OTHER_ENV, bench.OURS)]["ratio_to_jax_fp32"] == 0.25
@@ -107,7 +112,8 @@ def test_config_versions_and_caveats_are_recorded(recorded):
     assert {"python", "jax", "onnxruntime", "onnx"} <= set(run["versions"])
     assert ("torch" in run["versions"]) == bench.torch_available()
     assert set(run["installed_mb"]) == {"jax", "jaxlib", "onnxruntime", "onnx"} | (
-        {"torch"} if bench.torch_available() else set())
+        {"torch"} if bench.torch_available() else set()
+    )
     assert all(mb > 0 for mb in run["installed_mb"].values())
     assert len(run["machine"]["loadavg_1_5_15_before"]) == len(run["machine"]["loadavg_1_5_15_after"]) == 3
     assert recorded["caveats"] == bench.CAVEATS
@@ -151,7 +157,8 @@ def test_torch_variants_are_measured_and_agree_with_their_references(recorded):
     if not recorded["environments"][bench.environment_key()]["config"]["u8s8_saturates"]:
         for batch in ("batch_1", "batch_8"):
             assert acc[batch]["torch_int8_fbgemm"]["vs_dequantized_int8_float64"]["rel_rms_mean"] == pytest.approx(
-                acc[batch][bench.OURS]["vs_dequantized_int8_float64"]["rel_rms_mean"], rel=0.05)
+                acc[batch][bench.OURS]["vs_dequantized_int8_float64"]["rel_rms_mean"], rel=0.05
+            )
 
 
 def test_rejects_bad_arguments():

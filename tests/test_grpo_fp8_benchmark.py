@@ -14,8 +14,9 @@ def test_byte_model():
 
 
 def test_toy_run_records_curves_and_bytes(tmp_path):
-    result = bench.main(["--iterations", "10", "--seeds", "0", "--runs_dir", str(tmp_path / "runs"),
-                         "--out_dir", str(tmp_path)])
+    result = bench.main(
+        ["--iterations", "10", "--seeds", "0", "--runs_dir", str(tmp_path / "runs"), "--out_dir", str(tmp_path)]
+    )
     recorded = json.loads((tmp_path / "grpo_fp8.json").read_text())
     assert (tmp_path / "grpo_fp8.png").stat().st_size > 0
     assert set(recorded["runs"]) == set(bench.CONFIGS) and recorded["ratio_to_fp32"]["fp32"] == 1.0

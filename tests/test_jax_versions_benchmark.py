@@ -13,14 +13,20 @@ RESULTS = pathlib.Path(jax_versions.__file__).parent / "results" / "jax_versions
 
 
 def _sample(jax_version, scale):
-    return {"jax": jax_version, "python": "3.x", "xla_flags": "",
-            **{w: (1.0, scale * (i + 1)) for i, w in enumerate(jax_versions.WORKLOADS)}}
+    return {
+        "jax": jax_version,
+        "python": "3.x",
+        "xla_flags": "",
+        **{w: (1.0, scale * (i + 1)) for i, w in enumerate(jax_versions.WORKLOADS)},
+    }
 
 
 def test_summary_takes_ratios_round_by_round_and_marks_unsupported_flags():
-    rounds = {"oldest/default": [_sample("0.10.2", 1.0), _sample("0.10.2", 3.0)],
-              "newest/default": [_sample("0.12", 2.0), _sample("0.12", 3.0)],
-              "newest/xnnpack_off": []}
+    rounds = {
+        "oldest/default": [_sample("0.10.2", 1.0), _sample("0.10.2", 3.0)],
+        "newest/default": [_sample("0.12", 2.0), _sample("0.12", 3.0)],
+        "newest/xnnpack_off": [],
+    }
     summary = jax_versions.summarize(rounds)
     assert summary["newest/xnnpack_off"] == {"supported": False}
     newest = summary["newest/default"]

@@ -86,9 +86,14 @@ def test_fed_arrays_are_copied_and_reset_drops_pending():
     assert len(acc) == 0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n=0, gamma=0.9), "n must be"), (dict(n=2.5, gamma=0.9), "n must be"), (dict(n=2, gamma=1.5), "gamma"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n=0, gamma=0.9), "n must be"),
+        (dict(n=2.5, gamma=0.9), "n must be"),
+        (dict(n=2, gamma=1.5), "gamma"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NStepAccumulator(**kwargs)

@@ -26,12 +26,12 @@ from lpjax import numerics
 
 K = numerics.SOFTPLUS_LIMIT
 F16_MAX = 65504.0
-F16_TINY = 2.0 ** -14          # smallest normal float16
-F16_SUBNORMAL = 2.0 ** -24     # smallest subnormal float16 (spacing of the subnormals)
+F16_TINY = 2.0**-14  # smallest normal float16
+F16_SUBNORMAL = 2.0**-24  # smallest subnormal float16 (spacing of the subnormals)
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 # Every finite float16 value (63,488 of them), as float16 and as exact float64.
-_ALL = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+_ALL = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 ALL_F16 = _ALL[np.isfinite(_ALL)]
 ALL_F64 = ALL_F16.astype(np.float64)
 
@@ -45,7 +45,7 @@ def ulp16(ref) -> np.ndarray:
 def ulp_bf16(ref) -> np.ndarray:
     """Spacing of bfloat16 (8 significant bits) at |ref|, for normal values."""
     r = np.abs(np.asarray(ref, np.float64))
-    return 2.0 ** (np.floor(np.log2(np.maximum(r, 2.0 ** -126))) - 7)
+    return 2.0 ** (np.floor(np.log2(np.maximum(r, 2.0**-126))) - 7)
 
 
 def f64(x) -> np.ndarray:
@@ -73,6 +73,7 @@ normal_grad_j = jax.jit(jax.vmap(jax.grad(numerics.normal_log_prob, argnums=(0, 
 
 
 # --- the naive (textbook / PyTorch-style) formulas the fixes replace ------------------------------------------
+
 
 def naive_softplus(x):
     """torch.nn.functional.softplus(x, threshold=20): linear only above 20, exp(x) overflows fp16 above 11.09."""
@@ -109,13 +110,14 @@ naive_hypot_grad_j = jax.jit(jax.vmap(jax.grad(naive_hypot, argnums=(0, 1))))
 
 # --- float64 references (numpy) --------------------------------------------------------------------------------
 
+
 def ref_softplus(x):
     return np.logaddexp(0.0, f64(x))
 
 
 def ref_normal(x, loc, scale):
     x, loc, scale = f64(x), f64(loc), f64(scale)
-    return -(x - loc) ** 2 / (2.0 * scale ** 2) - np.log(scale) - HALF_LOG_2PI
+    return -((x - loc) ** 2) / (2.0 * scale**2) - np.log(scale) - HALF_LOG_2PI
 
 
 def ref_tanh_ldj(u):
@@ -140,6 +142,7 @@ def ref_standardize(w, eps=1e-5):
 # softplus
 # ======================================================================================================
 
+
 @given(x=st.floats(-700.0, 700.0), limit=st.sampled_from([K, 1.0, 5.0, 20.0, 30.0]))
 def test_softplus_float64_equals_log1p_exp_up_to_exp_minus_k(run_x64, x, limit):
     got = float(run_x64(softplus_j, np.float64(x), limit))
@@ -147,7 +150,7 @@ def test_softplus_float64_equals_log1p_exp_up_to_exp_minus_k(run_x64, x, limit):
     if x <= limit:
         assert got == pytest.approx(textbook, rel=1e-15, abs=0.0)
     else:
-        assert got == x                                   # the identity branch, exactly
+        assert got == x  # the identity branch, exactly
         assert 0.0 <= textbook - got <= math.exp(-limit)  # the documented bound
 
 
@@ -170,13 +173,13 @@ def test_softplus_float16_is_within_1_5_ulp_for_every_float16_input():
 
 
 def test_softplus_float16_naive_threshold_20_overflows_on_11_1_to_20_and_fix_does_not():
-    x = ALL_F16[(ALL_F64 > 11.1) & (ALL_F64 <= 20.0)]   # 570 values
+    x = ALL_F16[(ALL_F64 > 11.1) & (ALL_F64 <= 20.0)]  # 570 values
     assert x.size > 500
     assert np.all(np.isposinf(f64(naive_softplus_j(x))))
-    assert np.all(np.isnan(f64(naive_softplus_grad_j(x))))          # sigmoid via inf/inf
+    assert np.all(np.isnan(f64(naive_softplus_grad_j(x))))  # sigmoid via inf/inf
     got = f64(softplus_j(x))
     assert np.all(np.abs(got - ref_softplus(x)) <= 0.5 * ulp16(x))
-    np.testing.assert_array_equal(f64(softplus_grad_j(x)), 1.0)    # sigmoid(x) rounds to 1 in fp16
+    np.testing.assert_array_equal(f64(softplus_grad_j(x)), 1.0)  # sigmoid(x) rounds to 1 in fp16
     # Sanity of the demonstration: below log(65504) = 11.09 the naive form is still fine.
     below = ALL_F16[(ALL_F64 > 0.0) & (ALL_F64 < 11.0)]
     assert np.all(np.isfinite(f64(naive_softplus_j(below))))
@@ -210,7 +213,7 @@ def test_softplus_bfloat16_is_within_1_ulp_and_gradients_are_finite():
     x = jnp.asarray(np.linspace(-80.0, 200.0, 4001), jnp.bfloat16)
     got = f64(softplus_j(x))
     ref = ref_softplus(x)
-    ok = ref >= 2.0 ** -126
+    ok = ref >= 2.0**-126
     assert np.max((np.abs(got - ref) / ulp_bf16(ref))[ok]) <= 1.0
     assert np.all(np.isfinite(f64(softplus_grad_j(x))))
 
@@ -219,11 +222,12 @@ def test_softplus_bfloat16_is_within_1_ulp_and_gradients_are_finite():
 # normal_log_prob
 # ======================================================================================================
 
+
 @given(x=st.floats(-1e6, 1e6), loc=st.floats(-1e6, 1e6), log_scale=st.floats(-20.0, 10.0))
 def test_normal_log_prob_float64_equals_textbook(run_x64, x, loc, log_scale):
     scale = math.exp(log_scale)
     got = float(run_x64(normal_j, np.float64(x), np.float64(loc), np.float64(scale)))
-    textbook = -(x - loc) ** 2 / (2 * scale ** 2) - math.log(scale) - 0.5 * math.log(2 * math.pi)
+    textbook = -((x - loc) ** 2) / (2 * scale**2) - math.log(scale) - 0.5 * math.log(2 * math.pi)
     # A sum of three terms: the rounding error is relative to the largest one.
     largest = max(0.5 * ((x - loc) / scale) ** 2, abs(log_scale), 1.0)
     assert abs(got - textbook) <= 1e-14 * largest
@@ -253,7 +257,7 @@ def test_normal_log_prob_float16_small_sigma_naive_fails_fix_is_accurate(log_sca
     assert np.all(np.abs(got - ref) <= 6 * ulp16(largest))
     naive = f64(naive_normal_j(x, loc, scale))
     if log_scale == -10.0:
-        assert not np.any(np.isfinite(naive))                      # x/0: -inf, and 0/0 = nan at x == mu
+        assert not np.any(np.isfinite(naive))  # x/0: -inf, and 0/0 = nan at x == mu
     else:
         assert np.nanmax(np.abs(naive - ref) / np.abs(ref)) > 0.25  # 25% off (one significant bit in sigma^2)
 
@@ -263,7 +267,7 @@ def test_normal_log_prob_float16_large_deviation_naive_overflows_fix_does_not():
     loc = np.array([0.0, 0.0, 10.0, 0.0, 5000.0], np.float16)
     scale = np.array([2.0, 2.0, 10.0, 100.0, 300.0], np.float16)
     naive = f64(naive_normal_j(x, loc, scale))
-    assert not np.any(np.isfinite(naive))       # (x - mu)^2 > 65504: -inf (or inf/inf = nan when 2 sigma^2 > 65504)
+    assert not np.any(np.isfinite(naive))  # (x - mu)^2 > 65504: -inf (or inf/inf = nan when 2 sigma^2 > 65504)
     got = f64(normal_j(x, loc, scale))
     ref = ref_normal(x, loc, scale)
     assert np.all(np.isfinite(got))
@@ -279,7 +283,7 @@ def test_normal_log_prob_float16_within_6_ulp_of_largest_term(loc, log_scale, z)
     x = np.float16(float(loc) + z * float(scale))
     assume(np.isfinite(x))
     zz = (float(x) - float(loc)) / float(scale)
-    assume(abs(zz) <= 255.0)      # z^2 representable; see test_normal_log_prob_float16_finite_when_representable
+    assume(abs(zz) <= 255.0)  # z^2 representable; see test_normal_log_prob_float16_finite_when_representable
     got = float(normal_j(x, loc, scale))
     ref = float(ref_normal(x, loc, scale))
     largest = max(0.5 * zz * zz, abs(math.log(float(scale))), HALF_LOG_2PI)
@@ -290,7 +294,7 @@ def test_normal_log_prob_float16_finite_when_representable():
     x = np.array([300.0, -300.0, 350.0], np.float16)
     loc = np.zeros(3, np.float16)
     scale = np.ones(3, np.float16)
-    ref = ref_normal(x, loc, scale)           # -45000.9, -45000.9, -61250.9
+    ref = ref_normal(x, loc, scale)  # -45000.9, -45000.9, -61250.9
     assert np.all(ref > -F16_MAX)
     got = f64(normal_j(x, loc, scale))
     assert np.all(np.abs(got - ref) <= 4 * ulp16(ref))
@@ -306,7 +310,7 @@ def test_normal_log_prob_float16_x_and_loc_gradients_finite_at_tiny_sigma_where_
     np.testing.assert_allclose(dx, -z / S, rtol=4e-3, atol=1e-3)
     np.testing.assert_allclose(dloc, z / S, rtol=4e-3, atol=1e-3)
     naive = np.stack([f64(g) for g in naive_normal_grad_j(x, loc, scale)])
-    assert not np.any(np.isfinite(naive))                     # sigma^2 = 0: inf and 0/0 = nan
+    assert not np.any(np.isfinite(naive))  # sigma^2 = 0: inf and 0/0 = nan
 
 
 def test_normal_log_prob_float16_scale_gradient_accurate_down_to_sigma_e_minus_5():
@@ -327,7 +331,7 @@ def test_normal_log_prob_float16_scale_gradient_finite_at_tiny_sigma():
     x = np.array([0.0, 2e-5, -5e-5, 1e-4], np.float16)
     _, _, dscale = normal_grad_j(x, loc, scale)
     Z = f64(x) / f64(scale)
-    ref = (Z * Z - 1) / f64(scale)            # -22017, -17736, 4675, 84750 (inf in fp16)
+    ref = (Z * Z - 1) / f64(scale)  # -22017, -17736, 4675, 84750 (inf in fp16)
     rep = np.abs(ref) <= F16_MAX
     np.testing.assert_allclose(f64(dscale)[rep], ref[rep], rtol=1e-2)
 
@@ -346,6 +350,7 @@ def test_normal_log_prob_bfloat16_spot_check():
 # tanh_log_det_jacobian
 # ======================================================================================================
 
+
 @given(u=st.floats(-5.0, 5.0))
 def test_tanh_log_det_jacobian_float64_equals_log_one_minus_tanh_squared(run_x64, u):
     got = float(run_x64(tanh_ldj_j, np.float64(u)))
@@ -359,7 +364,7 @@ def test_tanh_log_det_jacobian_float64_equals_minus_two_log_cosh_up_to_2_exp_min
     """Exact for u >= -K/2; for u < -K/2 softplus(-2u) takes softplus-fix's linear branch, so the result is off by
     2 log1p(exp(2u)) <= 2 exp(-K) = 9.1e-5 (see test_tanh_log_det_jacobian_exact_in_float64_and_float32)."""
     got = float(run_x64(tanh_ldj_j, np.float64(u)))
-    ref = float(ref_tanh_ldj(u))                 # log(1 - tanh^2) = -2 log cosh(u), no overflow
+    ref = float(ref_tanh_ldj(u))  # log(1 - tanh^2) = -2 log cosh(u), no overflow
     assert got <= 1e-15
     extra = 2.0 * math.log1p(math.exp(2.0 * u)) if u < -K / 2 else 0.0
     assert extra <= 2.0 * math.exp(-K)
@@ -372,13 +377,13 @@ def test_tanh_log_det_jacobian_exact_in_float64_and_float32(run_x64, dtype):
     got = f64(run_x64(lambda: tanh_ldj_j(jnp.asarray(u, dtype))))
     mirrored = f64(run_x64(lambda: tanh_ldj_j(jnp.asarray(-u, dtype))))
     rtol = 1e-13 if dtype == "float64" else 1e-6
-    np.testing.assert_allclose(got, ref_tanh_ldj(u), rtol=rtol)     # u = -5.01: off by 8.9e-5
+    np.testing.assert_allclose(got, ref_tanh_ldj(u), rtol=rtol)  # u = -5.01: off by 8.9e-5
     np.testing.assert_allclose(got, mirrored, rtol=rtol)
 
 
 def test_tanh_log_det_jacobian_float16_naive_is_minus_inf_beyond_4_5_fix_is_accurate():
     u = ALL_F16[(np.abs(ALL_F64) >= 4.51) & (np.abs(ALL_F64) <= 30.0)]
-    assert np.all(np.isneginf(f64(naive_tanh_ldj_j(u))))            # tanh rounds to +-1: log(0)
+    assert np.all(np.isneginf(f64(naive_tanh_ldj_j(u))))  # tanh rounds to +-1: log(0)
     assert np.all(np.isnan(f64(naive_tanh_ldj_grad_j(u))))
     far = u[np.abs(f64(u)) >= 8.0]
     # The "+ 1e-6" does not rescue it: the result saturates at one value (log of float16's 1e-6, or -inf where the
@@ -400,18 +405,18 @@ def test_tanh_log_det_jacobian_float16_error_bound_for_every_float16_input():
     representable = ref >= -F16_MAX
     assert np.all(np.isfinite(got[representable]))
     err = np.abs(got - ref)
-    assert np.all((err <= 4 * ulp16(ref) + 2.0 ** -8)[representable])
+    assert np.all((err <= 4 * ulp16(ref) + 2.0**-8)[representable])
     # Away from zero the error is a few ulps, no floor needed.
     away = representable & (np.abs(ALL_F64) >= 2.0)
     assert np.all((err <= 3 * ulp16(ref))[away])
 
 
 def test_tanh_log_det_jacobian_float16_gradient_finite_and_accurate_except_at_minus_k_over_2():
-    u = ALL_F16[ALL_F64 != -K / 2]    # u == -K/2 exactly: see test_tanh_log_det_jacobian_gradient_at_minus_k_over_2
+    u = ALL_F16[ALL_F64 != -K / 2]  # u == -K/2 exactly: see test_tanh_log_det_jacobian_gradient_at_minus_k_over_2
     got = f64(tanh_ldj_grad_j(u))
     ref = -2.0 * np.tanh(f64(u))
     assert np.all(np.isfinite(got))
-    assert np.all(np.abs(got - ref) <= 4 * ulp16(ref) + 2.0 ** -8)
+    assert np.all(np.abs(got - ref) <= 4 * ulp16(ref) + 2.0**-8)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -423,16 +428,17 @@ def test_tanh_log_det_jacobian_gradient_at_minus_k_over_2(dtype):
 def test_tanh_log_det_jacobian_bfloat16_spot_check():
     u = jnp.asarray(np.linspace(-40.0, 40.0, 801), jnp.bfloat16)
     U = f64(u)
-    assert not np.all(np.isfinite(f64(naive_tanh_ldj_j(u))[np.abs(U) >= 3.5]))   # bf16 tanh is 1 already at 3.5
+    assert not np.all(np.isfinite(f64(naive_tanh_ldj_j(u))[np.abs(U) >= 3.5]))  # bf16 tanh is 1 already at 3.5
     got = f64(tanh_ldj_j(u))
     ref = ref_tanh_ldj(u)
     assert np.all(np.isfinite(got))
-    assert np.all(np.abs(got - ref) <= 4 * ulp_bf16(ref) + 2.0 ** -5)
+    assert np.all(np.abs(got - ref) <= 4 * ulp_bf16(ref) + 2.0**-5)
 
 
 # ======================================================================================================
 # tanh_normal_log_prob
 # ======================================================================================================
+
 
 @given(u=st.floats(-50.0, 50.0), loc=st.floats(-20.0, 20.0), log_scale=st.floats(-10.0, 3.0))
 def test_tanh_normal_log_prob_float64_equals_textbook(run_x64, u, loc, log_scale):
@@ -440,10 +446,10 @@ def test_tanh_normal_log_prob_float64_equals_textbook(run_x64, u, loc, log_scale
     got = float(run_x64(tanh_normal_j, np.float64(u), np.float64(loc), np.float64(scale)))
     textbook = float(ref_normal(u, loc, scale) - ref_tanh_ldj(u))
     largest = max(0.5 * ((u - loc) / scale) ** 2, abs(log_scale), 2 * abs(u), 1.0)
-    extra = 2.0 * math.log1p(math.exp(2.0 * u)) if u < -K / 2 else 0.0   # softplus-fix inside the log-det
+    extra = 2.0 * math.log1p(math.exp(2.0 * u)) if u < -K / 2 else 0.0  # softplus-fix inside the log-det
     assert abs(got - textbook) <= 1e-14 * largest + extra
-    if abs(u) <= 5:   # literal log(1 - tanh(u)^2) is accurate enough here
-        literal = -(u - loc) ** 2 / (2 * scale ** 2) - log_scale - HALF_LOG_2PI - math.log(1 - math.tanh(u) ** 2)
+    if abs(u) <= 5:  # literal log(1 - tanh(u)^2) is accurate enough here
+        literal = -((u - loc) ** 2) / (2 * scale**2) - log_scale - HALF_LOG_2PI - math.log(1 - math.tanh(u) ** 2)
         assert abs(got - literal) <= 1e-14 * largest + 1e-11
 
 
@@ -463,12 +469,12 @@ def test_tanh_normal_log_prob_float16_sac_batch_fix_accurate_naive_not():
     U = f64(u)
     ref = ref_normal(U, loc, scale) - ref_tanh_ldj(U)
     zz = (U - f64(loc)) / f64(scale)
-    largest = np.maximum.reduce([0.5 * zz ** 2, np.abs(np.log(f64(scale))), np.abs(ref_tanh_ldj(U)), np.ones_like(U)])
+    largest = np.maximum.reduce([0.5 * zz**2, np.abs(np.log(f64(scale))), np.abs(ref_tanh_ldj(U)), np.ones_like(U)])
     assert np.all(np.isfinite(got))
-    assert np.all(np.abs(got - ref) <= 6 * ulp16(largest) + 2.0 ** -8)
+    assert np.all(np.abs(got - ref) <= 6 * ulp16(largest) + 2.0**-8)
     naive = f64(naive_normal_j(u, loc, scale) - naive_tanh_ldj_eps_j(u))
     wrong = ~np.isfinite(naive) | (np.abs(naive - ref) > 1.0)
-    assert wrong.mean() > 0.3          # every |u| > ~8 (and often |u| > 4.5)
+    assert wrong.mean() > 0.3  # every |u| > ~8 (and often |u| > 4.5)
 
 
 def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
@@ -479,8 +485,12 @@ def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
         return jnp.sum(fn(m + s * e, m, s).astype(jnp.float32))
 
     ours = jax.jit(jax.grad(lambda m, s, e: loss(numerics.tanh_normal_log_prob, m, s, e), argnums=(0, 1)))
-    naive = jax.jit(jax.grad(lambda m, s, e: loss(
-        lambda u, mm, ss: naive_normal_log_prob(u, mm, ss) - naive_tanh_ldj(u), m, s, e), argnums=(0, 1)))
+    naive = jax.jit(
+        jax.grad(
+            lambda m, s, e: loss(lambda u, mm, ss: naive_normal_log_prob(u, mm, ss) - naive_tanh_ldj(u), m, s, e),
+            argnums=(0, 1),
+        )
+    )
     g_ours = [f64(g) for g in ours(loc, scale, eps)]
     g_naive = [f64(g) for g in naive(loc, scale, eps)]
     assert all(np.all(np.isfinite(g)) for g in g_ours)
@@ -488,8 +498,8 @@ def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
     # d/dmu: the normal term does not depend on mu (u - mu = sigma eps); only -log(1 - tanh^2) does: 2 tanh(u).
     # In float16 the two +-z/sigma contributions of the normal term cancel only up to their rounding.
     U = f64(jax.jit(lambda m, s, e: m + s * e)(loc, scale, eps))
-    safe = U != -K / 2     # u == -5.0 exactly (2 of these 4096 samples): test_tanh_log_det_jacobian_gradient_at_...
-    tol = 4 * ulp16(np.abs(f64(eps)) / f64(scale)) + 2.0 ** -7
+    safe = U != -K / 2  # u == -5.0 exactly (2 of these 4096 samples): test_tanh_log_det_jacobian_gradient_at_...
+    tol = 4 * ulp16(np.abs(f64(eps)) / f64(scale)) + 2.0**-7
     assert np.all((np.abs(g_ours[0] - 2 * np.tanh(U)) <= tol)[safe])
 
 
@@ -497,16 +507,21 @@ def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
 # weight_standardize
 # ======================================================================================================
 
-@given(shape=st.sampled_from([(2, 1), (3, 5), (64, 8), (4, 4, 3, 6), (3, 3, 16, 2), (1000, 3)]),
-       log10_scale=st.floats(-2.0, 4.0), offset=st.floats(-1e3, 1e3), eps=st.sampled_from([1e-5, 1e-3, 0.0]),
-       seed=st.integers(0, 2 ** 31))
+
+@given(
+    shape=st.sampled_from([(2, 1), (3, 5), (64, 8), (4, 4, 3, 6), (3, 3, 16, 2), (1000, 3)]),
+    log10_scale=st.floats(-2.0, 4.0),
+    offset=st.floats(-1e3, 1e3),
+    eps=st.sampled_from([1e-5, 1e-3, 0.0]),
+    seed=st.integers(0, 2**31),
+)
 def test_weight_standardize_float64_equals_numpy_per_output_column(run_x64, shape, log10_scale, offset, eps, seed):
     rng = np.random.default_rng(seed)
-    w = offset + 10.0 ** log10_scale * rng.standard_normal(shape)
+    w = offset + 10.0**log10_scale * rng.standard_normal(shape)
     got = run_x64(numerics.weight_standardize, w, eps)
     assert got.shape == shape and got.dtype == np.float64
     # (w - mean) cancels: absolute error ~ eps_64 * |offset| / std.
-    atol = 1e-13 * (1.0 + abs(offset) / 10.0 ** log10_scale)
+    atol = 1e-13 * (1.0 + abs(offset) / 10.0**log10_scale)
     np.testing.assert_allclose(np.asarray(got), ref_standardize(w, eps), rtol=1e-9, atol=atol)
     if eps == 0.0:
         axes = tuple(range(len(shape) - 1))
@@ -525,13 +540,13 @@ def test_weight_standardize_float16_large_weights_naive_overflows_fix_is_exact()
     w = (3000.0 + 1000.0 * rng.standard_normal((4096, 8))).astype(np.float16)
 
     @jax.jit
-    def naive(k):   # everything in float16
+    def naive(k):  # everything in float16
         m = jnp.mean(k, axis=0)
         v = jnp.mean(jnp.square(k - m), axis=0)
         return (k - m) / jnp.sqrt(v + 1e-5)
 
     out_naive = f64(naive(w))
-    assert np.all(np.abs(out_naive.std(axis=0) - 1.0) > 0.5)       # (k - m)^2 overflows: var = inf, output ~0
+    assert np.all(np.abs(out_naive.std(axis=0) - 1.0) > 0.5)  # (k - m)^2 overflows: var = inf, output ~0
     got = standardize_j(w)
     assert got.dtype == jnp.float16
     ref = ref_standardize(w)
@@ -552,7 +567,7 @@ def test_weight_standardize_low_precision_conv_kernel_and_constant_columns(dtype
     # (the cancellation in w - mean, with |mean| / std up to 5 here).
     tol = ulp16(ref) if dtype == "float16" else ulp_bf16(ref) if dtype == "bfloat16" else 2e-6
     assert np.all(np.abs(f64(got) - ref) <= tol)
-    np.testing.assert_array_equal(f64(got)[..., 3], 0.0)            # constant column: 0, not nan
+    np.testing.assert_array_equal(f64(got)[..., 3], 0.0)  # constant column: 0, not nan
 
 
 # ======================================================================================================
@@ -566,7 +581,7 @@ _moderate_f64 = st.one_of(st.just(0.0), st.floats(1e-150, 1e150), st.floats(-1e1
 def test_hypot_float64_equals_sqrt_of_sum_of_squares(run_x64, x, y):
     got = float(run_x64(hypot_j, np.float64(x), np.float64(y)))
     assert got == pytest.approx(math.sqrt(x * x + y * y), rel=1e-15, abs=0.0)
-    assert got == float(run_x64(hypot_j, np.float64(-y), np.float64(x)))      # symmetric, sign-blind
+    assert got == float(run_x64(hypot_j, np.float64(-y), np.float64(x)))  # symmetric, sign-blind
 
 
 @given(x=st.floats(-1e300, 1e300), y=st.floats(-1e300, 1e300))
@@ -578,8 +593,15 @@ def test_hypot_float64_does_not_overflow_where_the_result_is_finite(run_x64, x, 
 
 
 _NAIVE_HYPOT_CASES = [  # (x, y): squares overflow (> 65504) or underflow (< 2^-24) in float16
-    (300.0, 400.0), (-3e4, 4e4), (60000.0, 1.0), (256.0, 256.0),
-    (1e-4, 1e-4), (3e-5, 4e-5), (-2e-4, 0.0), (6e-8, 6e-8)]
+    (300.0, 400.0),
+    (-3e4, 4e4),
+    (60000.0, 1.0),
+    (256.0, 256.0),
+    (1e-4, 1e-4),
+    (3e-5, 4e-5),
+    (-2e-4, 0.0),
+    (6e-8, 6e-8),
+]
 
 
 @pytest.mark.parametrize("x,y", _NAIVE_HYPOT_CASES)
@@ -593,25 +615,24 @@ def test_hypot_float16_naive_overflows_or_underflows_fix_is_accurate(x, y):
 
 
 def test_hypot_float16_diagonal_naive_fails_outside_sqrt_range_fix_within_2_ulp():
-    x = ALL_F16[(ALL_F64 >= 0) & (ALL_F64 <= 46000.0)]       # hypot(x, x) = 1.414 x <= 65054
+    x = ALL_F16[(ALL_F64 >= 0) & (ALL_F64 <= 46000.0)]  # hypot(x, x) = 1.414 x <= 65054
     ref = math.sqrt(2.0) * f64(x)
     got = f64(hypot_j(x, x))
     assert np.all(np.abs(got - ref) <= 2 * ulp16(ref))
     naive = f64(naive_hypot_j(x, x))
-    assert np.all(np.isposinf(naive[f64(x) > 182.0]))        # 2 x^2 > 65504
+    assert np.all(np.isposinf(naive[f64(x) > 182.0]))  # 2 x^2 > 65504
     tiny = (f64(x) > 0) & (f64(x) < 1e-4)
     assert np.all(np.abs(naive - ref)[tiny] > 0.1 * ref[tiny])  # x^2 underflows
 
 
-@given(xy=st.lists(st.tuples(fp16_floats(-F16_MAX, F16_MAX), fp16_floats(-F16_MAX, F16_MAX)),
-                   min_size=32, max_size=32))
+@given(xy=st.lists(st.tuples(fp16_floats(-F16_MAX, F16_MAX), fp16_floats(-F16_MAX, F16_MAX)), min_size=32, max_size=32))
 def test_hypot_float16_within_2_5_ulp_of_float64(xy):
     """Bound: 2.5 float16 ulps of the result when it is normal; 1.5 x 2^-24 absolute when it is subnormal."""
     x = np.array([a for a, _ in xy], np.float16)
     y = np.array([b for _, b in xy], np.float16)
     ref = np.hypot(f64(x), f64(y))
     got = f64(hypot_j(x, y))
-    rep = ref <= 65000.0     # rounding to 65504 vs inf is ambiguous in the last half ulp
+    rep = ref <= 65000.0  # rounding to 65504 vs inf is ambiguous in the last half ulp
     err = np.abs(got - ref)
     assert np.all(np.isfinite(got[rep]))
     assert np.all((err <= np.where(ref >= F16_TINY, 2.5 * ulp16(ref), 1.5 * F16_SUBNORMAL))[rep])
@@ -654,11 +675,11 @@ def test_hypot_float16_gradient_finite_where_naive_is_not():
     h = np.hypot(f64(x), f64(y))
     safe = np.where(h > 0, h, 1.0)
     gx, gy = (f64(g) for g in hypot_grad_j(x, y))
-    np.testing.assert_allclose(gx, f64(x) / safe, atol=2.0 ** -9)
-    np.testing.assert_allclose(gy, f64(y) / safe, atol=2.0 ** -9)
+    np.testing.assert_allclose(gx, f64(x) / safe, atol=2.0**-9)
+    np.testing.assert_allclose(gy, f64(y) / safe, atol=2.0**-9)
     ngx, ngy = (f64(g) for g in naive_hypot_grad_j(x, y))
     bad = ~np.isfinite(ngx) | ~np.isfinite(ngy) | (np.abs(ngx - f64(x) / safe) > 0.1)
-    assert bad[:5].all()         # overflow (grad 0 = x/inf), overflow, underflow (x/0), underflow, origin (0/0)
+    assert bad[:5].all()  # overflow (grad 0 = x/inf), overflow, underflow (x/0), underflow, origin (0/0)
 
 
 @given(xy=st.lists(st.tuples(fp16_floats(-3e4, 3e4), fp16_floats(-3e4, 3e4)), min_size=32, max_size=32))
@@ -672,15 +693,16 @@ def test_hypot_float16_gradient_within_2_ulp_of_x_over_h(xy):
     assert np.all(np.isfinite(gx)) and np.all(np.isfinite(gy))
     normal = h >= F16_TINY
     safe = np.where(h > 0, h, 1.0)
-    assert np.all((np.abs(gx - f64(x) / safe) <= 2.0 ** -9)[normal])
-    assert np.all((np.abs(gy - f64(y) / safe) <= 2.0 ** -9)[normal])
+    assert np.all((np.abs(gx - f64(x) / safe) <= 2.0**-9)[normal])
+    assert np.all((np.abs(gy - f64(y) / safe) <= 2.0**-9)[normal])
 
 
 def test_hypot_float64_second_derivative_through_custom_jvp(x64):
     hess = jax.hessian(numerics.hypot, argnums=(0, 1))(3.0, 4.0)
     # d2h/dx2 = y^2/h^3, d2h/dxdy = -xy/h^3, d2h/dy2 = x^2/h^3 at h = 5
-    np.testing.assert_allclose(np.array(hess, dtype=np.float64), [[16 / 125, -12 / 125], [-12 / 125, 9 / 125]],
-                               rtol=1e-14)
+    np.testing.assert_allclose(
+        np.array(hess, dtype=np.float64), [[16 / 125, -12 / 125], [-12 / 125, 9 / 125]], rtol=1e-14
+    )
 
 
 def test_hypot_bfloat16_spot_check():
@@ -690,20 +712,21 @@ def test_hypot_bfloat16_spot_check():
     got = f64(hypot_j(x, y))
     assert np.all(np.abs(got - ref) <= ulp_bf16(ref))
     naive = f64(naive_hypot_j(x, y))
-    assert not np.isfinite(naive[:2]).any()                  # squares overflow bfloat16 (max 3.4e38)
-    assert abs(naive[2] - ref[2]) > 0.1 * ref[2]             # squares underflow (1e-50)
+    assert not np.isfinite(naive[:2]).any()  # squares overflow bfloat16 (max 3.4e38)
+    assert abs(naive[2] - ref[2]) > 0.1 * ref[2]  # squares underflow (1e-50)
 
 
 # ======================================================================================================
 # dtypes
 # ======================================================================================================
 
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_every_primitive_computes_and_returns_in_its_input_dtype(dtype):
     x = jnp.linspace(-3, 3, 6, dtype=dtype)
     outs = {
         "softplus": numerics.softplus(x),
-        "normal_log_prob": numerics.normal_log_prob(x, 0.5, 2.0),   # Python-scalar loc/scale do not promote
+        "normal_log_prob": numerics.normal_log_prob(x, 0.5, 2.0),  # Python-scalar loc/scale do not promote
         "tanh_log_det_jacobian": numerics.tanh_log_det_jacobian(x),
         "tanh_normal_log_prob": numerics.tanh_normal_log_prob(x, 0.0, 1.0),
         "weight_standardize": numerics.weight_standardize(x.reshape(3, 2)),

@@ -30,20 +30,23 @@ def dtypes(policy: Policy):
 
 # --- names ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name,expected", NAMED.items())
 def test_named_policies_have_the_documented_dtypes(name, expected):
     policy = get_policy(name)
     assert dtypes(policy) == expected
     assert all(isinstance(d, np.dtype) for d in dtypes(policy))
-    assert get_policy(f"  {name.upper()} ") == policy        # case and surrounding blanks are ignored
+    assert get_policy(f"  {name.upper()} ") == policy  # case and surrounding blanks are ignored
 
 
 def test_policies_registry_is_exactly_the_named_policies():
     assert set(precision.POLICIES) == set(NAMED)
 
 
-@pytest.mark.parametrize("name,low", [("fp32", False), ("fp16", True), ("bf16", True), ("mixed_fp16", True),
-                                      ("mixed_bf16", True), ("fp8", True)])
+@pytest.mark.parametrize(
+    "name,low",
+    [("fp32", False), ("fp16", True), ("bf16", True), ("mixed_fp16", True), ("mixed_bf16", True), ("fp8", True)],
+)
 def test_is_low_precision(name, low):
     assert get_policy(name).is_low_precision is low
 
@@ -60,7 +63,7 @@ def test_unknown_policy_name_raises_value_error_listing_valid_names(name):
     message = str(info.value)
     for valid in NAMED:
         assert valid in message
-    assert "params=" in message            # and mentions the explicit form
+    assert "params=" in message  # and mentions the explicit form
 
 
 @pytest.mark.parametrize("spec", [None, 16, jnp.float16])
@@ -71,17 +74,21 @@ def test_get_policy_rejects_non_string_specs(spec):
 
 # --- jmp's policy strings ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,expected", [
-    ("half", (F16, F16, F16)),        # jmp: every component in the half dtype (lpjax: float16 on every platform)
-    ("full", (F32, F32, F32)),
-    ("f16", (F16, F16, F16)),
-    ("bfloat16", (BF16, BF16, BF16)),
-    ("p=f32,c=f16,o=f32", (F32, F16, F32)),
-    ("c=f16", (F32, F16, F16)),       # params default to float32, output follows compute
-    ("p=f16", (F16, F16, F16)),       # compute follows params
-    ("p=f16,c=bf16", (F16, BF16, BF16)),
-    ("params=half,compute=half,output=full", (F16, F16, F32)),
-])
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("half", (F16, F16, F16)),  # jmp: every component in the half dtype (lpjax: float16 on every platform)
+        ("full", (F32, F32, F32)),
+        ("f16", (F16, F16, F16)),
+        ("bfloat16", (BF16, BF16, BF16)),
+        ("p=f32,c=f16,o=f32", (F32, F16, F32)),
+        ("c=f16", (F32, F16, F16)),  # params default to float32, output follows compute
+        ("p=f16", (F16, F16, F16)),  # compute follows params
+        ("p=f16,c=bf16", (F16, BF16, BF16)),
+        ("params=half,compute=half,output=full", (F16, F16, F32)),
+    ],
+)
 def test_jmp_policy_strings_have_jmps_meaning(spec, expected):
     policy = get_policy(spec)
     assert dtypes(policy) == expected
@@ -90,26 +97,33 @@ def test_jmp_policy_strings_have_jmps_meaning(spec, expected):
 
 # --- explicit strings ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,expected", [
-    ("params=float32,compute=float16,output=float32", (F32, F16, F32)),
-    ("compute=float16,output=float32,params=float32", (F32, F16, F32)),       # any order
-    ("p=f32,c=f16,o=f32", (F32, F16, F32)),                                   # key and dtype abbreviations
-    ("param=fp16,compute=half,out=bf16", (F16, F16, BF16)),
-    ("Params = Float16 , Compute = BF16 ", (F16, BF16, BF16)),                # case, blanks; output follows compute
-    ("compute=bfloat16", (F32, BF16, BF16)),                                  # jmp: params float32, output follows
-    ("p=single,c=full,o=double", (F32, F32, F64)),
-    ("c=e4m3,o=e5m2", (F32, np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))),
-])
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("params=float32,compute=float16,output=float32", (F32, F16, F32)),
+        ("compute=float16,output=float32,params=float32", (F32, F16, F32)),  # any order
+        ("p=f32,c=f16,o=f32", (F32, F16, F32)),  # key and dtype abbreviations
+        ("param=fp16,compute=half,out=bf16", (F16, F16, BF16)),
+        ("Params = Float16 , Compute = BF16 ", (F16, BF16, BF16)),  # case, blanks; output follows compute
+        ("compute=bfloat16", (F32, BF16, BF16)),  # jmp: params float32, output follows
+        ("p=single,c=full,o=double", (F32, F32, F64)),
+        ("c=e4m3,o=e5m2", (F32, np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))),
+    ],
+)
 def test_explicit_policy_strings(spec, expected):
     assert dtypes(get_policy(spec)) == expected
 
 
-@pytest.mark.parametrize("spec,fragment", [
-    ("params=float32,weights=float16", "weights"),          # unknown key
-    ("params=float32,compute", "compute"),                  # item without '='
-    ("params=float32,,compute=float16", "key=dtype"),       # empty item
-    ("=float16", "key=dtype"),                              # empty key
-])
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        ("params=float32,weights=float16", "weights"),  # unknown key
+        ("params=float32,compute", "compute"),  # item without '='
+        ("params=float32,,compute=float16", "key=dtype"),  # empty item
+        ("=float16", "key=dtype"),  # empty key
+    ],
+)
 def test_bad_policy_keys_raise_value_error_listing_valid_keys(spec, fragment):
     with pytest.raises(ValueError) as info:
         get_policy(spec)
@@ -128,8 +142,9 @@ def test_bad_policy_dtype_names_raise_value_error_listing_valid_dtypes(spec):
         assert valid in message
 
 
-@pytest.mark.parametrize("spec", ["params=float32,params=float16", "p=f16,params=f16", "c=f16,compute=bf16",
-                                  "o=f32,out=f32"])
+@pytest.mark.parametrize(
+    "spec", ["params=float32,params=float16", "p=f16,params=f16", "c=f16,compute=bf16", "o=f32,out=f32"]
+)
 def test_repeated_policy_keys_raise_value_error(spec):
     with pytest.raises(ValueError, match="twice"):
         get_policy(spec)
@@ -145,8 +160,11 @@ def test_non_floating_dtypes_are_rejected(dtype):
 
 
 def test_policy_accepts_dtype_objects_and_names_alike():
-    policies = [Policy(np.float16, jnp.bfloat16, "f32"), Policy("half", "bf16", np.dtype("float32")),
-                get_policy("p=float16,c=bfloat16,o=float32")]
+    policies = [
+        Policy(np.float16, jnp.bfloat16, "f32"),
+        Policy("half", "bf16", np.dtype("float32")),
+        get_policy("p=float16,c=bfloat16,o=float32"),
+    ]
     assert all(p == policies[0] for p in policies)
     assert len({hash(p) for p in policies}) == 1
     assert Policy() == get_policy("fp32")
@@ -173,6 +191,7 @@ def test_str_of_named_policies_round_trips(name):
 
 # --- immutability, hashing, jit ------------------------------------------------------------------------------
 
+
 def test_policy_is_immutable_and_with_output_dtype_copies():
     policy = get_policy("fp16")
     with pytest.raises(AttributeError):
@@ -196,14 +215,14 @@ def test_policy_is_a_jit_static_argument_and_equal_policies_share_the_cache():
     traces = []
 
     def impl(x, policy):
-        traces.append(policy)                             # runs once per trace
+        traces.append(policy)  # runs once per trace
         return policy.cast_to_output(policy.cast_to_compute(x) * 2)
 
     f = jax.jit(impl, static_argnums=1)
     x = jnp.ones((3,), jnp.float32)
     out = f(x, get_policy("mixed_fp16"))
     assert out.dtype == F32
-    f(x, Policy("f32", "f16", "f32"))                      # equal policy: cache hit, no retrace
+    f(x, Policy("f32", "f16", "f32"))  # equal policy: cache hit, no retrace
     assert len(traces) == 1
     out = f(x, get_policy("fp16"))
     assert out.dtype == F16
@@ -212,10 +231,11 @@ def test_policy_is_a_jit_static_argument_and_equal_policies_share_the_cache():
 
 # --- casting -------------------------------------------------------------------------------------------------
 
+
 def _tree():
     return {
         "w": jnp.ones((2, 3), jnp.float32),
-        "b": np.zeros((3,), np.float64),                   # numpy floating leaves are cast too
+        "b": np.zeros((3,), np.float64),  # numpy floating leaves are cast too
         "h": jnp.ones((2,), jnp.bfloat16),
         "step": jnp.array(7, jnp.int32),
         "mask": jnp.array([True, False]),
@@ -225,8 +245,10 @@ def _tree():
     }
 
 
-@pytest.mark.parametrize("method,attr", [("cast_to_param", "param_dtype"), ("cast_to_compute", "compute_dtype"),
-                                         ("cast_to_output", "output_dtype")])
+@pytest.mark.parametrize(
+    "method,attr",
+    [("cast_to_param", "param_dtype"), ("cast_to_compute", "compute_dtype"), ("cast_to_output", "output_dtype")],
+)
 @pytest.mark.parametrize("name", ["fp16", "bf16", "mixed_fp16"])
 def test_cast_helpers_cast_only_floating_leaves_of_nested_pytrees(name, method, attr):
     policy = get_policy(name)
@@ -262,7 +284,7 @@ def test_cast_inside_jit_and_grad():
     params = {"w": jnp.full((3,), 2.0, jnp.float32), "b": jnp.zeros((3,), jnp.float32)}
     value, grads = jax.jit(jax.value_and_grad(loss))(params, jnp.arange(3.0))
     assert value.dtype == F32 and float(value) == 6.0
-    assert grads["w"].dtype == F32                                  # gradients come back in the param dtype
+    assert grads["w"].dtype == F32  # gradients come back in the param dtype
     np.testing.assert_array_equal(np.asarray(grads["w"]), [0.0, 1.0, 2.0])
 
 
@@ -271,7 +293,10 @@ def test_matmul_dtype_defaults_to_compute_and_parses():
     assert str(Policy("f32", "f16", "f32")) == "params=float32,compute=float16,output=float32"
     fp8 = get_policy("fp8")
     assert (fp8.param_dtype, fp8.compute_dtype, fp8.matmul_dtype) == (
-        np.dtype("float32"), np.dtype(jnp.bfloat16), np.dtype(jnp.float8_e4m3fn))
+        np.dtype("float32"),
+        np.dtype(jnp.bfloat16),
+        np.dtype(jnp.float8_e4m3fn),
+    )
     assert get_policy(str(fp8)) == fp8 and fp8.is_low_precision
     assert get_policy("p=f32,c=bf16,o=f32,m=e4m3") == fp8
     with pytest.raises(ValueError, match="matmul_dtype twice"):

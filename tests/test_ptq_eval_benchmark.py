@@ -17,8 +17,17 @@ def _tiny_config():
     """fp32, 32x32 networks, cartpole with 250-step episodes (action repeat 4), 100 learning steps."""
     config = fp32.get_config()
     config.unlock()
-    config.update(env="dmc:cartpole-swingup", action_repeat=4, total_steps=300, seed_steps=200, replay_capacity=500,
-                  eval_every=300, eval_episodes=1, log_every=100, checkpoint_every=300)
+    config.update(
+        env="dmc:cartpole-swingup",
+        action_repeat=4,
+        total_steps=300,
+        seed_steps=200,
+        replay_capacity=500,
+        eval_every=300,
+        eval_episodes=1,
+        log_every=100,
+        checkpoint_every=300,
+    )
     config.agent.update(hidden_dims=(32, 32), batch_size=32)
     return config
 
@@ -28,8 +37,9 @@ def recorded(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sac_run")
     assert sac_loop.train(_tiny_config(), run_dir, progress=False)["status"] == "finished"
     out = tmp_path_factory.mktemp("ptq_eval")
-    result = ptq_eval.main(["--run_dir", str(run_dir), "--episodes", "1", "--bits", "8,4", "--out_dir", str(out),
-                            "--name", "smoke"])
+    result = ptq_eval.main(
+        ["--run_dir", str(run_dir), "--episodes", "1", "--bits", "8,4", "--out_dir", str(out), "--name", "smoke"]
+    )
     assert (out / "smoke.png").stat().st_size > 0
     data = json.loads((out / "smoke.json").read_text())
     assert data == json.loads(json.dumps(result))
@@ -45,8 +55,17 @@ def test_json_describes_the_run_and_every_precision(recorded):
     names = [row["name"] for row in recorded["rows"]]
     assert names == ["fp32", "fp16", "fp16_act", "int8", "int8_per_channel", "int4", "int4_per_channel"]
     for row in recorded["rows"]:
-        for key in ("return_mean", "return_std", "return_ratio", "action_l2_mean", "action_l2_max", "kl_mean",
-                    "kl_median", "kl_max", "weight_rel_error"):
+        for key in (
+            "return_mean",
+            "return_std",
+            "return_ratio",
+            "action_l2_mean",
+            "action_l2_max",
+            "kl_mean",
+            "kl_median",
+            "kl_max",
+            "weight_rel_error",
+        ):
             assert isinstance(row[key], float) and row[key] >= 0, (row["name"], key)
         assert row["action_l2_mean"] <= row["action_l2_max"] and row["kl_median"] <= row["kl_max"]
         assert row["kl_mean"] <= row["kl_max"]

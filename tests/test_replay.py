@@ -7,23 +7,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.replay import (ReplayBuffer, replay_add, replay_can_sample, replay_init, replay_nbytes,
-                          replay_sample)
+from lpjax.replay import ReplayBuffer, replay_add, replay_can_sample, replay_init, replay_nbytes, replay_sample
 
 
 def _example(obs_shape=(3,)):
-    return {"obs": jnp.zeros(obs_shape, jnp.uint8), "action": jnp.zeros((2,), jnp.float16),
-            "reward": jnp.zeros([], jnp.float32), "discount": jnp.ones([], jnp.float32),
-            "next_obs": jnp.zeros(obs_shape, jnp.uint8), "id": jnp.zeros([], jnp.int32)}
+    return {
+        "obs": jnp.zeros(obs_shape, jnp.uint8),
+        "action": jnp.zeros((2,), jnp.float16),
+        "reward": jnp.zeros([], jnp.float32),
+        "discount": jnp.ones([], jnp.float32),
+        "next_obs": jnp.zeros(obs_shape, jnp.uint8),
+        "id": jnp.zeros([], jnp.int32),
+    }
 
 
 def _batch(ids, obs_shape=(3,)):
     """Transitions whose every field encodes its id, so slots can be traced back to what was added."""
     ids = np.asarray(ids, np.int32)
     obs = (ids.reshape((-1,) + (1,) * len(obs_shape)) + np.zeros(obs_shape, np.int32)).astype(np.uint8)
-    return {"obs": jnp.asarray(obs), "action": jnp.asarray(np.stack([ids, -ids], 1), jnp.float16),
-            "reward": jnp.asarray(ids, jnp.float32), "discount": jnp.ones(len(ids), jnp.float32),
-            "next_obs": jnp.asarray(obs + 1), "id": jnp.asarray(ids)}
+    return {
+        "obs": jnp.asarray(obs),
+        "action": jnp.asarray(np.stack([ids, -ids], 1), jnp.float16),
+        "reward": jnp.asarray(ids, jnp.float32),
+        "discount": jnp.ones(len(ids), jnp.float32),
+        "next_obs": jnp.asarray(obs + 1),
+        "id": jnp.asarray(ids),
+    }
 
 
 def _ids(buffer):
@@ -35,8 +44,14 @@ def test_init_allocates_zero_slots_and_keeps_dtypes():
     assert isinstance(buffer, ReplayBuffer) and buffer.capacity == 7
     assert int(buffer.insert_pos) == 0 and int(buffer.size) == 0
     assert buffer.insert_pos.dtype == jnp.int32 and buffer.size.dtype == jnp.int32
-    expected = {"obs": (jnp.uint8, (7, 4, 4, 3)), "action": (jnp.float16, (7, 2)), "reward": (jnp.float32, (7,)),
-                "discount": (jnp.float32, (7,)), "next_obs": (jnp.uint8, (7, 4, 4, 3)), "id": (jnp.int32, (7,))}
+    expected = {
+        "obs": (jnp.uint8, (7, 4, 4, 3)),
+        "action": (jnp.float16, (7, 2)),
+        "reward": (jnp.float32, (7,)),
+        "discount": (jnp.float32, (7,)),
+        "next_obs": (jnp.uint8, (7, 4, 4, 3)),
+        "id": (jnp.int32, (7,)),
+    }
     for name, (dtype, shape) in expected.items():
         assert buffer.data[name].dtype == dtype and buffer.data[name].shape == shape, name
         assert not np.asarray(buffer.data[name]).any()

@@ -27,7 +27,7 @@ def setup():
 
 def _training_logp(model, params, prompts, out):
     tokens = jnp.concatenate([prompts, out["completions"]], axis=1)
-    return sequence_logprobs(model.logits(params, tokens), tokens)[:, prompts.shape[1]:]
+    return sequence_logprobs(model.logits(params, tokens), tokens)[:, prompts.shape[1] :]
 
 
 def test_fp32_rollout_logprobs_equal_the_training_models(setup):
@@ -63,8 +63,10 @@ def test_top_p_keeps_only_the_nucleus(setup):
     np.testing.assert_array_equal(np.asarray(greedy["completions"]), np.asarray(argmax["completions"]))
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(max_new_tokens=0), "max_new_tokens"),
-                                           (dict(temperature=0.0), "temperature"), (dict(top_p=1.5), "top_p")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=0.0), "temperature"), (dict(top_p=1.5), "top_p")],
+)
 def test_bad_settings_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingSettings(**(dict(max_new_tokens=4, eos_id=EOS) | kwargs))

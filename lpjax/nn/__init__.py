@@ -12,6 +12,21 @@ from lpjax.nn.heads import (
 from lpjax.nn.mlp import MLP
 from lpjax.nn.transformer import KVCache, KVScales, TransformerLM, calibrate_kv_scales
 
-__all__ = ["Dense", "MLP", "DoubleCritic", "PixelEncoder", "StandardizedDense", "TanhGaussianActor", "policy_dense",
-           "DeterministicActor", "CategoricalCritic", "TransformerLM", "KVCache", "KVScales", "calibrate_kv_scales",
-           "CausalLM", "transformer_causal_lm", "recomputing_causal_lm"]
+__all__ = [
+    "Dense",
+    "MLP",
+    "DoubleCritic",
+    "PixelEncoder",
+    "StandardizedDense",
+    "TanhGaussianActor",
+    "policy_dense",
+    "DeterministicActor",
+    "CategoricalCritic",
+    "TransformerLM",
+    "KVCache",
+    "KVScales",
+    "calibrate_kv_scales",
+    "CausalLM",
+    "transformer_causal_lm",
+    "recomputing_causal_lm",
+]

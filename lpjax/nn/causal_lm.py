@@ -112,8 +112,10 @@ def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_dtype: A
         if tokens.ndim == 2 and not isinstance(cache.index, jax.core.Tracer):
             end = int(jnp.max(cache.index)) + tokens.shape[1]
             if end > cache.max_len:
-                raise ValueError(f"Decoding {tokens.shape[1]} tokens after {end - tokens.shape[1]} overflows the "
-                                 f"KV cache (max_len {cache.max_len}).")
+                raise ValueError(
+                    f"Decoding {tokens.shape[1]} tokens after {end - tokens.shape[1]} overflows the "
+                    f"KV cache (max_len {cache.max_len})."
+                )
         return apply_jit(params, tokens, cache, lengths)
 
     def init_cache(batch_size: int, kv_scales: Any = None, max_len: int | None = None) -> KVCache:
@@ -122,9 +124,17 @@ def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_dtype: A
     def calibrate_kv(params: Any, tokens: jax.Array):
         return calibrate_kv_scales(params, lm, tokens) if quantized else None
 
-    return CausalLM(init=jax.jit(lm.init), logits=logits_fn, init_cache=init_cache, apply=apply,
-                    calibrate_kv=calibrate_kv, vocab_size=lm.vocab_size, max_len=lm.max_len, kv_dtype=dtype,
-                    module=lm)
+    return CausalLM(
+        init=jax.jit(lm.init),
+        logits=logits_fn,
+        init_cache=init_cache,
+        apply=apply,
+        calibrate_kv=calibrate_kv,
+        vocab_size=lm.vocab_size,
+        max_len=lm.max_len,
+        kv_dtype=dtype,
+        module=lm,
+    )
 
 
 class TokenCache(NamedTuple):
@@ -139,8 +149,12 @@ class TokenCache(NamedTuple):
     index: jax.Array
 
 
-def recomputing_causal_lm(init: Callable[[jax.Array, jax.Array], Any], logits: Callable[[Any, jax.Array], jax.Array],
-                          vocab_size: int, max_len: int) -> CausalLM:
+def recomputing_causal_lm(
+    init: Callable[[jax.Array, jax.Array], Any],
+    logits: Callable[[Any, jax.Array], jax.Array],
+    vocab_size: int,
+    max_len: int,
+) -> CausalLM:
     """A :class:`CausalLM` for any causal model from its ``init`` and full-sequence ``logits`` alone.
 
     The cache (:class:`TokenCache`) stores the tokens; ``apply`` writes the new ones and recomputes
@@ -173,8 +187,15 @@ def recomputing_causal_lm(init: Callable[[jax.Array, jax.Array], Any], logits: C
         advance = t if lengths is None else jnp.asarray(lengths, jnp.int32)
         return out, TokenCache(buffer, cache.index + advance)
 
-    return CausalLM(init=init, logits=logits, init_cache=init_cache, apply=apply,
-                    calibrate_kv=lambda params, tokens: None, vocab_size=int(vocab_size), max_len=limit)
+    return CausalLM(
+        init=init,
+        logits=logits,
+        init_cache=init_cache,
+        apply=apply,
+        calibrate_kv=lambda params, tokens: None,
+        vocab_size=int(vocab_size),
+        max_len=limit,
+    )
 
 
 def as_causal_lm(model: CausalLM | TransformerLM | Mapping[str, Any]) -> CausalLM:

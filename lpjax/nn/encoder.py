@@ -19,8 +19,7 @@ class StandardizedDense(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         policy = get_policy(self.policy)
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features),
-                            policy.param_dtype)
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), policy.param_dtype)
         bias = self.param("bias", nn.initializers.zeros, (self.features,), policy.param_dtype)
         kernel = weight_standardize(kernel).astype(policy.compute_dtype)
         return jnp.dot(x.astype(policy.compute_dtype), kernel) + bias.astype(policy.compute_dtype)
@@ -47,15 +46,21 @@ class PixelEncoder(nn.Module):
         policy = get_policy(self.policy)
         x = images.astype(policy.compute_dtype) / jnp.asarray(255.0, policy.compute_dtype)
         for i, stride in enumerate((2, 1, 1, 1)):
-            x = nn.Conv(self.filters, (3, 3), strides=stride, padding="VALID", dtype=policy.compute_dtype,
-                        param_dtype=policy.param_dtype, name=f"conv{i}")(x)
+            x = nn.Conv(
+                self.filters,
+                (3, 3),
+                strides=stride,
+                padding="VALID",
+                dtype=policy.compute_dtype,
+                param_dtype=policy.param_dtype,
+                name=f"conv{i}",
+            )(x)
             x = nn.relu(x)
         x = x.reshape(x.shape[:-3] + (-1,))
         if self.standardize:
             x = StandardizedDense(self.features, self.policy, name="linear")(x)
         else:
-            x = nn.Dense(self.features, dtype=policy.compute_dtype, param_dtype=policy.param_dtype,
-                         name="linear")(x)
+            x = nn.Dense(self.features, dtype=policy.compute_dtype, param_dtype=policy.param_dtype, name="linear")(x)
         if self.clip is not None:
             x = jnp.minimum(x, jnp.asarray(self.clip, x.dtype))
         return nn.LayerNorm(dtype=policy.compute_dtype, param_dtype=policy.param_dtype)(x)

@@ -108,8 +108,9 @@ def _quantize_tiles(x: jax.Array, rows: int, cols: int) -> tuple[jax.Array, jax.
 def _dequantize_tiles(codes: jax.Array, scales: jax.Array, rows: int, cols: int) -> jax.Array:
     rb, cb = _num_blocks(codes.shape[0], rows), _num_blocks(codes.shape[1], cols)
     if scales.shape != (rb, cb):
-        raise ValueError(f"scales of codes {codes.shape} in {rows}x{cols} tiles must have shape {(rb, cb)}, "
-                         f"got {scales.shape}.")
+        raise ValueError(
+            f"scales of codes {codes.shape} in {rows}x{cols} tiles must have shape {(rb, cb)}, got {scales.shape}."
+        )
     return _dequantize_tiles_jit(codes, scales, rows, cols)
 
 

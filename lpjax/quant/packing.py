@@ -68,8 +68,10 @@ def _flatten(tree: Any, path: tuple[str, ...] = ()) -> tuple[list, list]:
             leaves += sub_leaves
         return leaves, empty
     if isinstance(tree, bool) or not isinstance(tree, (np.ndarray, np.generic, jax.Array, float)):
-        raise TypeError(f"params{_display(path)}: pack_params takes nested dicts of arrays, got a "
-                         f"{type(tree).__name__} (lists, tuples, NamedTuples and None are not supported).")
+        raise TypeError(
+            f"params{_display(path)}: pack_params takes nested dicts of arrays, got a "
+            f"{type(tree).__name__} (lists, tuples, NamedTuples and None are not supported)."
+        )
     array = np.asarray(tree)
     if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
         raise ValueError(f"params{_display(path)}: leaves must have a floating dtype, got {array.dtype}.")
@@ -86,16 +88,17 @@ def _encode(array: np.ndarray, scheme: str) -> tuple[str, list[tuple[str, np.nda
         return "fp16", [("values", array.astype(np.float32).astype(_DTYPES["float16"]))]
     if scheme == "int8" and array.ndim >= 2:
         qw = quantize_int8_weight(jnp.asarray(array).reshape(-1, array.shape[-1]))
-        return "int8", [("codes", np.asarray(qw.codes).reshape(array.shape)),
-                        ("scales", np.asarray(qw.scales, _DTYPES["float32"]))]
+        return "int8", [
+            ("codes", np.asarray(qw.codes).reshape(array.shape)),
+            ("scales", np.asarray(qw.scales, _DTYPES["float32"])),
+        ]
     return "fp32", [("values", array.astype(_DTYPES["float32"]))]
 
 
 def _pack(params: Any, scheme: str) -> tuple[bytes, dict]:
     scheme = _check_scheme(scheme)
     if not isinstance(params, Mapping):
-        raise TypeError(f"pack_params takes a nested dict of arrays (e.g. Flax params), got a "
-                         f"{type(params).__name__}.")
+        raise TypeError(f"pack_params takes a nested dict of arrays (e.g. Flax params), got a {type(params).__name__}.")
     leaves, empty = _flatten(params)
     entries, chunks, offset = [], [], 0
     counts = {"weights": 0, "biases": 0, "scales": 0}
@@ -104,15 +107,35 @@ def _pack(params: Any, scheme: str) -> tuple[bytes, dict]:
         described = []
         for name, buffer in buffers:
             data = np.ascontiguousarray(buffer).tobytes()
-            described.append({"name": name, "dtype": buffer.dtype.name, "shape": list(buffer.shape),
-                              "offset": offset, "nbytes": len(data)})
+            described.append(
+                {
+                    "name": name,
+                    "dtype": buffer.dtype.name,
+                    "shape": list(buffer.shape),
+                    "offset": offset,
+                    "nbytes": len(data),
+                }
+            )
             chunks.append(data)
             offset += len(data)
             counts["scales" if name == "scales" else "weights" if array.ndim >= 2 else "biases"] += len(data)
-        entries.append({"path": list(path), "shape": list(array.shape), "dtype": array.dtype.name,
-                        "encoding": encoding, "buffers": described})
-    header = {"format": "lpjax.quant.packing", "version": FORMAT_VERSION, "scheme": scheme, "data_nbytes": offset,
-              "leaves": entries, "empty_dicts": empty}
+        entries.append(
+            {
+                "path": list(path),
+                "shape": list(array.shape),
+                "dtype": array.dtype.name,
+                "encoding": encoding,
+                "buffers": described,
+            }
+        )
+    header = {
+        "format": "lpjax.quant.packing",
+        "version": FORMAT_VERSION,
+        "scheme": scheme,
+        "data_nbytes": offset,
+        "leaves": entries,
+        "empty_dicts": empty,
+    }
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob = b"".join([_PREFIX.pack(MAGIC, len(header_bytes)), header_bytes, *chunks])
     counts["header"] = _PREFIX.size + len(header_bytes)
@@ -159,16 +182,18 @@ def _read_header(blob: bytes) -> tuple[dict, memoryview]:
     if len(blob) < start:
         raise ValueError("Truncated packed-params blob: the header is incomplete.")
     try:
-        header = json.loads(bytes(blob[_PREFIX.size:start]).decode("utf-8"))
+        header = json.loads(bytes(blob[_PREFIX.size : start]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"Corrupt packed-params header: {error}.") from error
     if header.get("version") != FORMAT_VERSION:
-        raise ValueError(f"Unsupported packed-params version {header.get('version')!r} (this lpjax reads "
-                         f"{FORMAT_VERSION}).")
+        raise ValueError(
+            f"Unsupported packed-params version {header.get('version')!r} (this lpjax reads {FORMAT_VERSION})."
+        )
     data = blob[start:]
     if len(data) != header["data_nbytes"]:
-        raise ValueError(f"Truncated or padded packed-params blob: {len(data)} data bytes, header says "
-                         f"{header['data_nbytes']}.")
+        raise ValueError(
+            f"Truncated or padded packed-params blob: {len(data)} data bytes, header says {header['data_nbytes']}."
+        )
     return header, data
 
 
@@ -179,7 +204,7 @@ def _buffer(data: memoryview, spec: dict) -> np.ndarray:
     start, nbytes = spec["offset"], spec["nbytes"]
     if nbytes != dtype.itemsize * int(np.prod(shape)) or start < 0 or start + nbytes > len(data):
         raise ValueError(f"Corrupt packed-params header: buffer {spec['name']!r} of shape {shape}.")
-    return np.frombuffer(data[start:start + nbytes], dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    return np.frombuffer(data[start : start + nbytes], dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def _insert(tree: dict, path: list[str], value: Any) -> None:
@@ -232,6 +257,10 @@ def unpack_params(blob: bytes, dequantize: bool = False) -> tuple[dict, dict]:
             raise ValueError("Corrupt packed-params header: a leaf with an empty path.")
         _insert(params, leaf["path"], value)
         infos.append({key: leaf[key] for key in ("path", "shape", "dtype", "encoding")})
-    info = {"scheme": header["scheme"], "version": header["version"], "nbytes": len(memoryview(blob).cast("B")),
-            "leaves": infos}
+    info = {
+        "scheme": header["scheme"],
+        "version": header["version"],
+        "nbytes": len(memoryview(blob).cast("B")),
+        "leaves": infos,
+    }
     return params, info

@@ -75,8 +75,9 @@ def _fake_quantize_weights(params: Any, bits: int, per_channel: bool) -> Any:
     return jax.tree.map(leaf, params)
 
 
-def fake_quantize_params(params: Any, bits: int, step: int | jax.Array, delay: int | jax.Array,
-                         per_channel: bool = False) -> Any:
+def fake_quantize_params(
+    params: Any, bits: int, step: int | jax.Array, delay: int | jax.Array, per_channel: bool = False
+) -> Any:
     """Fake-quantizes the weights of ``params`` once training has reached the quantization delay.
 
     ``weights`` are the floating leaves with ``ndim >= 2`` (Dense and convolution kernels); biases, scalars and
@@ -105,12 +106,18 @@ def fake_quantize_params(params: Any, bits: int, step: int | jax.Array, delay: i
     """
     bits = _check_bits(bits)
     for name, value in (("step", step), ("delay", delay)):
-        if isinstance(value, bool) or not (isinstance(value, (int, np.integer)) or (
-                hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.integer) and jnp.ndim(value) == 0)):
+        if isinstance(value, bool) or not (
+            isinstance(value, (int, np.integer))
+            or (hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.integer) and jnp.ndim(value) == 0)
+        ):
             raise ValueError(f"{name} must be an integer scalar (Python int or integer array), got {value!r}.")
     if isinstance(delay, (int, np.integer)) and delay < 0:
         raise ValueError(f"delay must be >= 0, got {delay}.")
     if isinstance(step, (int, np.integer)) and isinstance(delay, (int, np.integer)):
         return _fake_quantize_weights(params, bits, per_channel) if step >= delay else params
-    return jax.lax.cond(jnp.asarray(step) >= jnp.asarray(delay),
-                        lambda p: _fake_quantize_weights(p, bits, per_channel), lambda p: p, params)
+    return jax.lax.cond(
+        jnp.asarray(step) >= jnp.asarray(delay),
+        lambda p: _fake_quantize_weights(p, bits, per_channel),
+        lambda p: p,
+        params,
+    )

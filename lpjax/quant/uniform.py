@@ -77,7 +77,7 @@ def code_dtype(bits: int) -> np.dtype:
     """
     bits = _check_bits(bits)
     for dtype in (np.int8, np.int16, np.int32):
-        if 2 ** bits <= np.iinfo(dtype).max:
+        if 2**bits <= np.iinfo(dtype).max:
             return np.dtype(dtype)
     raise AssertionError("unreachable: 2^16 fits int32")
 
@@ -102,8 +102,7 @@ def _reduce_axes(shape: tuple[int, ...], axis: int | Sequence[int] | None) -> tu
     return tuple(a for a in range(ndim) if a not in kept)
 
 
-def uniform_quantize(x: jax.Array, bits: int,
-                     axis: int | Sequence[int] | None = None) -> tuple[jax.Array, jax.Array]:
+def uniform_quantize(x: jax.Array, bits: int, axis: int | Sequence[int] | None = None) -> tuple[jax.Array, jax.Array]:
     """The papers' PTQ: ``delta = (|min(x, 0)| + |max(x, 0)|) / 2^bits``, ``codes = round(x / delta)``.
 
     ``axis`` names the axes that *keep* their own step (the channel axes, as in
@@ -127,16 +126,15 @@ def uniform_quantize(x: jax.Array, bits: int,
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _quantize(x: jax.Array, bits: int, reduce_axes: tuple[int, ...],
-              keepdims: bool) -> tuple[jax.Array, jax.Array]:
+def _quantize(x: jax.Array, bits: int, reduce_axes: tuple[int, ...], keepdims: bool) -> tuple[jax.Array, jax.Array]:
     x = x.astype(jnp.float32)
     hi = jnp.max(x, axis=reduce_axes, keepdims=keepdims, initial=0.0)  # max(W, 0)
     lo = jnp.min(x, axis=reduce_axes, keepdims=keepdims, initial=0.0)  # min(W, 0)
     span = hi - lo  # |min(W, 0)| + |max(W, 0)|
     # Multiplying by 2^-n is exact; nonzero steps are at least the smallest normal (finite reciprocal).
-    delta = jnp.where(span > 0, jnp.maximum(span * np.float32(2.0 ** -bits), _TINY), 0.0).astype(jnp.float32)
+    delta = jnp.where(span > 0, jnp.maximum(span * np.float32(2.0**-bits), _TINY), 0.0).astype(jnp.float32)
     inv = jnp.where(delta > 0, 1.0 / jnp.where(delta > 0, delta, 1.0), 0.0)
-    limit = float(2 ** bits)
+    limit = float(2**bits)
     codes = jnp.clip(jnp.round(x * inv), -limit, limit).astype(code_dtype(bits))
     return codes, delta
 
@@ -247,8 +245,7 @@ def parse_spec(spec: str | Mapping[str, Any] | QuantSpec) -> QuantSpec:
       ValueError: for an unknown name or key, or bad bits, naming the valid forms.
       TypeError: for a spec that is not a str, dict or QuantSpec, or a non-bool flag.
     """
-    valid = ("'fp32', 'fp16', 'int<n>', 'int<n>_per_channel' (n in [2, 16]) or a dict with keys "
-             f"{', '.join(_SPEC_KEYS)}")
+    valid = f"'fp32', 'fp16', 'int<n>', 'int<n>_per_channel' (n in [2, 16]) or a dict with keys {', '.join(_SPEC_KEYS)}"
     if isinstance(spec, QuantSpec):
         spec = spec._asdict()
     if isinstance(spec, str):

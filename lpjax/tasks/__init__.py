@@ -12,5 +12,14 @@ from lpjax.tasks.synthetic import (
     warm_start,
 )
 
-__all__ = ["TASKS", "TOKENIZER", "CharTokenizer", "Task", "WarmStartCurve", "make_task", "sft_batch",
-           "sft_loss_and_accuracy", "warm_start"]
+__all__ = [
+    "TASKS",
+    "TOKENIZER",
+    "CharTokenizer",
+    "Task",
+    "WarmStartCurve",
+    "make_task",
+    "sft_batch",
+    "sft_loss_and_accuracy",
+    "warm_start",
+]

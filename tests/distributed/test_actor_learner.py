@@ -12,8 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.distributed import (ActorLearner, ActorSpec, ActorWorker, InProcessBackend, ParameterServer,
-                               SamplesPerInsertLimiter, encode_policy, exploration_sigmas, make_backend)
+from lpjax.distributed import (
+    ActorLearner,
+    ActorSpec,
+    ActorWorker,
+    InProcessBackend,
+    ParameterServer,
+    SamplesPerInsertLimiter,
+    encode_policy,
+    exploration_sigmas,
+    make_backend,
+)
 from lpjax.distributed.backends import check_ray_address
 from lpjax.inference import Int8MLP
 from lpjax.nn import MLP
@@ -43,8 +52,18 @@ class StubLearner:
 
 
 def _specs(n, **kwargs):
-    return [ActorSpec(i, ENV, seed=0, sigma=s, n_step=3, pull_every=kwargs.get("pull_every", 50),
-                      runtime=kwargs.get("runtime", "int8")) for i, s in enumerate(exploration_sigmas(n))]
+    return [
+        ActorSpec(
+            i,
+            ENV,
+            seed=0,
+            sigma=s,
+            n_step=3,
+            pull_every=kwargs.get("pull_every", 50),
+            runtime=kwargs.get("runtime", "int8"),
+        )
+        for i, s in enumerate(exploration_sigmas(n))
+    ]
 
 
 def test_actor_pulls_every_k_steps_and_emits_n_step_transitions():
@@ -91,8 +110,10 @@ def test_in_process_loop_keeps_the_ratio_and_survives_a_crashed_actor():
     assert stats["server"]["publishes"] >= 2
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(pull_every=0), "pull_every"), (dict(sigma=-1.0), "sigma"),
-                                           (dict(runtime="int4"), "runtime must be one of")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(pull_every=0), "pull_every"), (dict(sigma=-1.0), "sigma"), (dict(runtime="int4"), "runtime must be one of")],
+)
 def test_bad_actor_specs_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ActorSpec(0, ENV, 0, **({"sigma": 0.1} | kwargs))

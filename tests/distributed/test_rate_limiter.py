@@ -33,10 +33,14 @@ def test_blocks_inserts_when_the_learner_lags_and_updates_when_actors_lag():
     assert limiter.credit - 256 < -2048 and limiter.can_insert(1)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(samples_per_insert=0.0), "samples_per_insert"), (dict(batch_size=0), "batch_size"),
-    (dict(error_buffer=10), "error_buffer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(samples_per_insert=0.0), "samples_per_insert"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(error_buffer=10), "error_buffer"),
+    ],
+)
 def test_bad_settings_raise(kwargs, match):
     settings = dict(samples_per_insert=16.0, batch_size=32, min_size=100, error_buffer=64) | kwargs
     with pytest.raises(ValueError, match=match):

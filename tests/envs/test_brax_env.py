@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +9,6 @@ import pytest
 
 from lpjax import envs
 from lpjax.envs import BraxEnv
-
 
 
 def _rollout(env: BraxEnv, num_envs: int, num_steps: int, scale: float = 1.0, clipped_twins: bool = False):
@@ -77,7 +75,7 @@ def test_make_brax_validates_too():
 def test_registry_matches_brax():
     from brax import envs as brax_envs
 
-    assert set(envs.BRAX_ENVS) == set(brax_envs._envs) - {"fast"}  # noqa: SLF001  (brax has no public listing)
+    assert set(envs.BRAX_ENVS) == set(brax_envs._envs) - {"fast"}
 
 
 def test_halfcheetah_rollout_under_jit_vmap_scan():

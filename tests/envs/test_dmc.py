@@ -13,12 +13,11 @@ import pytest
 from lpjax import envs
 from lpjax.envs import dmc
 
-
 PAPER_TASKS = ["cartpole-swingup", "reacher-easy", "cheetah-run", "finger-spin", "ball_in_cup-catch", "walker-walk"]
 
 
 def _raw_env(domain, task, seed):
-    suite = dmc._import_suite()  # noqa: SLF001  (imports dm_control with a headless GL backend, like make does)
+    suite = dmc._import_suite()
     return suite.load(domain, task, task_kwargs={"random": seed})
 
 
@@ -91,7 +90,7 @@ def test_default_gl_backend():
 
 
 def test_task_table_matches_dm_control():
-    suite = dmc._import_suite()  # noqa: SLF001
+    suite = dmc._import_suite()
 
     installed = {(d, t) for d, t in suite.ALL_TASKS if d != "lqr"}
     assert {(d, t) for d, tasks in envs.DMC_TASKS.items() for t in tasks} == installed

@@ -18,8 +18,11 @@ def test_xla_impl_is_flax_dense(policy):
     ours, theirs = Dense(9, p), nn.Dense(9, dtype=p.compute_dtype, param_dtype=p.param_dtype)
     params = ours.init(jax.random.key(1), x)
     assert jax.tree.structure(params) == jax.tree.structure(theirs.init(jax.random.key(1), x))
-    assert jax.tree.all(jax.tree.map(lambda a, b: a.dtype == b.dtype and bool(jnp.all(a == b)), params,
-                                     theirs.init(jax.random.key(1), x)))
+    assert jax.tree.all(
+        jax.tree.map(
+            lambda a, b: a.dtype == b.dtype and bool(jnp.all(a == b)), params, theirs.init(jax.random.key(1), x)
+        )
+    )
     y = ours.apply(params, x)
     assert y.shape == (5, 3, 9) and y.dtype == p.compute_dtype
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(theirs.apply(params, x), np.float32))
@@ -35,7 +38,7 @@ def test_mlp_keeps_flax_parameter_names():
 @pytest.mark.parametrize("activation", ["none", "relu", "elu", "tanh"])
 @pytest.mark.parametrize("compute", ["float16", "bfloat16"])
 def test_half_kernel_follows_the_policy(compute, activation):
-    """impl="reference"/"pallas" route a half-precision policy to kernels.fp16_matmul, fused activation included,
+    """impl="reference"/"pallas" route a half-precision policy to lpjax.kernels.fp16_matmul, fused activation included,
     and agree with the XLA path to the rounding of the compute dtype."""
     policy = Policy("float32", compute, "float32")
     x = jax.random.normal(jax.random.key(0), (2, 6, 40))
@@ -87,12 +90,15 @@ def test_jit_and_functional_form_agree():
     np.testing.assert_array_equal(f(x, w, b), jax.nn.relu(x @ w + b))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(impl="triton"), "impl must be one of"),
-    (dict(activation="gelu"), "activation must be one of"),
-    (dict(impl="pallas"), "matmul dtype is float32"),
-    (dict(policy="params=float32,compute=float32,matmul=float8_e5m2"), "No dense matmul"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(impl="triton"), "impl must be one of"),
+        (dict(activation="gelu"), "activation must be one of"),
+        (dict(impl="pallas"), "matmul dtype is float32"),
+        (dict(policy="params=float32,compute=float32,matmul=float8_e5m2"), "No dense matmul"),
+    ],
+)
 def test_bad_options_raise(kwargs, match):
     args = dict(policy="fp32") | kwargs
     with pytest.raises(ValueError, match=match):

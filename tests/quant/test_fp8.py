@@ -18,7 +18,7 @@ import pytest
 from lpjax import quant
 from lpjax.quant import E4M3_MAX, Fp8BlockwiseWeight
 
-SLACK = 1.0 + 2.0 ** -20
+SLACK = 1.0 + 2.0**-20
 
 
 def _blocky(seed, shape, block=128):
@@ -26,12 +26,12 @@ def _blocky(seed, shape, block=128):
     rng = np.random.default_rng(seed)
     tiles = (-(-shape[0] // block), -(-shape[1] // block))
     mag = 2.0 ** rng.integers(-8, 9, tiles)
-    mag = np.repeat(np.repeat(mag, block, 0), block, 1)[:shape[0], :shape[1]]
+    mag = np.repeat(np.repeat(mag, block, 0), block, 1)[: shape[0], : shape[1]]
     return jnp.asarray(rng.standard_normal(shape) * mag, jnp.float32)
 
 
 def _expand(scales, shape, rows, cols):
-    return np.repeat(np.repeat(np.asarray(scales), rows, 0), cols, 1)[:shape[0], :shape[1]]
+    return np.repeat(np.repeat(np.asarray(scales), rows, 0), cols, 1)[: shape[0], : shape[1]]
 
 
 def _numpy_quantize(x, rows, cols):
@@ -42,7 +42,7 @@ def _numpy_quantize(x, rows, cols):
     scales = np.ones((rb, cb), np.float32)
     for i in range(rb):
         for j in range(cb):
-            amax = np.abs(x[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]).max()
+            amax = np.abs(x[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]).max()
             if amax > 0:
                 scales[i, j] = amax * np.float32(1.0 / 448.0)
     q = np.clip(x * (np.float32(1.0) / _expand(scales, x.shape, rows, cols)), -448, 448).astype(ml_dtypes.float8_e4m3fn)
@@ -52,9 +52,9 @@ def _numpy_quantize(x, rows, cols):
 def _assert_roundtrip_bound(x, deq, s_full):
     x, deq = np.asarray(x, np.float64), np.asarray(deq, np.float64)
     err = np.abs(x - deq)
-    bound = np.maximum(2.0 ** -4 * np.abs(x), 2.0 ** -10 * s_full) * SLACK
+    bound = np.maximum(2.0**-4 * np.abs(x), 2.0**-10 * s_full) * SLACK
     assert np.all(err <= bound), float(np.max(err / bound))
-    assert np.all(err <= 2.0 ** -4 * E4M3_MAX * s_full * SLACK)
+    assert np.all(err <= 2.0**-4 * E4M3_MAX * s_full * SLACK)
     return float(np.max(err / (E4M3_MAX * s_full)))
 
 
@@ -71,7 +71,7 @@ def test_blockwise_round_trip_bound_and_numpy_agreement(shape):
     deq = quant.dequantize_fp8_blockwise(qw)
     assert deq.shape == shape and deq.dtype == jnp.float32
     worst = _assert_roundtrip_bound(w, deq, _expand(qw.scales, shape, 128, 128))
-    assert worst <= 2.0 ** -4
+    assert worst <= 2.0**-4
     # Same codes and scales, bit for bit, as an independent NumPy / ml_dtypes implementation.
     q_np, s_np = _numpy_quantize(w, 128, 128)
     np.testing.assert_array_equal(np.asarray(qw.scales), s_np)
@@ -80,7 +80,7 @@ def test_blockwise_round_trip_bound_and_numpy_agreement(shape):
     amax_codes = np.abs(np.asarray(qw.codes, np.float32))
     for i in range(qw.scales.shape[0]):
         for j in range(qw.scales.shape[1]):
-            assert amax_codes[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].max() == E4M3_MAX
+            assert amax_codes[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].max() == E4M3_MAX
 
 
 def test_blockwise_other_block_size():
@@ -93,7 +93,7 @@ def test_blockwise_other_block_size():
 
 def test_zero_tiles_give_unit_scale_zero_codes_and_no_nan():
     w = _blocky(2, (200, 300))
-    w = w.at[:128, 128:256].set(0.0).at[128:, 256:].set(0.0)   # a full and a ragged zero tile
+    w = w.at[:128, 128:256].set(0.0).at[128:, 256:].set(0.0)  # a full and a ragged zero tile
     qw = quant.quantize_fp8_blockwise(w)
     assert float(qw.scales[0, 1]) == 1.0 and float(qw.scales[1, 2]) == 1.0
     assert np.all(np.asarray(qw.codes[:128, 128:256], np.float32) == 0)
@@ -118,7 +118,7 @@ def test_large_values_are_clipped_not_nan():
 
 
 def test_tiny_scales_are_never_zero():
-    w = jnp.asarray([[1e-42, 0.0], [-1e-40, 3e-39]], jnp.float32)   # amax / 448 is subnormal (or underflows)
+    w = jnp.asarray([[1e-42, 0.0], [-1e-40, 3e-39]], jnp.float32)  # amax / 448 is subnormal (or underflows)
     qw = quant.quantize_fp8_blockwise(w)
     assert float(qw.scales[0, 0]) >= np.finfo(np.float32).tiny
     assert np.isfinite(np.asarray(qw.codes, np.float32)).all()
@@ -128,14 +128,14 @@ def test_tiny_scales_are_never_zero():
 @pytest.mark.parametrize("shape", [(1, 128), (3, 200), (70, 129), (4, 1)])
 def test_per_token_group_round_trip_bound_and_numpy_agreement(shape):
     x = np.random.default_rng(shape[1]).standard_normal(shape) * np.logspace(-3, 3, shape[0])[:, None]
-    x[0, :128] = 0.0   # an all-zero group
+    x[0, :128] = 0.0  # an all-zero group
     x = jnp.asarray(x, jnp.float32)
     codes, scales = quant.quantize_fp8_per_token_group(x)
     assert codes.shape == shape and codes.dtype == jnp.float8_e4m3fn
     assert scales.shape == (shape[0], -(-shape[1] // 128)) and scales.dtype == jnp.float32
     assert float(scales[0, 0]) == 1.0
     deq = quant.dequantize_fp8_per_token_group(codes, scales)
-    assert np.isfinite(deq).all() and np.all(np.asarray(deq[0, :min(shape[1], 128)]) == 0)
+    assert np.isfinite(deq).all() and np.all(np.asarray(deq[0, : min(shape[1], 128)]) == 0)
     _assert_roundtrip_bound(x, deq, _expand(scales, shape, 1, 128))
     q_np, s_np = _numpy_quantize(x, 1, 128)
     np.testing.assert_array_equal(np.asarray(scales), s_np)
@@ -153,7 +153,7 @@ def test_low_precision_inputs_quantize_like_their_float32_values(dtype):
 def test_jit_equals_eager():
     w = _blocky(4, (200, 130))
     for fn in (quant.quantize_fp8_blockwise, quant.quantize_fp8_per_token_group):
-        with jax.disable_jit():   # op by op
+        with jax.disable_jit():  # op by op
             eager = fn(w)
         for e, j in zip(eager, jax.jit(fn)(w)):
             np.testing.assert_array_equal(np.asarray(e, np.float32), np.asarray(j, np.float32))

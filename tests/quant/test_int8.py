@@ -14,7 +14,7 @@ import pytest
 from lpjax import quant
 from lpjax.quant import INT8_MAX, Int8Weight
 
-SLACK = 1.0 + 2.0 ** -20
+SLACK = 1.0 + 2.0**-20
 
 
 def _data(seed, shape, spread=3.0):
@@ -56,8 +56,11 @@ def test_per_tensor_and_per_channel_round_trip(shape):
     codes, scale = quant.quantize_int8(x)
     assert scale.shape == ()
     _check(x, codes, scale, (0, 1))
-    for axis, scale_shape, reduce_axes in ((0, (shape[0], 1), (1,)), (1, (1, shape[1]), (0,)),
-                                           (-1, (1, shape[1]), (0,))):
+    for axis, scale_shape, reduce_axes in (
+        (0, (shape[0], 1), (1,)),
+        (1, (1, shape[1]), (0,)),
+        (-1, (1, shape[1]), (0,)),
+    ):
         codes, scale = quant.quantize_int8(x, axis=axis)
         assert scale.shape == scale_shape
         _check(x, codes, scale, reduce_axes)
@@ -82,7 +85,7 @@ def test_axis_tuple_on_3d():
 
 def test_per_channel_beats_per_tensor_on_uneven_channels():
     rng = np.random.default_rng(3)
-    w = jnp.asarray(rng.standard_normal((256, 64)) * np.logspace(-3, 3, 64), jnp.float32)   # column magnitudes
+    w = jnp.asarray(rng.standard_normal((256, 64)) * np.logspace(-3, 3, 64), jnp.float32)  # column magnitudes
     col_norm = jnp.abs(w).mean(axis=0)
 
     def mean_relative_column_error(codes, scale):
@@ -90,7 +93,7 @@ def test_per_channel_beats_per_tensor_on_uneven_channels():
 
     per_tensor = mean_relative_column_error(*quant.quantize_int8(w))
     per_channel = mean_relative_column_error(*quant.quantize_int8(w, axis=1))
-    assert per_channel < 0.01 and per_tensor > 0.5   # small columns round to zero with one scale
+    assert per_channel < 0.01 and per_tensor > 0.5  # small columns round to zero with one scale
 
 
 def test_zero_slices_and_zero_tensor_are_safe():
@@ -100,7 +103,7 @@ def test_zero_slices_and_zero_tensor_are_safe():
     assert np.isfinite(quant.dequantize_int8(codes, scale)).all()
     codes, scale = quant.quantize_int8(jnp.zeros((3, 3)))
     assert float(scale) == 1.0 and np.all(np.asarray(codes) == 0)
-    tiny = jnp.asarray([[1e-42, -1e-40]], jnp.float32)   # amax / 127 is subnormal
+    tiny = jnp.asarray([[1e-42, -1e-40]], jnp.float32)  # amax / 127 is subnormal
     codes, scale = quant.quantize_int8(tiny)
     assert float(scale) >= np.finfo(np.float32).tiny and np.isfinite(quant.dequantize_int8(codes, scale)).all()
 
@@ -125,9 +128,13 @@ def test_low_precision_inputs_quantize_like_their_float32_values():
 
 def test_jit_equals_eager():
     x = _data(6, (70, 129))
-    for fn in (quant.quantize_int8, lambda v: quant.quantize_int8(v, axis=1), quant.quantize_int8_per_token,
-               lambda v: tuple(quant.quantize_int8_weight(v))):
-        with jax.disable_jit():   # op by op
+    for fn in (
+        quant.quantize_int8,
+        lambda v: quant.quantize_int8(v, axis=1),
+        quant.quantize_int8_per_token,
+        lambda v: tuple(quant.quantize_int8_weight(v)),
+    ):
+        with jax.disable_jit():  # op by op
             eager = fn(x)
         for e, j in zip(eager, jax.jit(fn)(x)):
             np.testing.assert_array_equal(e, j)

@@ -17,7 +17,7 @@ from lpjax import quant
 from lpjax.quant import Int8Weight
 from lpjax.quant.packing import MAGIC
 
-SLACK = 1.0 + 2.0 ** -20
+SLACK = 1.0 + 2.0**-20
 
 
 def _mlp(sizes, seed=0):
@@ -25,8 +25,10 @@ def _mlp(sizes, seed=0):
     key, layers = jax.random.key(seed), {}
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         key, k_w, k_b = jax.random.split(key, 3)
-        layers[f"Dense_{i}"] = {"kernel": jax.random.normal(k_w, (fan_in, fan_out)) / np.sqrt(fan_in),
-                                "bias": 0.1 * jax.random.normal(k_b, (fan_out,))}
+        layers[f"Dense_{i}"] = {
+            "kernel": jax.random.normal(k_w, (fan_in, fan_out)) / np.sqrt(fan_in),
+            "bias": 0.1 * jax.random.normal(k_b, (fan_out,)),
+        }
     return {"params": layers}
 
 
@@ -78,7 +80,7 @@ def test_fp16_round_trip_is_fp16_rounding():
         assert _get(stored, path).dtype == np.float16 and _get(floats, path).dtype == np.float32
         np.testing.assert_array_equal(_get(stored, path), original.astype(np.float16))
         np.testing.assert_array_equal(_get(floats, path), original.astype(np.float16).astype(np.float32))
-        assert np.all(np.abs(_get(floats, path) - original) <= 2.0 ** -11 * np.abs(original) + 2.0 ** -25)
+        assert np.all(np.abs(_get(floats, path) - original) <= 2.0**-11 * np.abs(original) + 2.0**-25)
 
 
 def test_int8_round_trip_gives_codes_scales_and_floats_within_half_a_scale():
@@ -103,8 +105,9 @@ def test_int8_round_trip_gives_codes_scales_and_floats_within_half_a_scale():
         np.testing.assert_array_equal(value.scales, np.asarray(expected.scales))
         deq = _get(floats, path)
         assert deq.dtype == np.float32
-        np.testing.assert_array_equal(deq.reshape(-1, original.shape[-1]),
-                                      np.asarray(quant.dequantize_int8(expected.codes, expected.scales)))
+        np.testing.assert_array_equal(
+            deq.reshape(-1, original.shape[-1]), np.asarray(quant.dequantize_int8(expected.codes, expected.scales))
+        )
         assert np.all(np.abs(deq - original) <= 0.5 * value.scales * SLACK)
     zero_column = _get(floats, ("params", "Dense_1", "kernel"))[:, 2]
     assert np.all(zero_column == 0.0)
@@ -130,7 +133,7 @@ def test_header_is_json_and_describes_every_buffer():
     blob = quant.pack_params(_tree(), "int8")
     magic, length = struct.unpack_from("<8sQ", blob)
     assert magic == MAGIC
-    header = json.loads(blob[16:16 + length])
+    header = json.loads(blob[16 : 16 + length])
     assert header["scheme"] == "int8" and header["version"] == 1 and header["empty_dicts"] == [[8, ["empty"]]]
     assert header["data_nbytes"] == len(blob) - 16 - length
     offsets = [(b["offset"], b["nbytes"]) for leaf in header["leaves"] for b in leaf["buffers"]]
@@ -139,8 +142,9 @@ def test_header_is_json_and_describes_every_buffer():
 
 
 def test_accepts_jax_numpy_bfloat16_and_frozendict_leaves():
-    params = flax.core.freeze({"a": {"w": jnp.ones((3, 2), jnp.bfloat16), "b": np.arange(2, dtype=np.float64)},
-                               "c": 1.5})
+    params = flax.core.freeze(
+        {"a": {"w": jnp.ones((3, 2), jnp.bfloat16), "b": np.arange(2, dtype=np.float64)}, "c": 1.5}
+    )
     restored, info = quant.unpack_params(quant.pack_params(params, "fp32"))
     np.testing.assert_array_equal(restored["a"]["w"], np.ones((3, 2), np.float32))
     np.testing.assert_array_equal(restored["a"]["b"], [0.0, 1.0])
@@ -150,16 +154,19 @@ def test_accepts_jax_numpy_bfloat16_and_frozendict_leaves():
     np.testing.assert_array_equal(restored["a"]["w"], np.ones((3, 2), np.float32))
 
 
-@pytest.mark.parametrize("params, error, message", [
-    ({"a": [np.ones(2)]}, TypeError, r"\['a'\].*list"),
-    ({"a": (np.ones(2),)}, TypeError, "tuple"),
-    ({"a": {"b": None}}, TypeError, r"\['a'\]\['b'\].*NoneType"),
-    ({"a": "weights"}, TypeError, "str"),
-    ({"a": np.arange(3)}, ValueError, "floating dtype"),
-    ({1: np.ones(2)}, TypeError, "keys must be strings"),
-    ([np.ones(2)], TypeError, "nested dict"),
-    (np.ones(2), TypeError, "nested dict"),
-])
+@pytest.mark.parametrize(
+    "params, error, message",
+    [
+        ({"a": [np.ones(2)]}, TypeError, r"\['a'\].*list"),
+        ({"a": (np.ones(2),)}, TypeError, "tuple"),
+        ({"a": {"b": None}}, TypeError, r"\['a'\]\['b'\].*NoneType"),
+        ({"a": "weights"}, TypeError, "str"),
+        ({"a": np.arange(3)}, ValueError, "floating dtype"),
+        ({1: np.ones(2)}, TypeError, "keys must be strings"),
+        ([np.ones(2)], TypeError, "nested dict"),
+        (np.ones(2), TypeError, "nested dict"),
+    ],
+)
 def test_unsupported_trees_raise_naming_the_leaf(params, error, message):
     with pytest.raises(error, match=message):
         quant.pack_params(params, "fp32")
@@ -181,8 +188,8 @@ def test_bad_scheme_and_corrupt_blobs_raise():
     with pytest.raises(ValueError, match="takes bytes"):
         quant.unpack_params("not bytes")
     _, length = struct.unpack_from("<8sQ", blob)
-    header = json.loads(blob[16:16 + length])
+    header = json.loads(blob[16 : 16 + length])
     header["version"] = 99
     text = json.dumps(header).encode()
     with pytest.raises(ValueError, match="version 99"):
-        quant.unpack_params(struct.pack("<8sQ", MAGIC, len(text)) + text + blob[16 + length:])
+        quant.unpack_params(struct.pack("<8sQ", MAGIC, len(text)) + text + blob[16 + length :])

@@ -17,9 +17,12 @@ def _x(seed=0, shape=(12, 7)):
 
 def _params():
     keys = jax.random.split(jax.random.key(1), 3)
-    return {"params": {"Dense_0": {"kernel": jax.random.normal(keys[0], (5, 8)), "bias": jnp.full(8, 0.1)},
-                       "Dense_1": {"kernel": jax.random.normal(keys[1], (8, 3)),
-                                   "bias": jax.random.normal(keys[2], (3,))}}}
+    return {
+        "params": {
+            "Dense_0": {"kernel": jax.random.normal(keys[0], (5, 8)), "bias": jnp.full(8, 0.1)},
+            "Dense_1": {"kernel": jax.random.normal(keys[1], (8, 3)), "bias": jax.random.normal(keys[2], (3,))},
+        }
+    }
 
 
 def _apply(params, obs):
@@ -47,8 +50,9 @@ def test_forward_is_dequantize_of_quantize(bits, axis):
     x = _x()
     expected = quant.uniform_dequantize(*quant.uniform_quantize(x, bits, axis))
     np.testing.assert_array_equal(np.asarray(quant.fake_quantize(x, bits, axis)), np.asarray(expected))
-    np.testing.assert_array_equal(np.asarray(jax.jit(quant.fake_quantize, static_argnums=(1, 2))(x, bits, axis)),
-                                  np.asarray(expected))
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(quant.fake_quantize, static_argnums=(1, 2))(x, bits, axis)), np.asarray(expected)
+    )
 
 
 def test_dtype_is_preserved():
@@ -65,13 +69,16 @@ def test_gradient_is_straight_through(bits):
     c = jax.random.normal(jax.random.key(4), x.shape)
     grad = jax.grad(lambda v: jnp.sum(c * quant.fake_quantize(v, bits)))(x)
     np.testing.assert_array_equal(np.asarray(grad), np.asarray(c))
+
     # A nonlinear loss: the chain rule stops at fq, d/dx L(fq(x)) = L'(fq(x)) (the STE), under jit too.
     def loss(v):
         return jnp.sum(jnp.sin(v) * v)
 
     q = quant.fake_quantize(x, bits, -1)
-    for grad_fn in (jax.grad(lambda v: loss(quant.fake_quantize(v, bits, -1))),
-                    jax.jit(jax.grad(lambda v: loss(quant.fake_quantize(v, bits, -1))))):
+    for grad_fn in (
+        jax.grad(lambda v: loss(quant.fake_quantize(v, bits, -1))),
+        jax.jit(jax.grad(lambda v: loss(quant.fake_quantize(v, bits, -1)))),
+    ):
         np.testing.assert_allclose(np.asarray(grad_fn(x)), np.asarray(jax.grad(loss)(q)), rtol=1e-6)
     # Forward mode agrees: the tangent passes through unchanged.
     _, tangent = jax.jvp(lambda v: quant.fake_quantize(v, bits), (x,), (c,))
@@ -83,21 +90,24 @@ def test_fake_quantize_params_quantizes_weights_only():
     q = quant.fake_quantize_params(params, 4, step=5, delay=0)
     for name in ("Dense_0", "Dense_1"):
         kernel = params["params"][name]["kernel"]
-        np.testing.assert_array_equal(np.asarray(q["params"][name]["kernel"]),
-                                      np.asarray(quant.fake_quantize(kernel, 4)))
+        np.testing.assert_array_equal(
+            np.asarray(q["params"][name]["kernel"]), np.asarray(quant.fake_quantize(kernel, 4))
+        )
         assert q["params"][name]["bias"] is params["params"][name]["bias"]
     per_channel = quant.fake_quantize_params(params, 4, step=5, delay=0, per_channel=True)
     kernel = params["params"]["Dense_0"]["kernel"]
-    np.testing.assert_array_equal(np.asarray(per_channel["params"]["Dense_0"]["kernel"]),
-                                  np.asarray(quant.fake_quantize(kernel, 4, -1)))
+    np.testing.assert_array_equal(
+        np.asarray(per_channel["params"]["Dense_0"]["kernel"]), np.asarray(quant.fake_quantize(kernel, 4, -1))
+    )
 
 
 def test_delay_is_respected_with_python_ints():
     params = _params()
     assert quant.fake_quantize_params(params, 4, step=9, delay=10) is params
     quantized = quant.fake_quantize_params(params, 4, step=10, delay=10)
-    assert not np.array_equal(np.asarray(quantized["params"]["Dense_0"]["kernel"]),
-                              np.asarray(params["params"]["Dense_0"]["kernel"]))
+    assert not np.array_equal(
+        np.asarray(quantized["params"]["Dense_0"]["kernel"]), np.asarray(params["params"]["Dense_0"]["kernel"])
+    )
 
 
 def test_delay_under_jit_with_a_traced_step_and_straight_through_gradient():
@@ -128,12 +138,18 @@ def test_delay_under_jit_with_a_traced_step_and_straight_through_gradient():
     _assert_trees_equal(traced_delay(params, jnp.int32(4), jnp.int32(4)), fq)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(bits=1, step=0, delay=0), "bits"), (dict(bits=8.0, step=0, delay=0), "bits"),
-    (dict(bits=8, step=0, delay=-1), "delay must be >= 0"), (dict(bits=8, step=1.5, delay=0), "step must be"),
-    (dict(bits=8, step=jnp.float32(1.0), delay=0), "step must be"), (dict(bits=8, step=0, delay="5"), "delay must"),
-    (dict(bits=8, step=jnp.arange(3), delay=0), "step must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(bits=1, step=0, delay=0), "bits"),
+        (dict(bits=8.0, step=0, delay=0), "bits"),
+        (dict(bits=8, step=0, delay=-1), "delay must be >= 0"),
+        (dict(bits=8, step=1.5, delay=0), "step must be"),
+        (dict(bits=8, step=jnp.float32(1.0), delay=0), "step must be"),
+        (dict(bits=8, step=0, delay="5"), "delay must"),
+        (dict(bits=8, step=jnp.arange(3), delay=0), "step must be"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         quant.fake_quantize_params(_params(), **kwargs)

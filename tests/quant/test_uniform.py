@@ -19,8 +19,8 @@ import pytest
 from lpjax import quant
 from lpjax.quant import HalfPrecision, QuantSpec, UniformQuantized
 
-SLACK = 1.0 + 2.0 ** -20
-ULP = 2.0 ** -23  # float32 rounding of the dequantized product delta * Wq (up to 2^n delta, so 2^(n-23) delta)
+SLACK = 1.0 + 2.0**-20
+ULP = 2.0**-23  # float32 rounding of the dequantized product delta * Wq (up to 2^n delta, so 2^(n-23) delta)
 BITS = [2, 3, 4, 5, 6, 7, 8, 12, 14, 15, 16]
 
 
@@ -36,8 +36,9 @@ def _reference(x, bits, reduce_axes):
     """The papers' formula in float64."""
     x = np.asarray(x, np.float64)
     span = np.abs(np.minimum(x, 0).min(axis=reduce_axes, keepdims=True)) + np.abs(
-        np.maximum(x, 0).max(axis=reduce_axes, keepdims=True))
-    delta = span / 2.0 ** bits
+        np.maximum(x, 0).max(axis=reduce_axes, keepdims=True)
+    )
+    delta = span / 2.0**bits
     ratio = x / np.where(delta > 0, delta, 1.0)
     return np.round(ratio), delta, ratio
 
@@ -48,12 +49,12 @@ def _check(x, bits, axis, reduce_axes):
     ref_codes, ref_delta, ratio = _reference(x, bits, reduce_axes)
     delta_np = np.asarray(delta, np.float64)
     assert delta_np.shape == (() if axis is None else ref_delta.shape)
-    np.testing.assert_allclose(np.broadcast_to(delta_np, ref_delta.shape), ref_delta, rtol=2.0 ** -23, atol=0)
+    np.testing.assert_allclose(np.broadcast_to(delta_np, ref_delta.shape), ref_delta, rtol=2.0**-23, atol=0)
     codes_np = np.asarray(codes, np.int64)
     near_tie = np.abs(np.abs(ratio - np.floor(ratio)) - 0.5) < 1e-5 * np.maximum(1.0, np.abs(ratio))
     np.testing.assert_array_equal(codes_np[~near_tie], ref_codes[~near_tie])
     assert np.all(np.abs(codes_np - ref_codes) <= 1)
-    assert np.all(np.abs(codes_np) <= 2 ** bits)
+    assert np.all(np.abs(codes_np) <= 2**bits)
     # |W - D(Q(W))| <= delta / 2, element-wise.
     err = np.abs(x.astype(np.float64) - np.asarray(quant.uniform_dequantize(codes, delta), np.float64))
     half = 0.5 * np.broadcast_to(delta_np, x.shape)
@@ -83,23 +84,27 @@ def test_per_channel_matches_the_float64_formula(bits):
 def test_codes_span_minus_to_plus_two_to_the_n_and_fit_their_dtype(bits):
     positive = np.abs(_data(bits, (50, 7))) + np.float32(0.01)
     codes, _ = quant.uniform_quantize(jnp.asarray(positive), bits)
-    assert int(np.max(np.asarray(codes, np.int64))) == 2 ** bits  # the maximum maps to exactly 2^n
+    assert int(np.max(np.asarray(codes, np.int64))) == 2**bits  # the maximum maps to exactly 2^n
     codes, _ = quant.uniform_quantize(jnp.asarray(-positive), bits)
-    assert int(np.min(np.asarray(codes, np.int64))) == -(2 ** bits)
+    assert int(np.min(np.asarray(codes, np.int64))) == -(2**bits)
     symmetric = np.array([-3.0, -1.0, 0.0, 2.0, 3.0], np.float32)
     codes, delta = quant.uniform_quantize(jnp.asarray(symmetric), bits)
-    assert float(delta) == 6.0 / 2 ** bits and int(codes[-1]) == 2 ** (bits - 1)
+    assert float(delta) == 6.0 / 2**bits and int(codes[-1]) == 2 ** (bits - 1)
     info = np.iinfo(quant.code_dtype(bits))
-    assert info.min <= -(2 ** bits) and 2 ** bits <= info.max
+    assert info.min <= -(2**bits) and 2**bits <= info.max
 
 
 def test_code_dtype_is_the_smallest_that_holds_the_codes():
-    expected = {**{n: np.int8 for n in range(2, 7)}, **{n: np.int16 for n in range(7, 15)}, 15: np.int32,
-                16: np.int32}
+    expected = {
+        **dict.fromkeys(range(2, 7), np.int8),
+        **dict.fromkeys(range(7, 15), np.int16),
+        15: np.int32,
+        16: np.int32,
+    }
     for bits, dtype in expected.items():
         assert quant.code_dtype(bits) == dtype, bits
     # int8 is NOT enough for 8 bits: an all-positive weight's maximum has code 256.
-    assert 2 ** 8 > np.iinfo(np.int8).max
+    assert np.iinfo(np.int8).max < 2**8
 
 
 def test_error_shrinks_to_identity_as_bits_grow():
@@ -111,7 +116,7 @@ def test_error_shrinks_to_identity_as_bits_grow():
         errors.append(float(np.max(np.abs(deq - x))))
         assert errors[-1] <= span / 2 ** (bits + 1) * SLACK + ULP * float(np.max(np.abs(x)))
     assert all(a > b for a, b in itertools.pairwise(errors))
-    assert errors[-1] / span < 2.0 ** -16
+    assert errors[-1] / span < 2.0**-16
     # Values on the grid are reproduced exactly.
     grid = np.arange(-4, 5, dtype=np.float32) * np.float32(0.25)
     codes, delta = quant.uniform_quantize(jnp.asarray(grid), 4)
@@ -165,12 +170,17 @@ def test_bad_inputs_raise():
 
 
 def _params(dtype=jnp.float32):
-    return {"params": {
-        "Dense_0": {"kernel": jnp.asarray(_data(1, (6, 16), 0.2), dtype), "bias": jnp.asarray(_data(2, (16,)), dtype)},
-        "Dense_1": {"kernel": jnp.asarray(_data(3, (16, 4)), dtype), "bias": jnp.zeros(4, dtype)},
-        "Conv_0": {"kernel": jnp.asarray(_data(4, (3, 3, 2, 5)), dtype)},
-        "count": jnp.asarray(3, jnp.int32),
-    }}
+    return {
+        "params": {
+            "Dense_0": {
+                "kernel": jnp.asarray(_data(1, (6, 16), 0.2), dtype),
+                "bias": jnp.asarray(_data(2, (16,)), dtype),
+            },
+            "Dense_1": {"kernel": jnp.asarray(_data(3, (16, 4)), dtype), "bias": jnp.zeros(4, dtype)},
+            "Conv_0": {"kernel": jnp.asarray(_data(4, (3, 3, 2, 5)), dtype)},
+            "count": jnp.asarray(3, jnp.int32),
+        }
+    }
 
 
 def _structure_and_dtypes(tree):
@@ -196,12 +206,15 @@ def test_fp16_spec_rounds_weights_and_keeps_biases():
     np.testing.assert_array_equal(np.asarray(restored["params"]["Dense_0"]["kernel"]), expected)
     everything = quant.dequantize_params(quant.quantize_params(params, {"format": "fp16", "vectors": True}))
     bias = np.asarray(params["params"]["Dense_0"]["bias"])
-    np.testing.assert_array_equal(np.asarray(everything["params"]["Dense_0"]["bias"]),
-                                  bias.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(everything["params"]["Dense_0"]["bias"]), bias.astype(np.float16).astype(np.float32)
+    )
 
 
-@pytest.mark.parametrize("spec, per_channel", [("int4", False), ("int8_per_channel", True),
-                                               ({"bits": 6, "per_channel": True}, True), ({"bits": 3}, False)])
+@pytest.mark.parametrize(
+    "spec, per_channel",
+    [("int4", False), ("int8_per_channel", True), ({"bits": 6, "per_channel": True}, True), ({"bits": 3}, False)],
+)
 def test_int_specs_quantize_weights_per_tensor_or_per_output_channel(spec, per_channel):
     params = _params()
     qparams = quant.quantize_params(params, spec)
@@ -242,9 +255,14 @@ def test_per_channel_is_never_worse_than_per_tensor():
         worst = {}
         for spec in (f"int{bits}", f"int{bits}_per_channel"):
             restored = quant.dequantize_params(quant.quantize_params(params, spec))
-            worst[spec] = max(float(np.max(np.abs(np.asarray(restored["params"][n]["kernel"])
-                                                  - np.asarray(params["params"][n]["kernel"]))))
-                              for n in ("Dense_0", "Dense_1", "Conv_0"))
+            worst[spec] = max(
+                float(
+                    np.max(
+                        np.abs(np.asarray(restored["params"][n]["kernel"]) - np.asarray(params["params"][n]["kernel"]))
+                    )
+                )
+                for n in ("Dense_0", "Dense_1", "Conv_0")
+            )
         assert worst[f"int{bits}_per_channel"] <= worst[f"int{bits}"]
 
 
@@ -257,12 +275,20 @@ def test_parse_spec_forms_and_names():
     assert quant.parse_spec("fp32").name == "fp32"
 
 
-@pytest.mark.parametrize("spec, error, message", [
-    ("int1", ValueError, "bits"), ("int17", ValueError, "bits"), ("fp8", ValueError, "valid: 'fp32', 'fp16'"),
-    ("int8_per_row", ValueError, "Unknown quantization spec"), ({"bits": 8, "axis": 0}, ValueError, "axis"),
-    ({"format": "fp16", "bits": 8}, ValueError, "only apply to format 'int'"), ({}, ValueError, "needs format"),
-    ({"bits": 4, "per_channel": "yes"}, TypeError, "must be a bool"), (8, TypeError, "str or dict"),
-])
+@pytest.mark.parametrize(
+    "spec, error, message",
+    [
+        ("int1", ValueError, "bits"),
+        ("int17", ValueError, "bits"),
+        ("fp8", ValueError, "valid: 'fp32', 'fp16'"),
+        ("int8_per_row", ValueError, "Unknown quantization spec"),
+        ({"bits": 8, "axis": 0}, ValueError, "axis"),
+        ({"format": "fp16", "bits": 8}, ValueError, "only apply to format 'int'"),
+        ({}, ValueError, "needs format"),
+        ({"bits": 4, "per_channel": "yes"}, TypeError, "must be a bool"),
+        (8, TypeError, "str or dict"),
+    ],
+)
 def test_bad_specs_raise_with_the_valid_forms(spec, error, message):
     with pytest.raises(error, match=message):
         quant.quantize_params(_params(), spec)

@@ -39,9 +39,17 @@ def test_tokenizer_round_trip():
         CharTokenizer("aa")
 
 
-@pytest.mark.parametrize("name, prompt, answer", [
-    ("addition", "07+45=", "052"), ("addition", "99+99=", "198"), ("addition", "00+00=", "000"),
-    ("copy", "3141=", "3141"), ("sort", "3141=", "1134"), ("sort", "9075=", "0579")])
+@pytest.mark.parametrize(
+    "name, prompt, answer",
+    [
+        ("addition", "07+45=", "052"),
+        ("addition", "99+99=", "198"),
+        ("addition", "00+00=", "000"),
+        ("copy", "3141=", "3141"),
+        ("sort", "3141=", "1134"),
+        ("sort", "9075=", "0579"),
+    ],
+)
 def test_rewards_on_hand_cases(name, prompt, answer):
     task = make_task(name, len(prompt.split("+")[0].rstrip("=")))
     p = enc(prompt, bos=True)
@@ -67,8 +75,11 @@ def test_answers_match_python_arithmetic_and_rewards_jit():
         answers = np.asarray(task.answers(prompts))
         for p, a in zip(prompts, answers):
             text = TOKENIZER.decode(p)[:-1]
-            expected = {"addition": lambda t: f"{sum(int(x) for x in t.split('+')):04d}",
-                        "copy": lambda t: t, "sort": lambda t: "".join(sorted(t))}[name](text)
+            expected = {
+                "addition": lambda t: f"{sum(int(x) for x in t.split('+')):04d}",
+                "copy": lambda t: t,
+                "sort": lambda t: "".join(sorted(t)),
+            }[name](text)
             assert TOKENIZER.decode(a) == expected
         completions = np.concatenate([answers, np.full((64, 2), EOS)], axis=1)
         completions[::2, 0] = TOKENIZER.encode("+")[0]  # every other one wrong
@@ -81,8 +92,9 @@ def test_prompts_are_deterministic_by_seed():
     a = task.sample_prompts(np.random.default_rng(7), 16)
     np.testing.assert_array_equal(a, task.sample_prompts(np.random.default_rng(7), 16))
     assert not np.array_equal(a, task.sample_prompts(np.random.default_rng(8), 16))
-    np.testing.assert_array_equal(sft_batch(task, np.random.default_rng(3), 4)[0],
-                                  sft_batch(task, np.random.default_rng(3), 4)[0])
+    np.testing.assert_array_equal(
+        sft_batch(task, np.random.default_rng(3), 4)[0], sft_batch(task, np.random.default_rng(3), 4)[0]
+    )
     assert a.shape == (16, 7) and a.dtype == np.int32
 
 
@@ -93,7 +105,7 @@ def test_sft_mask_covers_exactly_the_answer(name):
     assert tokens.shape == mask.shape == (8, task.seq_len)
     for row, m in zip(tokens, mask):
         prompt, masked = row[m == 0], row[m == 1]
-        assert len(prompt) == task.prompt_len and m[:task.prompt_len].sum() == 0
+        assert len(prompt) == task.prompt_len and m[: task.prompt_len].sum() == 0
         assert masked[-1] == EOS and TOKENIZER.decode(masked) == TOKENIZER.decode(task.answers(prompt[None])[0])
         assert task.reward(prompt, masked) == 1.0
 
@@ -119,7 +131,7 @@ def test_warm_start_lowers_the_loss_and_its_accuracy_is_the_greedy_reward():
     assert curve.loss[-1] < 0.5 * curve.loss[0] and np.all(np.diff(curve.seconds) > 0)
     assert 0 < curve.accuracy[-1] < 1  # partly trained (~0.6): the comparison below is not vacuous
 
-    prompts = sft_batch(task, np.random.default_rng(1), 64)[0][:, :task.prompt_len]  # warm_start's eval prompts
+    prompts = sft_batch(task, np.random.default_rng(1), 64)[0][:, : task.prompt_len]  # warm_start's eval prompts
 
     @jax.jit
     def greedy(params):
