@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
+import importlib.util
 import json
+import os
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -43,6 +47,55 @@ def resolve_config_argument(argv: Sequence[str], config_dir: pathlib.Path) -> li
     return argv
 
 
+def _load_config(path: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of the config file at ``path``; a syntax error exits with one line (file, line, message)."""
+    try:
+        compile(pathlib.Path(path).read_text(), path, "exec")
+    except SyntaxError as error:
+        raise SystemExit(f"{error.filename}, line {error.lineno}: {error.msg} (in the --config file).") from None
+    spec = importlib.util.spec_from_file_location("_checked_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def check_config_arguments(argv: Sequence[str]) -> None:
+    """Exits with one line for a ``--config`` file with a syntax error, or an override ``--config.a.b=v`` of a key
+    the config does not have (naming the key and its close matches), before absl parses the flags.
+
+    Other problems (a failing ``get_config``, a value of the wrong type) are left to absl's parser.
+    """
+    path = next((a.split("=", 1)[1].partition(":")[0] for a in argv[1:] if a.startswith("--config=")), None)
+    if path is None or not pathlib.Path(path).is_file():
+        return
+    config = _load_config(path)
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        keys = arg[len("--config.") :].split("=", 1)[0].split(".")
+        node = config
+        for depth, key in enumerate(keys):
+            valid = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            if key not in valid:
+                name = "config." + ".".join(keys[: depth + 1])
+                close = difflib.get_close_matches(key, valid, n=3)
+                hint = f"; did you mean {' or '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}."
+                raise SystemExit(f"Unknown config key {name!r}" + (hint if valid else ": it is not a ConfigDict."))
+            node = node[key]
+
+
+def check_run_dir(run_dir: pathlib.Path, resume: bool) -> None:
+    """Raises ``ValueError`` (one line) for a run directory that cannot hold a run: a file, or not writable; and,
+    with ``resume``, one holding no run to continue."""
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"--run_dir={run_dir}: {existing} is a file, not a directory.")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--run_dir={run_dir}: {existing} is not writable.")
+    if resume and not (run_dir / "checkpoints").is_dir():
+        raise ValueError(f"--resume: {run_dir} holds no run to continue (no checkpoints/).")
+
+
 def default_run_dir(kind: str, config_path: str, env: str, seed: int) -> pathlib.Path:
     """``runs/<kind>/<config>-<env>-seed<seed>-<UTC time>`` under the working directory."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
@@ -56,6 +109,7 @@ HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 def run_app(main: Callable, config_dir: pathlib.Path) -> None:
     """``absl.app.run(main)`` after resolving ``--config``; ``--help`` exits with status 0 (absl uses 1)."""
     sys.argv = resolve_config_argument(sys.argv, config_dir)
+    check_config_arguments(sys.argv)
     try:
         app.run(main)
     except SystemExit as exit_:
@@ -92,7 +146,7 @@ def define_experiment_flags(kind: str, example: str) -> ExperimentFlags:
 
 def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Callable[..., dict]]) -> Callable:
     """The absl ``main``: ``train_for(config)`` picks the training function (imported lazily so ``--help`` stays
-    fast); config errors (``ValueError``) become usage errors without a traceback; the summary is printed."""
+    fast); config errors (``ValueError``) exit with their one-line message, no traceback; the summary is printed."""
 
     def main(argv):
         del argv
@@ -101,15 +155,17 @@ def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Call
         config = experiment.config.value
         if experiment.resume.value and experiment.run_dir.value is None:
             raise app.UsageError("--resume needs --run_dir (the run to continue).")
-        run_dir = experiment.run_dir.value or default_run_dir(
-            experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed
+        run_dir = pathlib.Path(
+            experiment.run_dir.value
+            or default_run_dir(experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)
         )
         try:
+            check_run_dir(run_dir, experiment.resume.value)
             summary = train_for(config)(
                 config, run_dir, resume=experiment.resume.value, progress=experiment.progress.value
             )
         except ValueError as error:
-            raise app.UsageError(str(error)) from error
+            raise SystemExit(str(error)) from None  # one line: the message says what to change
         print(json.dumps(summary, indent=2))
 
     return main

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -79,6 +80,11 @@ def run_command(name: str, run_dir: pathlib.Path, user_overrides: list[str], res
         "--progress=false",
         *(["--resume"] if resume else []),
     ]
+
+
+def resumable(run_dir: pathlib.Path) -> bool:
+    """Whether a run directory holds a complete checkpoint (a run killed before its first one starts over)."""
+    return any(p.name.isdigit() and p.is_dir() for p in (run_dir / "checkpoints").glob("*"))
 
 
 def last_step(run_dir: pathlib.Path) -> int:
@@ -192,9 +198,11 @@ def main(argv, defined: dict):
     procs, logs = {}, {}
     for name in RUNS:
         logs[name] = run_dir / f"{name}.log"
+        if not resumable(run_dir / name):  # nothing to continue: start that run over
+            shutil.rmtree(run_dir / name, ignore_errors=True)
         with open(logs[name], "a" if resume else "w") as log:
             procs[name] = subprocess.Popen(
-                run_command(name, run_dir, user_overrides, resume),
+                run_command(name, run_dir, user_overrides, resume and resumable(run_dir / name)),
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=log,

@@ -69,8 +69,13 @@ def greedy_accuracy(model: Any, params: Any, task: Any, prompts: jax.Array) -> f
 
 
 class GRPOLearner:
-    """GRPO for :func:`experiments.run.run`: ``advance`` runs one iteration (rollout, update, sync); a new run
-    starts with the supervised warm start, a resumed one from the checkpointed :class:`lpjax.agents.grpo.GRPOState`."""
+    """GRPO for :func:`experiments.run.run`: ``advance`` runs one iteration (rollout, update, sync).
+
+    A new run starts with the supervised warm start and calibrates the fp8 KV scales (if any) on held-out prompts.
+    Checkpoints hold the :class:`lpjax.agents.grpo.GRPOState` and the rollout engine's KV scales, which the last
+    iteration calibrated on its own rollout tokens: a resumed run samples with exactly the scales an uninterrupted
+    one would have.
+    """
 
     def __init__(self, config: ml_collections.ConfigDict, agent: GRPOConfig, task: Any):
         self.config, self.agent, self.task = config, agent, task
@@ -105,7 +110,11 @@ class GRPOLearner:
         )
 
     def restore(self, checkpointer: Checkpointer, step: int) -> None:
-        self.state, _ = checkpointer.restore(step, target=self.state)
+        kv_scales = self.engine.model.calibrate_kv(self.state.params, self.eval_prompts[:64])  # shapes only
+        saved, _ = checkpointer.restore(step, target={"learner": self.state, "kv_scales": kv_scales})
+        self.state = saved["learner"]
+        self.engine.restore(self.state.params, int(self.state.step), saved["kv_scales"])
+        self.synced = True
 
     def _accuracy(self) -> float:
         return greedy_accuracy(self.train_model, self.state.params, self.task, self.eval_prompts)
@@ -133,7 +142,7 @@ class GRPOLearner:
         return True
 
     def checkpoint(self) -> tuple[Any, dict]:
-        return self.state, {}
+        return {"learner": self.state, "kv_scales": self.engine.kv_scales}, {}
 
     def summary(self) -> dict[str, Any]:
         rollout = self.agent.rollout

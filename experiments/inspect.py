@@ -241,13 +241,29 @@ def d4pg_reports(
 REPORTS = {"sac": sac_reports, "d4pg": d4pg_reports}
 
 
+def check_json_path(json_path: str | None) -> None:
+    """Raises ``ValueError`` (one line) when the ``--json`` file cannot be written, before any compute."""
+    if not json_path:
+        return
+    path = pathlib.Path(json_path)
+    existing = next(p for p in (path.parent.absolute(), *path.parent.absolute().parents) if p.exists())
+    if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--json={json_path} cannot be written ({existing} is not a writable directory).")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"--json={json_path} is not writable.")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required (e.g. --config=fp16_naive.py).")
-    config = inspected_config(_CONFIG.value, _CHECKPOINT.value)
-    reports = REPORTS[_ALGO.value](config, _CHECKPOINT.value, _DTYPE.value, _BATCH_SIZE.value, _SEED.value)
+    try:
+        check_json_path(_JSON.value)
+        config = inspected_config(_CONFIG.value, _CHECKPOINT.value)
+        reports = REPORTS[_ALGO.value](config, _CHECKPOINT.value, _DTYPE.value, _BATCH_SIZE.value, _SEED.value)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None  # one line: the message says what to change
     source = f"the networks of {_CHECKPOINT.value}" if _CHECKPOINT.value else "a fresh initialisation"
     print(f"{_ALGO.value.upper()} {config.agent.policy} on {config.env}, {source}; one update per phase.")
     for phase, report in reports.items():

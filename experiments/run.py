@@ -25,6 +25,7 @@ closed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -32,8 +33,10 @@ from typing import Any, Protocol
 import tqdm
 
 from lpjax.checkpoint import Checkpointer
+from lpjax.jsonable import to_jsonable
+from lpjax.methods import split_method_fields
 from lpjax.plots import plot_run_curve
-from lpjax.run_logging import RunLogger
+from lpjax.run_logging import CONFIG_FILE, RunLogger
 
 
 class Diverged(RuntimeError):
@@ -55,22 +58,84 @@ def check_resumable(what: str, config: Any, resume: bool) -> None:
     )
 
 
+SAFE_RESUME_CHANGES = frozenset(
+    {
+        "total_steps",
+        "total_env_steps",
+        "iterations",
+        "eval_every",
+        "eval_episodes",
+        "log_every",
+        "checkpoint_every",
+        "ray_address",
+    }
+)
+"""Config fields a resumed run may change: its length and how often it evaluates, logs and checkpoints (and where
+Ray runs). Any other difference from the run's ``config.json`` is refused: the checkpoint was trained with it."""
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(stored: dict, config: Any) -> list[str]:
+    """``["field: stored -> new", ...]`` for the fields both configs hold with different values, outside
+    :data:`SAFE_RESUME_CHANGES`. Fields only one of them holds (added or removed since the run started) are not
+    changes; method switches saved at the agent's top level (before they were nested in ``agent.methods``) are
+    compared with their nested counterparts."""
+    stored = dict(stored)
+    if isinstance(stored.get("agent"), dict):
+        agent, methods = split_method_fields(stored["agent"])
+        if methods:
+            stored["agent"] = {**agent, "methods": {**agent.get("methods", {}), **methods}}
+    old, new = _flatten(stored), _flatten(to_jsonable(config))
+    return [
+        f"{key}: {old[key]!r} -> {new[key]!r}"
+        for key in sorted(old.keys() & new.keys())
+        if old[key] != new[key] and key not in SAFE_RESUME_CHANGES
+    ]
+
+
+def check_resume_config(run_dir: pathlib.Path, config: Any) -> None:
+    """Raises ``ValueError`` naming the differing fields when ``config`` changes more than
+    :data:`SAFE_RESUME_CHANGES` of the run in ``run_dir`` (checked before anything is written)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"--resume: {run_dir} has no {CONFIG_FILE}, so its config cannot be checked.")
+    changes = config_changes(json.loads(path.read_text()), config)
+    if changes:
+        raise ValueError(
+            f"--resume with a different config: {'; '.join(changes)}. Only "
+            f"{', '.join(sorted(SAFE_RESUME_CHANGES))} may change; start a new run for the rest."
+        )
+
+
 def open_checkpoints(
     run_dir: str | pathlib.Path, resume: bool, max_to_keep: int = 2
 ) -> tuple[Checkpointer, int | None]:
     """The checkpointer of a run in ``run_dir/checkpoints`` and its latest step (``None``: none yet).
 
-    Raises ``ValueError`` before any compute when the directory holds checkpoints and ``resume`` is False:
-    nothing of a run is overwritten.
+    Raises ``ValueError`` before any compute when the directory holds checkpoints and ``resume`` is False (nothing
+    of a run is overwritten), or when ``resume`` is True and it holds no complete checkpoint to continue from.
     """
-    checkpointer = Checkpointer(pathlib.Path(run_dir) / "checkpoints", max_to_keep=max_to_keep)
+    directory = pathlib.Path(run_dir) / "checkpoints"
+    if resume and not directory.is_dir():
+        raise ValueError(f"--resume: {run_dir} holds no run to continue (no checkpoints/).")
+    checkpointer = Checkpointer(directory, max_to_keep=max_to_keep)
     latest = checkpointer.latest_step()
+    error = None
     if latest is not None and not resume:
-        checkpointer.close()
-        raise ValueError(
-            f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue it "
-            "or choose another --run_dir."
+        error = (
+            f"{run_dir} already holds checkpoints (latest step {latest}); pass --resume to continue it or "
+            "choose another --run_dir."
         )
+    elif latest is None and resume:
+        error = f"--resume: {run_dir} holds no complete checkpoint to continue from."
+    if error:
+        checkpointer.close()
+        raise ValueError(error)
     return checkpointer, latest
 
 
@@ -177,6 +242,8 @@ def run(
       ValueError: ``run_dir`` holds checkpoints and ``resume`` is False (before any compute).
     """
     run_dir = pathlib.Path(run_dir)
+    if resume and (run_dir / "checkpoints").is_dir():
+        check_resume_config(run_dir, config)
     checkpointer, last_saved = open_checkpoints(run_dir, resume)
     learner = logger = bar = None
     status, final_eval, extras = "finished", None, {}
@@ -219,6 +286,7 @@ def run(
                 if learner.can_checkpoint() and (done or passed_multiple(last_saved, position, spec.checkpoint_every)):
                     state, metadata = learner.checkpoint()
                     checkpointer.save(position, state, metadata={"config": config, **metadata})
+                    logger.flush()  # what was logged before a checkpoint survives a crash after it
                     last_saved = position
         except Diverged as error:
             status = f"diverged: {error}"

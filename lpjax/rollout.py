@@ -111,6 +111,11 @@ class RolloutEngine:
         self.params, self.version = params, version
         self.kv_scales = self.model.calibrate_kv(params, calibration_tokens)
 
+    def restore(self, params: Any, version: int, kv_scales: Any) -> None:
+        """Takes weights and the KV scales they were calibrated with, as saved (a resumed run continues with the
+        scales an uninterrupted one would have: recalibrating on other tokens would change them)."""
+        self.params, self.version, self.kv_scales = params, version, kv_scales
+
     def rollout(self, prompts: jax.Array, key: jax.Array) -> dict[str, jax.Array]:
         """Samples completions of ``prompts`` with the last synced weights (see :func:`sample`)."""
         if self.params is None:

@@ -48,6 +48,21 @@ def test_unknown_algo_and_missing_config_fail_clearly():
     assert result.returncode != 0 and "--config is required" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("--config.agent.batch_size=0",), "batch_size must be >= 1"),
+        (("--checkpoint={tmp}/missing",), "no config.json in"),
+        (("--json={tmp}/a_file/report.json",), "is not a writable directory"),
+    ],
+)
+def test_bad_inputs_fail_with_one_line_before_any_compute(tmp_path, args, expected):
+    (tmp_path / "a_file").write_text("")
+    result = _cli("--config=fp16.py", *TINY, *(a.format(tmp=tmp_path) for a in args))
+    assert result.returncode != 0 and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+
+
 def test_naive_fp16_sac_report_from_the_command_line(tmp_path):
     out = tmp_path / "report.json"
     result = _cli("--config=fp16_naive.py", *TINY, f"--json={out}", "--limit=5")

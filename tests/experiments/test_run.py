@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.run import Diverged, RunSpec, open_checkpoints, passed_multiple, run
+from experiments.run import Diverged, RunSpec, config_changes, open_checkpoints, passed_multiple, run
 from lpjax.checkpoint import Checkpointer
 
 
@@ -138,6 +138,52 @@ def test_an_error_propagates_after_closing_the_learner_and_the_checkpointer(tmp_
     checkpointer, latest = open_checkpoints(tmp_path, resume=True)  # the save of step 10 is complete
     checkpointer.close()
     assert latest == 10
+
+
+def test_what_was_logged_before_a_checkpoint_is_on_disk_when_it_is_taken(tmp_path):
+    """TensorBoard's writer buffers events (flushing every 10 s): the run flushes it at each checkpoint, so a crash
+    after a checkpoint loses no point logged before it (the CSV is flushed at every row)."""
+    from tests.tensorboard_events import read_tensorboard_scalars
+
+    class Recording(ScriptedLearner):
+        def checkpoint(self):
+            self.at_save = self.pos
+            return super().checkpoint()
+
+        def advance(self, limit, context):
+            if getattr(self, "at_save", None) is not None:  # the first advance after a checkpoint
+                on_disk = [step for step, _ in read_tensorboard_scalars(tmp_path).get("train/x", [])]
+                self.seen.append((self.at_save, on_disk))
+                self.at_save = None
+            super().advance(limit, context)
+
+    learner = Recording([5] * 8)
+    learner.seen = []
+    run({}, tmp_path, _spec(total=40), lambda: learner, progress=False)
+    assert [saved for saved, _ in learner.seen] == [10, 20, 30]
+    for saved, on_disk in learner.seen:
+        assert on_disk == list(range(5, saved + 1, 5)), (saved, on_disk)
+
+
+def test_a_resume_that_changes_the_config_is_refused_before_anything_is_written(tmp_path):
+    config = {"env": "dmc:cartpole-swingup", "seed": 0, "total_steps": 10, "agent": {"actor_lr": 1e-4}}
+    run(config, tmp_path, _spec(total=10), lambda: ScriptedLearner([5, 5]), progress=False)
+    written = (tmp_path / "config.json").read_text()
+    changed = {**config, "seed": 1, "agent": {"actor_lr": 3e-4}}
+    with pytest.raises(ValueError, match=r"agent.actor_lr: 0.0001 -> 0.0003; seed: 0 -> 1\. Only checkpoint_every"):
+        run(changed, tmp_path, _spec(total=20), lambda: ScriptedLearner([5, 5]), resume=True, progress=False)
+    assert (tmp_path / "config.json").read_text() == written
+    longer = {**config, "total_steps": 20, "eval_every": 5}  # safe changes, and a field the run did not have
+    summary = run(longer, tmp_path, _spec(total=20), lambda: ScriptedLearner([5, 5]), resume=True, progress=False)
+    assert summary["env_steps"] == 20 and json.loads((tmp_path / "config.json").read_text())["total_steps"] == 20
+
+
+def test_method_switches_of_an_old_config_compare_with_their_nested_fields():
+    old = {"agent": {"policy": "fp16", "hadam": True, "methods": {"hadam": False}}}
+    assert config_changes(old, {"agent": {"policy": "fp16", "methods": {"hadam": True}}}) == []
+    assert config_changes(old, {"agent": {"policy": "fp16", "methods": {"hadam": False}}}) == [
+        "agent.methods.hadam: True -> False"
+    ]
 
 
 def test_the_spec_refuses_bad_run_lengths():
