@@ -49,7 +49,9 @@ def ray_cluster():
     """A local Ray cluster shared by the tests of this process (see the module docstring)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if not ray.is_initialized():  # the local cluster lpjax starts: loopback only, no dashboard
+        from lpjax.distributed.backends import init_local_ray
+
+        init_local_ray(num_cpus=2)
     yield ray
     ray.shutdown()

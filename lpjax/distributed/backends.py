@@ -11,12 +11,19 @@ Both backends have one interface, used by :class:`lpjax.distributed.ActorLearner
 
 A crashed actor process surfaces as an :class:`ActorFailure` from ``wait``; the learner restarts it and keeps
 training (the transitions it had already returned are in the replay buffer; only its job in flight is lost).
+
+The local Ray cluster that :class:`RayBackend` starts (:func:`init_local_ray`) listens on 127.0.0.1 only and
+runs no dashboard: nothing on the network can reach it. A cluster joined by address is configured by whoever
+started it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import os
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +116,63 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
         ) from error
 
 
+LOCAL_ONLY_ENV_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for its single-machine mode (the default on macOS and Windows): ``"0"`` puts the node on 127.0.0.1."""
+
+
+def init_local_ray(num_cpus: int | None = None) -> None:
+    """Starts a new Ray cluster on this machine whose processes listen on the loopback interface only.
+
+    Ray binds its servers (GCS, raylet, object manager, every worker's gRPC server, the dashboard and runtime-env
+    agents, the autoscaler monitor's metrics) to all interfaces unless the node's IP address is a loopback one, and
+    ``ray.init(_node_ip_address="127.0.0.1")`` replaces a loopback address with the machine's reachable one. The
+    one setting that keeps the node on 127.0.0.1 is Ray's single-machine mode, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    (:data:`LOCAL_ONLY_ENV_VAR`). Ray reads it when ``ray`` is imported, so it is set in the environment for the
+    processes that ``ray.init`` spawns and on Ray's already imported constants for this one, then both are restored:
+    the spawned processes keep it, and workers started later inherit it from the raylet.
+
+    The dashboard is off (``include_dashboard=False``); Ray's token authentication, on by default for a new local
+    cluster in the Ray versions of the ``distributed`` extra, stays as Ray sets it (``RAY_AUTH_MODE``). The cluster
+    is always a new one (``address="local"``): neither ``RAY_ADDRESS`` nor a cluster started with ``ray start``
+    on this machine is joined.
+
+    Raises:
+      RuntimeError: Ray put the node on a non-loopback address all the same (the cluster is shut down first).
+    """
+    saved_env = os.environ.get(LOCAL_ONLY_ENV_VAR)
+    os.environ[LOCAL_ONLY_ENV_VAR] = "0"
+    try:
+        ray = require("ray", "distributed")
+        constants = sys.modules.get("ray._private.ray_constants")  # imported with ray, possibly before this call
+        saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+        if saved_flag is not None:
+            constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        finally:
+            if saved_flag is not None:
+                constants.ENABLE_RAY_CLUSTER = saved_flag
+    finally:
+        if saved_env is None:
+            del os.environ[LOCAL_ONLY_ENV_VAR]
+        else:
+            os.environ[LOCAL_ONLY_ENV_VAR] = saved_env
+    node_ip = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node_ip).is_loopback:
+        ray.shutdown()
+        raise RuntimeError(
+            f"The local Ray cluster came up on {node_ip}, not on a loopback address: this Ray version ignores "
+            f"{LOCAL_ONLY_ENV_VAR}=0, so its processes would listen on all interfaces. It was shut down; start "
+            "a cluster you have secured with `ray start --head` and pass its address (ray_address) instead."
+        )
+
+
 class _RayActorProcess:
     """The Ray actor wrapping an :class:`ActorWorker`; it pulls from the parameter-server actor."""
 
@@ -127,8 +191,9 @@ class _RayActorProcess:
 class RayBackend:
     """Actors as Ray actor processes (one CPU each), the parameter server as a Ray actor.
 
-    ``address=None`` starts a local Ray cluster on this machine (``ray.init()``); ``"host:port"`` joins a running
-    one (checked for reachability first, so a wrong address is a clear error, not a hang).
+    ``address=None`` (or ``"local"``) starts a local Ray cluster on this machine that listens on 127.0.0.1 only
+    (:func:`init_local_ray`); ``"host:port"`` joins a running one (checked for reachability first, so a wrong
+    address is a clear error, not a hang). A Ray session this process already started is used as it is.
     """
 
     def __init__(
@@ -140,15 +205,15 @@ class RayBackend:
     ):
         ray = require("ray", "distributed")
 
-        if address:
+        local = address in (None, "", "local")
+        if not local:
             check_ray_address(address)
         self._ray = ray
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            if address:
-                ray.init(address=address, **kwargs)
+            if local:
+                init_local_ray(num_cpus=num_cpus or max(2, len(specs)))
             else:
-                ray.init(num_cpus=num_cpus or max(2, len(specs)), **kwargs)
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         self.specs = list(specs)
         self.incarnations = [0] * len(self.specs)
         env_vars = {"JAX_PLATFORMS": "cpu", "MUJOCO_GL": "egl"} | dict(actor_env or {})

@@ -86,12 +86,18 @@ def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
 def test_short_ray_run_records_both_actors(tmp_path, ray_cluster):
     """The same run with 2 Ray actor processes: the throughput record is written before Ray shuts down.
 
-    Both actors are recorded; how the 800 steps split between them depends on when each Ray process starts (one
-    may finish the run before the other steps at all), so only their sum is asserted.
+    Only what the design guarantees is asserted. Both actors get a job at the start, but the run stops as soon as
+    800 steps have come back and a job still in flight is not counted, so how the steps split between the actors
+    depends on when each Ray process starts: one may report every chunk before the other reports any. What holds
+    is that both actors are in the record, their steps are whole chunks that add up to the run's, and the
+    parameter server was pulled at least twice (once per actor that stepped, or every ``pull_every`` = 250 steps
+    by one actor that took all 800).
     """
-    summary = d4pg_loop.train(_tiny(backend="ray", total_env_steps=800, eval_every=800), tmp_path, progress=False)
+    config = _tiny(backend="ray", total_env_steps=800, eval_every=800)
+    summary = d4pg_loop.train(config, tmp_path, progress=False)
     record = json.loads((tmp_path / "actor_learner.json").read_text())
     assert summary["env_steps"] >= 800 and summary["restarts"] == 0
     assert len(record["actors"]) == 2
+    assert all(actor["env_steps"] % config.chunk_steps == 0 for actor in record["actors"])
     assert sum(actor["env_steps"] for actor in record["actors"]) == summary["env_steps"]
     assert record["server"]["pulls"] >= 2
