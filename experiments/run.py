@@ -27,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import tqdm
 
-from lpjax.checkpoint import Checkpointer
+from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 from lpjax.jsonable import to_jsonable
 from lpjax.methods import split_method_fields
 from lpjax.plots import plot_run_curve
@@ -139,6 +140,27 @@ def open_checkpoints(
     return checkpointer, latest
 
 
+def restore_latest_good(learner: Learner, checkpointer: Checkpointer, context: RunContext) -> int:
+    """Restores the learner from the newest checkpoint that reads back whole; returns its step.
+
+    A corrupt checkpoint (:class:`lpjax.checkpoint.CorruptCheckpoint`: a truncated or missing data file, unreadable
+    metadata) is reported with a warning naming its step and file, and the previous one is tried. The corrupt
+    newer ones are then deleted, so the run saves again from the step it resumed at. Raises ``ValueError`` with one
+    line when no checkpoint is good.
+    """
+    steps = checkpointer.all_steps()
+    for step in reversed(steps):
+        try:
+            learner.restore(checkpointer, step)
+        except CorruptCheckpoint as error:
+            context.warn(f"{error}; falling back to the previous checkpoint")
+            continue
+        if step != steps[-1]:
+            checkpointer.delete_after(step)
+        return step
+    raise ValueError(f"--resume: every checkpoint in {checkpointer.directory} is corrupt (steps {steps}).")
+
+
 def passed_multiple(before: int | None, after: int, every: int) -> bool:
     """Whether a multiple of ``every`` lies in ``(before, after]`` (``before=None``: 0)."""
     return after // every > (before or 0) // every
@@ -189,6 +211,10 @@ class RunContext:
     def write(self, message: str) -> None:
         """Prints a line without breaking the progress bar."""
         tqdm.tqdm.write(message)
+
+    def warn(self, message: str) -> None:
+        """Prints ``warning: <message>`` to stderr without breaking the progress bar."""
+        tqdm.tqdm.write(f"warning: {message}", file=sys.stderr)
 
     def progress(self, position: int) -> None:
         """Moves the progress bar to ``position`` (learners that advance in long calls report as they go)."""
@@ -258,7 +284,7 @@ def run(
         )
         context = RunContext(logger, bar)
         if last_saved is not None:
-            learner.restore(checkpointer, last_saved)
+            last_saved = restore_latest_good(learner, checkpointer, context)
             logger.truncate_after(learner.position())
             print(f"resumed {run_dir} at {spec.unit} {learner.position()}")
         else:

@@ -9,8 +9,8 @@ Usage in a learner::
 
     ckpt = Checkpointer(run_dir / "checkpoints", max_to_keep=3)
     if ckpt.latest_step() is not None:                          # resume
-        state, meta = ckpt.restore(target=state)                # dtypes and NamedTuple types from `state`
-        logger.truncate_after(meta["step"])
+        step, state, meta = ckpt.restore_latest_good(state)     # dtypes and NamedTuple types from `state`;
+        logger.truncate_after(step)                             # skips (and deletes) newer corrupt checkpoints
     ...
     ckpt.save(step, state, metadata={"config": config, "env_steps": env_steps})
     ...
@@ -42,26 +42,214 @@ before the process exits, or the last checkpoint may be lost.
 
 Steps must increase: saving a step at or below the latest one raises (orbax would silently skip it); after
 resuming from an older checkpoint, drop the newer ones with :meth:`Checkpointer.delete_after`.
+
+**Corrupt checkpoints.** A finalized checkpoint can still be damaged later (a full disk, a partial copy, a flaky
+network file system). :meth:`Checkpointer.restore` checks a step before orbax reads it:
+
+* orbax's JSON files (``state/_METADATA`` and ``metadata/metadata``, which restore needs, and
+  ``_CHECKPOINT_METADATA``, ``state/_sharding`` and ``state/array_metadatas/*`` where present) parse as JSON
+  objects;
+* the state's OCDBT store opens and lists (reading every b-tree node, whose CRC-32C OCDBT verifies), its zarr
+  metadata values parse, and the last byte of every chunk reads back: that fails with ``OUT_OF_RANGE`` when the
+  data file holding the chunk is truncated, and reads as empty when the file is missing.
+
+A failed check, or any error orbax raises while reading the step, raises :class:`CorruptCheckpoint`, a
+``ValueError`` with one line naming the step and the bad file or array. A target that does not match the stored
+tree is not corruption and keeps raising the plain ``ValueError`` above. :meth:`Checkpointer.restore_latest_good`
+falls back to the newest readable step. Not detected: a changed byte inside a chunk. Chunks are zstd frames
+without a checksum and OCDBT keeps none for values, so most such flips restore silently different numbers.
+
+The checks read synchronously and wait for every read, before orbax starts. Orbax reads all arrays concurrently
+on a private asyncio loop, stops at the first error and closes the loop: the reads still in flight then report
+into the closed loop, each as an unraisable ``RuntimeError: Event loop is closed`` or a closed orbax coroutine
+re-raising its error with a full tensorstore spec (a screen of tracebacks on stderr). For the errors the checks
+cannot see (a chunk zstd fails to decode), :meth:`Checkpointer._read_with_orbax` drops exactly those reports.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import pathlib
 import re
 import shutil
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 from lpjax.jsonable import to_jsonable
 
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 _TMP_DIR = re.compile(r"^\d+\.orbax-checkpoint-tmp")
+# Orbax's JSON files in a step directory, and whether restoring needs them (orbax tolerates the others missing).
+_JSON_FILES = (
+    ("_CHECKPOINT_METADATA", False),
+    (f"{STATE_ITEM}/_METADATA", True),
+    (f"{STATE_ITEM}/_sharding", False),
+    (f"{METADATA_ITEM}/metadata", True),
+)
+_OCDBT_MANIFEST = f"{STATE_ITEM}/manifest.ocdbt"
+_ZARR_METADATA_KEYS = (".zarray", ".zattrs", "zarr.json")
+_TS_STATUS = re.compile(r"^[A-Z][A-Z_]+: ")  # tensorstore errors start with an absl status code
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')
+_TS_DETAILS = re.compile(r"\s*\[(?:tensorstore_spec|source locations)=.*", re.DOTALL)
+
+
+class CorruptCheckpoint(ValueError):
+    """A finalized checkpoint whose data or metadata cannot be read (truncated, garbled or missing files).
+
+    The message is one line naming the step, the directory and the bad file or array. ``step`` is the corrupt
+    step, or ``None`` when :meth:`Checkpointer.restore_latest_good` found no readable step.
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+def _short(message: str, step_dir: pathlib.Path, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters, without tensorstore's spec dump, paths relative to the step."""
+    message = _TS_DETAILS.sub("", message)
+    message = " ".join(message.split()).replace(f"{step_dir}{os.sep}", "").replace(str(step_dir), ".")
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _describe_failure(error: BaseException, step_dir: pathlib.Path) -> str:
+    """``"<file>: <reason>"`` (or just the reason) for an error raised while reading ``step_dir``.
+
+    Orbax wraps tensorstore's errors (in messages that dump whole specs over many lines): the innermost error
+    with a tensorstore status code in the ``__cause__``/``__context__`` chain is the informative one.
+    """
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for candidate in reversed(chain):
+        if _TS_STATUS.match(str(candidate)):
+            error = candidate
+            break
+    else:
+        error = chain[0]
+    message = str(error) if _TS_STATUS.match(str(error)) else f"{type(error).__name__}: {error}"
+    files = [pathlib.Path(f) for f in _LOCAL_FILE.findall(message)]
+    files = [f for f in files if f.is_relative_to(step_dir) and f != step_dir / STATE_ITEM]
+    if files:
+        return f"{files[-1].relative_to(step_dir)}: {_short(message, step_dir)}"
+    return _short(message, step_dir)
+
+
+def _check_json_files(step_dir: pathlib.Path) -> str | None:
+    """The first of orbax's JSON files that is missing (if required), unreadable or not a JSON object."""
+    array_metadatas = step_dir / STATE_ITEM / "array_metadatas"
+    extra = sorted(array_metadatas.iterdir()) if array_metadatas.is_dir() else []
+    files = [(step_dir / name, required) for name, required in _JSON_FILES] + [(p, False) for p in extra]
+    for path, required in files:
+        name = path.relative_to(step_dir)
+        if not path.exists():
+            if required:
+                return f"{name}: missing"
+            continue
+        try:
+            text = path.read_text()
+            if not text.strip():
+                return f"{name}: empty file"
+            value = json.loads(text)
+        except (OSError, UnicodeDecodeError) as error:
+            return f"{name}: unreadable ({_short(str(error), step_dir)})"
+        except ValueError as error:
+            return f"{name}: not valid JSON ({error})"
+        if not isinstance(value, dict):
+            return f"{name}: not a JSON object"
+    return None
+
+
+def _check_state_store(step_dir: pathlib.Path) -> str | None:
+    """The first unreadable value of the state's OCDBT store (see the module docstring), read synchronously.
+
+    All reads are started, then every one is waited for, so none is left running into a closed event loop.
+    Zarr metadata values are read whole and parsed; of the chunks only the last byte is read (a truncated data
+    file fails that read), so the check costs one small read per chunk, not a second restore.
+    """
+    if not (step_dir / _OCDBT_MANIFEST).is_file():
+        return f"{_OCDBT_MANIFEST}: missing"
+    spec = {"driver": "ocdbt", "base": {"driver": "file", "path": f"{step_dir / STATE_ITEM}/"}}
+    try:
+        store = ts.KvStore.open(spec).result()
+        keys = sorted(store.list().result())
+    except Exception as error:  # tensorstore raises ValueError carrying a status code
+        return _describe_failure(error, step_dir)
+    if not keys:
+        return f"{_OCDBT_MANIFEST}: the store holds no arrays"
+    reads = []
+    for key in keys:
+        is_metadata = key.decode(errors="replace").endswith(_ZARR_METADATA_KEYS)
+        reads.append((key, is_metadata, store.read(key, byte_range=None if is_metadata else slice(-1, None))))
+    problems = []
+    for key, is_metadata, read in reads:
+        try:
+            result = read.result()
+            if result.state != "value":
+                raise ValueError(f"NOT_FOUND: value is {result.state}")
+            if not result.value:  # OCDBT reads a value whose data file is missing as empty; chunks never are
+                raise ValueError("DATA_LOSS: value reads as empty (its data file is missing)")
+            if is_metadata:
+                json.loads(result.value)
+        except Exception as error:
+            problems.append((key.decode(errors="replace"), error))
+    if not problems:
+        return None
+    key, error = problems[0]
+    where = _data_file_of_size(step_dir, str(error))
+    more = f" (+{len(problems) - 1} more unreadable values)" if len(problems) > 1 else ""
+    return f"{STATE_ITEM}/{key}{where}: {_describe_failure(error, step_dir)}{more}"
+
+
+def _data_file_of_size(step_dir: pathlib.Path, message: str) -> str:
+    """``" in <file>"`` for a chunk read past the end of a truncated data file, if that file is unambiguous.
+
+    OCDBT's error names the data file's actual size (``... not valid for value of size N``), not its name.
+    """
+    size = re.search(r"not valid for value of size (\d+)", message)
+    if not size:
+        return ""
+    files = [p for p in (step_dir / STATE_ITEM).rglob("*") if p.is_file() and p.stat().st_size == int(size[1])]
+    return f" in {files[0].relative_to(step_dir)}" if len(files) == 1 else ""
+
+
+def _is_abandoned_read_report(unraisable: Any) -> bool:
+    """Whether an unraisable exception comes from the reads a failed orbax restore left behind.
+
+    Two kinds: tensorstore's completion callback of a read that finished after orbax closed its event loop
+    (``RuntimeError: Event loop is closed``), and an orbax coroutine that raises its read error when the
+    abandoned coroutine is closed (``Exception ignored in: <coroutine object _read_array_index_and_device_put>``,
+    with a full tensorstore spec). Both repeat an error that restore already raised.
+    """
+    error, source = unraisable.exc_value, unraisable.object
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    code = getattr(source, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+_previous_unraisablehook = sys.unraisablehook
+
+
+def _drop_abandoned_read_reports(unraisable: Any) -> None:
+    if not _is_abandoned_read_report(unraisable):
+        _previous_unraisablehook(unraisable)
+
+
+def _warn_corrupt(step: int, error: CorruptCheckpoint) -> None:
+    warnings.warn(f"{error}; falling back to an older checkpoint", RuntimeWarning, stacklevel=3)
 
 
 def _key_name(key) -> str:
@@ -224,6 +412,7 @@ class Checkpointer:
 
         Raises:
           FileNotFoundError: if there is no (such) complete checkpoint.
+          CorruptCheckpoint: if the checkpoint's data or metadata cannot be read (see the module docstring).
           ValueError: if ``target`` does not match the stored tree; the message names the leaves.
         """
         self.wait()
@@ -237,18 +426,90 @@ class Checkpointer:
                 f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}."
             )
         step = int(step)
+        step_dir = self.directory / str(step)
+        problem = _check_json_files(step_dir) or _check_state_store(step_dir)
+        if problem:
+            raise self._corrupt(step, problem)
         self._manager.reload()
         if target is not None:
-            stored = self._manager.item_metadata(step)[STATE_ITEM]
-            _check_target(stored.tree if hasattr(stored, "tree") else stored, target, step)
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{STATE_ITEM: ocp.args.StandardRestore(target), METADATA_ITEM: ocp.args.JsonRestore()}
-            ),
-        )
+            stored = self._read_with_orbax(step, lambda: self._manager.item_metadata(step)[STATE_ITEM])
+            _check_target(stored.tree if hasattr(stored, "tree") else stored, target, step)  # not corruption
+        args = {STATE_ITEM: ocp.args.StandardRestore(target), METADATA_ITEM: ocp.args.JsonRestore()}
+        restored = self._read_with_orbax(step, lambda: self._manager.restore(step, args=ocp.args.Composite(**args)))
         metadata = restored[METADATA_ITEM]
         return restored[STATE_ITEM], dict(metadata) if metadata is not None else {"step": step}
+
+    def _read_with_orbax(self, step: int, read: Callable[[], Any]) -> Any:
+        """Returns ``read()``, an orbax read of checked ``step``; any error it raises becomes a CorruptCheckpoint.
+
+        While ``read`` runs, ``sys.unraisablehook`` is a filter that drops the reports of reads a failed orbax
+        call abandons (see :func:`_is_abandoned_read_report`) and passes all others to the hook it replaced. On
+        success nothing was abandoned and the previous hook is put back (unless something replaced the filter
+        meanwhile). On failure the orbax error is reduced to its one-line description and dropped, not chained:
+        its traceback holds the abandoned coroutines, which ``gc.collect()`` then closes while their reports are
+        dropped. The filter stays installed for the rest of the process for the tensorstore reads still in
+        flight, which report whenever they finish.
+        """
+        global _previous_unraisablehook
+        installed = sys.unraisablehook is not _drop_abandoned_read_reports
+        if installed:
+            _previous_unraisablehook = sys.unraisablehook
+            sys.unraisablehook = _drop_abandoned_read_reports
+        try:
+            result = read()
+        except Exception as error:
+            problem = _describe_failure(error, self.directory / str(step))
+        else:
+            if installed and sys.unraisablehook is _drop_abandoned_read_reports:
+                sys.unraisablehook = _previous_unraisablehook
+            return result
+        gc.collect()
+        raise self._corrupt(step, problem)
+
+    def _corrupt(self, step: int, problem: str) -> CorruptCheckpoint:
+        return CorruptCheckpoint(f"checkpoint {step} in {self.directory} is corrupt: {problem}", step=step)
+
+    def restore_latest_good(
+        self, target: Any = None, on_corrupt: Callable[[int, CorruptCheckpoint], None] | None = None
+    ) -> tuple[int, Any, dict]:
+        """Restores the newest readable checkpoint, skipping (and then deleting) newer corrupt ones.
+
+        Tries the complete steps newest first. For each corrupt one, ``on_corrupt(step, error)`` is called (by
+        default a ``RuntimeWarning`` with the error's message; raising from it stops the fallback) and the
+        previous step is tried. Once step ``s`` restores, ``delete_after(s)`` deletes the newer, corrupt
+        checkpoints: they hold nothing readable, and saves must go above the newest step on disk, so training
+        resumed from ``s`` could not save again while they exist. Nothing is deleted when no step restores.
+
+        Args:
+          target: as for :meth:`restore`.
+          on_corrupt: called with each corrupt step and its :class:`CorruptCheckpoint` before falling back.
+
+        Returns:
+          ``(step, state, metadata)`` of the restored checkpoint.
+
+        Raises:
+          FileNotFoundError: if there is no complete checkpoint at all.
+          CorruptCheckpoint: if every complete checkpoint is corrupt; the message lists the steps tried.
+          ValueError: if ``target`` does not match the newest readable checkpoint (no fallback: that is a
+            mismatch of the run's configuration, not damage).
+        """
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}.")
+        on_corrupt = on_corrupt or _warn_corrupt
+        for step in reversed(steps):
+            try:
+                state, metadata = self.restore(step, target=target)
+            except CorruptCheckpoint as error:
+                on_corrupt(step, error)
+                continue
+            self.delete_after(step)
+            return step, state, metadata
+        raise CorruptCheckpoint(
+            f"no readable checkpoint in {self.directory}: steps {steps[::-1]} are all corrupt "
+            "(each was reported to on_corrupt)."
+        )
 
     def delete_after(self, step: int) -> list[int]:
         """Deletes the checkpoints with a step larger than ``step`` (after resuming from ``step``); returns them."""

@@ -1,7 +1,10 @@
-"""Checkpointing whole training states: bit-exact round trips, typed keys, retention, errors and crash safety."""
+"""Checkpointing whole training states: bit-exact round trips, typed keys, retention, errors, crash safety and
+corrupt checkpoints."""
 
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 from typing import NamedTuple
@@ -13,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from lpjax.checkpoint import Checkpointer
+from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 from lpjax.replay import replay_add, replay_init
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -199,7 +202,7 @@ def test_steps_must_increase_and_delete_after_allows_resuming_from_an_older_step
 _CRASH_CHILD = """
 import os, signal, sys
 import jax.numpy as jnp
-from lpjax.checkpoint import Checkpointer
+from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 from tests.test_checkpoint import make_state
 directory, last = sys.argv[1], int(sys.argv[2])
 ckpt = Checkpointer(directory, max_to_keep=2)
@@ -238,3 +241,165 @@ def test_a_process_killed_mid_save_leaves_the_last_complete_checkpoint(tmp_path)
         assert ckpt.all_steps() == [last, last + 1]
         assert_bit_identical(ckpt.restore(target=make_state(0))[0], make_state(last + 1))
     assert not [p.name for p in directory.iterdir() if "tmp" in p.name]
+
+
+# Corrupt checkpoints. The states are big enough (512-wide float16/bfloat16 matrices) that OCDBT keeps their chunks
+# in data files under state/ocdbt.process_*/d/ rather than inline in its b-tree nodes (under state/d/).
+_SIZE = 512
+
+
+def _truncate(path: pathlib.Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _data_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+    """OCDBT's files under ``state/``, largest first: chunk data (``ocdbt.process_*/d/``) and b-tree nodes (``d/``)."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted(files, key=lambda p: -p.stat().st_size)
+
+
+def _truncate_largest_data_file(step_dir):
+    path = _data_files(step_dir)[0]
+    _truncate(path)
+    return rf"state/\S+ in {path.relative_to(step_dir)}: OUT_OF_RANGE: Requested byte range"
+
+
+def _delete_largest_data_file(step_dir):
+    _data_files(step_dir)[0].unlink()
+    return r"state/\S+: DATA_LOSS: value reads as empty \(its data file is missing\)"
+
+
+def _flip_a_btree_node_byte(step_dir):
+    (path,) = (step_dir / "state" / "d").iterdir()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return rf"{path.relative_to(step_dir)}: DATA_LOSS: .*CRC-32C checksum verification failed"
+
+
+def _break_the_chunk_frames(step_dir):
+    """Garbles the zstd magic number of every chunk in the largest data file: only decoding them can tell."""
+    path = _data_files(step_dir)[0]
+    path.write_bytes(path.read_bytes().replace(b"\x28\xb5\x2f\xfd", b"\xd7\xb5\x2f\xfd"))
+    return r"FAILED_PRECONDITION: Error reading \"\S+\" in OCDBT database .*ZSTD_decompressStream\(\) failed"
+
+
+def _empty_metadata_json(step_dir):
+    (path,) = [p for p in (step_dir / "metadata").iterdir() if p.name != "commit_success.txt"]
+    path.write_text("")
+    return rf"{path.relative_to(step_dir)}: empty file"
+
+
+def _truncate_orbax_metadata(step_dir):
+    _truncate(step_dir / "state" / "_METADATA")
+    return r"state/_METADATA: not valid JSON \("
+
+
+def _truncate_checkpoint_metadata(step_dir):
+    _truncate(step_dir / "_CHECKPOINT_METADATA")
+    return r"_CHECKPOINT_METADATA: not valid JSON \(Unterminated string"
+
+
+CORRUPTIONS = [
+    _truncate_largest_data_file,
+    _delete_largest_data_file,
+    _flip_a_btree_node_byte,
+    _break_the_chunk_frames,
+    _empty_metadata_json,
+    _truncate_orbax_metadata,
+    _truncate_checkpoint_metadata,
+]
+
+
+def _save_steps(ckpt, steps):
+    for step in steps:
+        ckpt.save(step, make_state(step, _SIZE), metadata={"env_steps": 10 * step})
+    ckpt.wait()
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.strip("_"))
+def test_a_corrupt_latest_checkpoint_raises_one_line_and_restore_latest_good_falls_back(
+    tmp_path, capfd, monkeypatch, corrupt
+):
+    # Unraisable exceptions print to stderr as in a plain Python process (pytest would turn them into warnings).
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    target = make_state(0, _SIZE)
+    with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
+        _save_steps(ckpt, (1, 2, 3))
+        expected = corrupt(tmp_path / "3")
+        for step in (3, None):  # explicitly, and as the latest
+            with pytest.raises(CorruptCheckpoint) as raised:
+                ckpt.restore(step, target=target)
+            message = str(raised.value)
+            assert "\n" not in message and raised.value.step == 3
+            assert re.match(rf"checkpoint 3 in {re.escape(str(tmp_path))} is corrupt: {expected}", message), message
+        with pytest.raises(CorruptCheckpoint, match=r"^checkpoint 3 in .* is corrupt: "):
+            ckpt.restore(3)  # without a target too
+
+        with pytest.warns(RuntimeWarning, match=r"^checkpoint 3 in .* is corrupt: .*falling back") as record:
+            step, state, metadata = ckpt.restore_latest_good(target)
+        assert len(record) == 1
+        assert step == 2 and metadata == {"step": 2, "env_steps": 20}
+        assert_bit_identical(state, make_state(2, _SIZE))
+        assert ckpt.all_steps() == [1, 2]  # the corrupt step is gone, so training can save from step 3 on
+
+        ckpt.save(3, make_state(33, _SIZE))
+        ckpt.wait()
+        assert_bit_identical(ckpt.restore(target=target)[0], make_state(33, _SIZE))
+    stderr = capfd.readouterr().err
+    assert "Event loop is closed" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_restore_latest_good_skips_every_corrupt_step_and_fails_when_none_is_readable(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    target = make_state(0, _SIZE)
+    with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
+        with pytest.raises(FileNotFoundError, match="no complete checkpoint in"):
+            ckpt.restore_latest_good(target)
+        _save_steps(ckpt, (1, 2, 3))
+        _truncate_largest_data_file(tmp_path / "3")
+        _empty_metadata_json(tmp_path / "2")
+        reported = []
+        step, state, _ = ckpt.restore_latest_good(target, on_corrupt=lambda s, e: reported.append((s, e)))
+        assert step == 1 and [s for s, _ in reported] == [3, 2] and ckpt.all_steps() == [1]
+        assert all(isinstance(e, CorruptCheckpoint) and e.step == s for s, e in reported)
+        assert_bit_identical(state, make_state(1, _SIZE))
+
+        _save_steps(ckpt, (2, 3))
+        for step in (1, 2, 3):
+            _truncate_orbax_metadata(tmp_path / str(step))
+
+        def stop(step, error):
+            raise error
+
+        with pytest.raises(CorruptCheckpoint, match="checkpoint 3 .* is corrupt"):
+            ckpt.restore_latest_good(target, on_corrupt=stop)  # an on_corrupt that raises stops the fallback
+        with pytest.warns(RuntimeWarning) as record, pytest.raises(CorruptCheckpoint) as raised:
+            ckpt.restore_latest_good(target)
+        assert [str(w.message).split(" in ")[0] for w in record] == [f"checkpoint {s}" for s in (3, 2, 1)]
+        message = str(raised.value)
+        assert "\n" not in message and raised.value.step is None
+        assert message.startswith(f"no readable checkpoint in {tmp_path}: steps [3, 2, 1] are all corrupt")
+        assert ckpt.all_steps() == [1, 2, 3]  # nothing is deleted when nothing restores
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_target_mismatch_is_not_corruption(tmp_path):
+    state = make_state(0, _SIZE)
+    bad_shape = state._replace(pixels=jnp.zeros((2, 8, 8, 4), jnp.uint8))
+    with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
+        _save_steps(ckpt, (1, 2))
+        for restore in (lambda: ckpt.restore(target=bad_shape), lambda: ckpt.restore_latest_good(bad_shape)):
+            with pytest.raises(ValueError, match=r"state\.pixels: checkpoint has uint8\[2, 8, 8, 3\]") as raised:
+                restore()
+            assert type(raised.value) is ValueError
+        assert ckpt.all_steps() == [1, 2]  # no fallback on a mismatch: the older steps would not match either
+
+
+def test_a_missing_item_directory_is_corruption_not_a_missing_step(tmp_path):
+    with Checkpointer(tmp_path) as ckpt:
+        _save_steps(ckpt, (1,))
+        shutil.rmtree(tmp_path / "1" / "metadata")
+        with pytest.raises(CorruptCheckpoint, match=r"^checkpoint 1 in .* is corrupt: metadata/metadata: missing$"):
+            ckpt.restore(1, target=make_state(0, _SIZE))

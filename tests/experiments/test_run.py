@@ -186,6 +186,21 @@ def test_method_switches_of_an_old_config_compare_with_their_nested_fields():
     ]
 
 
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path, capsys):
+    run({}, tmp_path, _spec(total=20, checkpoint_every=10), lambda: ScriptedLearner([5] * 4), progress=False)
+    with Checkpointer(tmp_path / "checkpoints") as checkpointer:
+        assert checkpointer.all_steps() == [10, 20]
+    (tmp_path / "checkpoints" / "20" / "metadata" / "metadata").write_text("")  # an empty metadata file
+    resumed = ScriptedLearner([5] * 4)
+    summary = run({}, tmp_path, _spec(total=30), lambda: resumed, resume=True, progress=False)
+    assert resumed.events[0] == ("restore", 10, "hello") and summary["env_steps"] == 30
+    assert "warning: checkpoint 20 in" in capsys.readouterr().err
+    for step in (20, 30):  # the corrupt checkpoint made way for the resumed run's own
+        (tmp_path / "checkpoints" / str(step) / "metadata" / "metadata").write_text("")
+    with pytest.raises(ValueError, match=r"every checkpoint in .* is corrupt \(steps \[20, 30\]\)"):
+        run({}, tmp_path, _spec(total=40), lambda: ScriptedLearner([5]), resume=True, progress=False)
+
+
 def test_the_spec_refuses_bad_run_lengths():
     for bad in (dict(total=0), dict(eval_every=0), dict(checkpoint_every=-1)):
         with pytest.raises(ValueError, match="Bad test run config"):
