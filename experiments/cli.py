@@ -154,7 +154,7 @@ def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Call
             logging.set_verbosity(logging.WARNING)
         config = experiment.config.value
         if experiment.resume.value and experiment.run_dir.value is None:
-            raise app.UsageError("--resume needs --run_dir (the run to continue).")
+            raise SystemExit("--resume needs --run_dir (the run to continue).")
         run_dir = pathlib.Path(
             experiment.run_dir.value
             or default_run_dir(experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from lpjax.inspect import PrecisionReport, precision_report
@@ -255,9 +255,9 @@ def check_json_path(json_path: str | None) -> None:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise SystemExit(f"Unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
-        raise app.UsageError("--config is required (e.g. --config=fp16_naive.py).")
+        raise SystemExit("--config is required (e.g. --config=fp16_naive.py).")
     try:
         check_json_path(_JSON.value)
         config = inspected_config(_CONFIG.value, _CHECKPOINT.value)
