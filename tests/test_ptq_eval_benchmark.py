@@ -10,32 +10,13 @@ import pytest
 from benchmarks import ptq_eval
 from experiments import sac_loop
 from experiments.cli import REPO_ROOT
-from experiments.configs.sac import fp32
-
-
-def _tiny_config():
-    """fp32, 32x32 networks, cartpole with 250-step episodes (action repeat 4), 100 learning steps."""
-    config = fp32.get_config()
-    config.unlock()
-    config.update(
-        env="dmc:cartpole-swingup",
-        action_repeat=4,
-        total_steps=300,
-        seed_steps=200,
-        replay_capacity=500,
-        eval_every=300,
-        eval_episodes=1,
-        log_every=100,
-        checkpoint_every=300,
-    )
-    config.agent.update(hidden_dims=(32, 32), batch_size=32)
-    return config
+from tests.sac_configs import tiny_cartpole
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sac_run")
-    assert sac_loop.train(_tiny_config(), run_dir, progress=False)["status"] == "finished"
+    assert sac_loop.train(tiny_cartpole(), run_dir, progress=False)["status"] == "finished"
     out = tmp_path_factory.mktemp("ptq_eval")
     result = ptq_eval.main(
         ["--run_dir", str(run_dir), "--episodes", "1", "--bits", "8,4", "--out_dir", str(out), "--name", "smoke"]

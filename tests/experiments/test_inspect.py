@@ -18,6 +18,7 @@ from experiments.configs.sac import fp16, fp16_naive, fp32
 from lpjax.agents import d4pg, sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.methods import PrecisionMethods
+from tests.sac_configs import tiny_cartpole
 
 TINY = ("--config.env=dmc:cartpole-swingup", "--config.agent.hidden_dims=32,32", "--batch_size=32")
 
@@ -87,20 +88,7 @@ def test_dtype_choice_and_config_errors():
 
 
 def test_checkpoint_networks_are_cast_into_the_inspected_precision(tmp_path):
-    config = fp32.get_config()
-    config.unlock()
-    config.update(
-        env="dmc:cartpole-swingup",
-        action_repeat=4,
-        total_steps=300,
-        seed_steps=100,
-        replay_capacity=400,
-        eval_every=300,
-        eval_episodes=1,
-        log_every=100,
-        checkpoint_every=300,
-    )
-    config.agent.update(hidden_dims=(32, 32), batch_size=32)
+    config = tiny_cartpole(seed_steps=100, replay_capacity=400)
     run_dir = tmp_path / "run"
     assert sac_loop.train(config, run_dir, progress=False)["status"] == "finished"
 
