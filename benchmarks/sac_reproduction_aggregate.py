@@ -34,7 +34,7 @@ from benchmarks.sac_reproduction_plan import (
     removed_method,
     run_dir_of,
 )
-from lpjax.methods import split_method_fields
+from lpjax.methods import nest_method_fields
 
 RESULT_NAME = "sac_reproduction"
 TARGET_RATIO = 0.95  # fp16 mean final return / fp32's (paper Table 7: within ~3%)
@@ -71,12 +71,7 @@ def _nest_methods(stored: dict) -> dict:
     """A stored config as it reads today: a run started before the methods were nested in ``agent.methods``
     holds their fields (``hadam``, ``init_scale``, ...) in ``agent`` itself."""
     agent = stored.get("agent")
-    if not isinstance(agent, dict):
-        return stored
-    other, flat = split_method_fields(agent)
-    if not flat:
-        return stored
-    return {**stored, "agent": {**other, "methods": {**(other.get("methods") or {}), **flat}}}
+    return {**stored, "agent": nest_method_fields(agent)} if isinstance(agent, dict) else stored
 
 
 def config_differences(run_dir: pathlib.Path, expected_config) -> list[str]:

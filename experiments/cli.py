@@ -92,8 +92,10 @@ def check_run_dir(run_dir: pathlib.Path, resume: bool) -> None:
         raise ValueError(f"--run_dir={run_dir}: {existing} is a file, not a directory.")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--run_dir={run_dir}: {existing} is not writable.")
-    if resume and not (run_dir / "checkpoints").is_dir():
-        raise ValueError(f"--resume: {run_dir} holds no run to continue (no checkpoints/).")
+    if resume:
+        from experiments.run import require_run  # imports orbax: not for --help
+
+        require_run(run_dir)
 
 
 def default_run_dir(kind: str, config_path: str, env: str, seed: int) -> pathlib.Path:

@@ -110,7 +110,7 @@ class GRPOLearner:
         )
 
     def restore(self, checkpointer: Checkpointer, step: int) -> None:
-        kv_scales = self.engine.model.calibrate_kv(self.state.params, self.eval_prompts[:64])  # shapes only
+        kv_scales = jax.eval_shape(self.engine.model.calibrate_kv, self.state.params, self.eval_prompts[:64])
         saved, _ = checkpointer.restore(step, target={"learner": self.state, "kv_scales": kv_scales})
         self.state = saved["learner"]
         self.engine.restore(self.state.params, int(self.state.step), saved["kv_scales"])

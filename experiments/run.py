@@ -35,7 +35,7 @@ import tqdm
 
 from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 from lpjax.jsonable import to_jsonable
-from lpjax.methods import split_method_fields
+from lpjax.methods import nest_method_fields
 from lpjax.plots import plot_run_curve
 from lpjax.run_logging import CONFIG_FILE, RunLogger
 
@@ -88,9 +88,7 @@ def config_changes(stored: dict, config: Any) -> list[str]:
     compared with their nested counterparts."""
     stored = dict(stored)
     if isinstance(stored.get("agent"), dict):
-        agent, methods = split_method_fields(stored["agent"])
-        if methods:
-            stored["agent"] = {**agent, "methods": {**agent.get("methods", {}), **methods}}
+        stored["agent"] = nest_method_fields(stored["agent"])
     old, new = _flatten(stored), _flatten(to_jsonable(config))
     return [
         f"{key}: {old[key]!r} -> {new[key]!r}"
@@ -113,6 +111,12 @@ def check_resume_config(run_dir: pathlib.Path, config: Any) -> None:
         )
 
 
+def require_run(run_dir: str | pathlib.Path) -> None:
+    """Raises ``ValueError`` (one line) when ``run_dir`` holds no run to resume (no ``checkpoints/``)."""
+    if not (pathlib.Path(run_dir) / "checkpoints").is_dir():
+        raise ValueError(f"--resume: {run_dir} holds no run to continue (no checkpoints/).")
+
+
 def open_checkpoints(
     run_dir: str | pathlib.Path, resume: bool, max_to_keep: int = 2
 ) -> tuple[Checkpointer, int | None]:
@@ -122,8 +126,8 @@ def open_checkpoints(
     of a run is overwritten), or when ``resume`` is True and it holds no complete checkpoint to continue from.
     """
     directory = pathlib.Path(run_dir) / "checkpoints"
-    if resume and not directory.is_dir():
-        raise ValueError(f"--resume: {run_dir} holds no run to continue (no checkpoints/).")
+    if resume:
+        require_run(run_dir)
     checkpointer = Checkpointer(directory, max_to_keep=max_to_keep)
     latest = checkpointer.latest_step()
     error = None

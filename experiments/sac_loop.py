@@ -30,7 +30,7 @@ from experiments.configs.sac import _base
 from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
-from lpjax.methods import split_method_fields
+from lpjax.methods import nest_method_fields
 from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
 from lpjax.run_logging import CONFIG_FILE
 
@@ -307,9 +307,7 @@ def load_run_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
             "experiments.sac` (config.json + checkpoints/)."
         )
     stored = json.loads(config_path.read_text())
-    agent, methods = split_method_fields(stored.get("agent", {}))
-    if methods:  # a run saved before the methods were nested in the agent config
-        stored["agent"] = {**agent, "methods": {**agent.get("methods", {}), **methods}}
+    stored["agent"] = nest_method_fields(stored.get("agent", {}))  # a run saved before they were nested
     if lpjax.envs.is_jitted(str(stored.get("env", ""))):
         raise ValueError(
             f"{run_dir} is a {stored['env']} run of the jitted loop; this loads dm_control runs (experiments.sac_loop)."

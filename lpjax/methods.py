@@ -142,4 +142,16 @@ def split_method_fields(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict
     return ({k: v for k, v in values.items() if k not in names}, {k: v for k, v in values.items() if k in names})
 
 
-__all__ = ["PrecisionMethods", "split_method_fields"]
+def nest_method_fields(agent: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner mapping as it reads today: method fields found at its top level (an old run's ``config.json``,
+    saved before the methods were nested) moved into ``methods``, over what ``methods`` holds (today's defaults,
+    when an old file is merged over them). A mapping without such fields is returned as a dict, unchanged."""
+    other, flat = split_method_fields(agent)
+    if not flat:
+        return other
+    nested = other.get("methods") or {}
+    nested = dataclasses.asdict(nested) if isinstance(nested, PrecisionMethods) else dict(nested)
+    return {**other, "methods": {**nested, **flat}}
+
+
+__all__ = ["PrecisionMethods", "nest_method_fields", "split_method_fields"]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpjax.methods import PrecisionMethods, split_method_fields
+from lpjax.methods import PrecisionMethods, nest_method_fields
 from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
     OPTIMIZER_SCOPE,
@@ -182,11 +182,7 @@ class LearnerConfig:
         ``config.json``) holds their fields at the top level: they are moved into ``methods``, over what
         ``methods`` holds (today's defaults, when an old file is merged over them).
         """
-        values, legacy = split_method_fields(dict(values))
-        if legacy:
-            nested = values.get("methods") or {}
-            nested = dataclasses.asdict(nested) if isinstance(nested, PrecisionMethods) else dict(nested)
-            values["methods"] = {**nested, **legacy}
+        values = nest_method_fields(values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
