@@ -134,7 +134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--configs",
         type=_csv(str),
         default=None,
-        help=f"only these configs (comma-separated; groups: main, ablation). Valid: {', '.join(ALL_CONFIGS)}",
+        help=f"only these configs (comma-separated; groups: main, beyond, ablation). Valid: {', '.join(ALL_CONFIGS)}",
     )
     plan.add_argument(
         "--only",
@@ -197,7 +197,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in args.configs or []:
         check(
             name in ALL_CONFIGS or name in CONFIG_GROUPS,
-            f"unknown config {name!r}; valid: {', '.join(ALL_CONFIGS)} (or main, ablation)",
+            f"unknown config {name!r}; valid: {', '.join(ALL_CONFIGS)} (or main, beyond, ablation)",
         )
         configs.extend(CONFIG_GROUPS.get(name, (name,)))
     args.configs = configs or None

@@ -22,13 +22,16 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
 
 MAIN_CONFIGS = ("fp32", "fp16", "fp16_naive")
+BEYOND_CONFIGS = ("fp8", "fp16_sr", "fp16_sr_8bit")
+"""Beyond the paper, compared with ``fp32`` on the main tasks: the W8A8 fp8 GEMM agent, and fp16 with stochastic
+rounding instead of the Kahan buffers (with hAdam's moments in float16, or blockwise 8-bit)."""
 METHODS = tuple(name for name in PrecisionMethods.switches() if getattr(PrecisionMethods.paper(), name))
 """The methods ``fp16`` turns on (:meth:`lpjax.methods.PrecisionMethods.paper`), in declaration order: each has an
 ablation row. A switch the paper's agent leaves off (``stochastic_rounding``) has none."""
 ABLATION_PREFIX = "fp16_no_"
 ABLATION_CONFIGS = tuple(ABLATION_PREFIX + method for method in METHODS)
-ALL_CONFIGS = MAIN_CONFIGS + ABLATION_CONFIGS
-CONFIG_GROUPS = {"main": MAIN_CONFIGS, "ablation": ABLATION_CONFIGS}
+ALL_CONFIGS = MAIN_CONFIGS + BEYOND_CONFIGS + ABLATION_CONFIGS
+CONFIG_GROUPS = {"main": MAIN_CONFIGS, "beyond": BEYOND_CONFIGS, "ablation": ABLATION_CONFIGS}
 DEFAULT_TASKS = ("cartpole-swingup", "reacher-easy", "walker-walk")
 DEFAULT_ABLATION_TASK = "walker-walk"
 DEFAULT_NUM_SEEDS = 3
@@ -156,7 +159,7 @@ def build_plan(tasks: Sequence[str], seeds: Sequence[int], ablation_tasks: Seque
     plan = []
     for seed in seeds:
         for task in dict.fromkeys([*tasks, *ablation_tasks]):
-            configs = (MAIN_CONFIGS if task in tasks else ()) + (ABLATION_CONFIGS if task in ablation_tasks else ())
+            configs = (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ()) + (ABLATION_CONFIGS if task in ablation_tasks else ())
             if task in ablation_tasks and task not in tasks:
                 configs = ("fp16",) + configs  # the ablation's reference
             plan.extend(RunSpec(config, task, seed) for config in configs)

@@ -8,7 +8,7 @@ field                what it does                                               
 hadam                hAdam instead of Adam (:func:`lpjax.optim.hadam`)          ``method_optimizer``
 loss_scaling         compound loss scaling (init_scale, growth_interval)        ``method_optimizer``
 kahan_gradients      Kahan-compensated parameter updates                        ``method_optimizer``
-moment_dtype         dtype of Adam's / hAdam's moments (None: the params')      ``method_optimizer``
+moment_dtype         dtype of the moments (None: the params'; 8-bit: blockwise)  ``method_optimizer``
 stochastic_rounding  stochastically rounded parameter and target updates        ``method_optimizer``
 kahan_momentum       Kahan-compensated target (Polyak) updates                  ``target_updater``
 softplus_fix         the fp16-safe softplus of the policy's standard deviation  :mod:`lpjax.agents.sac`
@@ -48,8 +48,10 @@ class PrecisionMethods:
       kahan_momentum_scale: see ``kahan_momentum``.
       softplus_fix: SAC's policy computes its standard deviation with the fp16-safe softplus.
       normal_fix: SAC's policy computes its Gaussian log-density without squaring a small sigma.
-      moment_dtype: a dtype name of :data:`lpjax.precision.DTYPE_NAMES` for the optimizer's moments, or
-        ``None`` for the parameters' dtype.
+      moment_dtype: a dtype name of :data:`lpjax.precision.DTYPE_NAMES`, or ``"int8"``, for the optimizer's
+        moments, or ``None`` for the parameters' dtype. An 8-bit name (``int8``, ``fp8``/``e4m3``, ``e5m2``)
+        stores hAdam's moments blockwise-quantized (:mod:`lpjax.optim.quantized_moments`); it needs ``hadam``.
+      moment_block_size: elements per quantization block of 8-bit moments (each block has a float32 scale).
       stochastic_rounding: round each parameter and target update stochastically to the parameters' dtype, an
         alternative to the Kahan buffers.
     """
@@ -64,6 +66,7 @@ class PrecisionMethods:
     softplus_fix: bool = False
     normal_fix: bool = False
     moment_dtype: str | None = None
+    moment_block_size: int = 256
     stochastic_rounding: bool = False
 
     def __post_init__(self):
@@ -71,17 +74,18 @@ class PrecisionMethods:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrecisionMethods: {name} must be True or False, got {getattr(self, name)!r}.")
         if self.moment_dtype is not None:
-            dtype_of(self.moment_dtype)  # raises ValueError listing the valid names
+            moment_dtype_of(self.moment_dtype)  # raises ValueError listing the valid names
         # Numbers may be traced (lpjax.optim.inject_hyperparams(low_precision_adam)): only concrete ones are checked.
         concrete = {
             name: getattr(self, name)
-            for name in ("init_scale", "growth_interval", "kahan_momentum_scale")
+            for name in ("init_scale", "growth_interval", "kahan_momentum_scale", "moment_block_size")
             if isinstance(getattr(self, name), (int, float, np.number))
         }
         for ok, message in [
             (concrete.get("init_scale", 1) >= 1, "init_scale must be >= 1"),
             (concrete.get("growth_interval", 1) >= 1, "growth_interval must be >= 1"),
             (concrete.get("kahan_momentum_scale", 1) > 0, "kahan_momentum_scale must be > 0"),
+            (concrete.get("moment_block_size", 1) >= 1, "moment_block_size must be >= 1"),
             (
                 not (self.stochastic_rounding and (self.kahan_gradients or self.kahan_momentum)),
                 "stochastic_rounding replaces the Kahan buffers: turn kahan_gradients and kahan_momentum off",
@@ -116,7 +120,7 @@ class PrecisionMethods:
     @property
     def moment_numpy_dtype(self):
         """``moment_dtype`` as a numpy dtype (``None`` stays ``None``)."""
-        return None if self.moment_dtype is None else dtype_of(self.moment_dtype)
+        return None if self.moment_dtype is None else moment_dtype_of(self.moment_dtype)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | PrecisionMethods) -> PrecisionMethods:
@@ -130,6 +134,17 @@ class PrecisionMethods:
         if unknown:
             raise ValueError(f"Unknown precision method keys {unknown}; valid keys: {', '.join(known)}.")
         return cls(**values)
+
+
+def moment_dtype_of(name: str) -> np.dtype:
+    """The numpy dtype of a moment dtype name: a name of :data:`lpjax.precision.DTYPE_NAMES`, or ``"int8"``
+    (blockwise-quantized linear codes; not a precision of parameters or activations, so not in that table)."""
+    if isinstance(name, str) and name.strip().lower() == "int8":
+        return np.dtype(np.int8)
+    try:
+        return dtype_of(name)
+    except ValueError as error:
+        raise ValueError(f"{error} (moment_dtype also accepts 'int8')") from None
 
 
 def split_method_fields(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -154,4 +169,4 @@ def nest_method_fields(agent: Mapping[str, Any]) -> dict[str, Any]:
     return {**other, "methods": {**nested, **flat}}
 
 
-__all__ = ["PrecisionMethods", "nest_method_fields", "split_method_fields"]
+__all__ = ["PrecisionMethods", "moment_dtype_of", "nest_method_fields", "split_method_fields"]

@@ -201,9 +201,8 @@ def test_loss_scaled_methods_with_decay_and_clipping_equal_the_unscaled_referenc
         assert max_relative_error(got, ref) < 1e-9
 
 
-def test_stochastic_rounding_is_refused_until_its_transform_exists():
-    with pytest.raises(ValueError, match="stochastic_rounding has no optimizer transform yet"):
-        optim.method_optimizer(1e-3, PrecisionMethods(stochastic_rounding=True))
-    config = SACConfig(methods=PrecisionMethods(stochastic_rounding=True))  # a valid config, refused when built
-    with pytest.raises(ValueError, match="stochastic_rounding"):
-        optim.method_optimizer(1e-3, config.methods)
+def test_stochastic_rounding_ends_the_chain_in_place_of_kahan():
+    config = SACConfig(methods=PrecisionMethods(hadam=True, loss_scaling=True, stochastic_rounding=True))
+    state = optim.method_optimizer(1e-3, config.methods).init({"w": jnp.ones((2,), jnp.float16)})
+    assert isinstance(state[-1], optim.StochasticRoundingState)
+    assert not any(isinstance(s, optim.KahanSummationState) for s in state)

@@ -26,11 +26,15 @@ from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
     OPTIMIZER_SCOPE,
     KahanPolyakState,
+    StochasticRoundingState,
     kahan_polyak,
     method_optimizer,
     scaled_value_and_grad,
+    stochastic_rounding_polyak,
 )
 from lpjax.precision import Policy, get_policy
+
+TargetState = KahanPolyakState | StochasticRoundingState | None
 
 
 class Trainable(NamedTuple):
@@ -73,9 +77,13 @@ def network_optimizer(
     *,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = None,
+    rounding_seed: int = 0,
 ) -> optax.GradientTransformation:
     """The optimizer of a learner's networks: :func:`lpjax.optim.method_optimizer` with ``config.methods`` and
-    Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``."""
+    Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``.
+
+    ``rounding_seed`` seeds stochastic rounding (``methods.stochastic_rounding``): a learner gives each of its
+    networks its own, and :func:`target_updater` uses :data:`TARGET_ROUNDING_SEED`."""
     return method_optimizer(
         learning_rate,
         config.methods,
@@ -84,21 +92,27 @@ def network_optimizer(
         eps=config.adam_eps,
         weight_decay=weight_decay,
         max_grad_norm=max_grad_norm,
+        rounding_seed=rounding_seed,
     )
+
+
+TARGET_ROUNDING_SEED = 2
+"""The seed of the target networks' stochastic rounding, apart from the networks' optimizers' (0, 1)."""
 
 
 class TargetUpdater(NamedTuple):
     """Pure ``init``/``update`` pair returned by :func:`target_updater`.
 
     Attributes:
-      init: ``init(target_params) -> compensation``: a :class:`lpjax.optim.KahanPolyakState` with
-        Kahan-momentum, else ``None``.
+      init: ``init(target_params) -> compensation``: the target update's state, a
+        :class:`lpjax.optim.KahanPolyakState` with Kahan-momentum, a :class:`lpjax.optim.StochasticRoundingState`
+        (one key) with stochastic rounding, else ``None``.
       update: ``update(online_params, target_params, compensation, step) -> (target_params, compensation)``;
         targets (and compensation) change only when ``step % target_update_period == 0``.
     """
 
-    init: Callable[[Any], KahanPolyakState | None]
-    update: Callable[[Any, Any, KahanPolyakState | None, chex.Array], tuple[Any, KahanPolyakState | None]]
+    init: Callable[[Any], TargetState]
+    update: Callable[[Any, Any, TargetState, chex.Array], tuple[Any, TargetState]]
 
 
 def target_updater(config: OffPolicyConfig) -> TargetUpdater:
@@ -107,13 +121,19 @@ def target_updater(config: OffPolicyConfig) -> TargetUpdater:
     At a step with ``step % target_update_period == 0``:
 
         tau < 1:  t <- t + tau (p - t)   (optax.incremental_update; Kahan-compensated, scaled by
-                                          kahan_momentum_scale, with methods.kahan_momentum: lpjax.optim.kahan_polyak)
+                                          kahan_momentum_scale, with methods.kahan_momentum: lpjax.optim.kahan_polyak;
+                                          rounded stochastically with methods.stochastic_rounding:
+                                          lpjax.optim.stochastic_rounding_polyak, seeded with TARGET_ROUNDING_SEED)
         tau = 1:  t <- p                 (a hard copy, as Acme's DQN/D4PG targets; no compensation is kept)
 
     The trees may hold several networks (e.g. ``(actor, critic)``); targets keep their dtype.
     """
     period, tau, methods = config.target_update_period, config.tau, config.methods
-    polyak = kahan_polyak(tau, methods.kahan_momentum_scale) if methods.kahan_momentum and tau < 1.0 else None
+    polyak = None
+    if methods.kahan_momentum and tau < 1.0:
+        polyak = kahan_polyak(tau, methods.kahan_momentum_scale)
+    elif methods.stochastic_rounding and tau < 1.0:
+        polyak = stochastic_rounding_polyak(tau, TARGET_ROUNDING_SEED)
 
     def init(target_params):
         return polyak.init(target_params) if polyak is not None else None

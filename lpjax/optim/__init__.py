@@ -1,4 +1,5 @@
-"""Low-precision optax transforms: hAdam, loss scaling, Kahan summation and Kahan Polyak averaging.
+"""Low-precision optax transforms: hAdam (optionally with 8-bit blockwise moments), loss scaling, Kahan summation,
+Kahan Polyak averaging, and stochastically rounded parameter and target updates.
 
 Everything here is an ``optax.GradientTransformation`` (or a pure init/update pair) and composes with
 ``optax.chain``. A complete pure-fp16 optimizer, as in Björck et al. (2021)::
@@ -26,7 +27,15 @@ from lpjax.optim.loss_scaling import (
     compound_loss_scaling,
     rescale_moments,
 )
+from lpjax.optim.quantized_moments import BlockQuantized
 from lpjax.optim.scaled_grad import loss_scale, loss_scale_or_one, scaled_value_and_grad
+from lpjax.optim.stochastic_rounding import (
+    StochasticRoundingPolyak,
+    StochasticRoundingState,
+    stochastic_round,
+    stochastic_rounding,
+    stochastic_rounding_polyak,
+)
 
 OPTIMIZER_SCOPE = "optimizer"
 """``jax.named_scope`` under which lpjax's learners run their optimizer's update (``tx.update`` and
@@ -34,6 +43,12 @@ OPTIMIZER_SCOPE = "optimizer"
 
 __all__ = [
     "OPTIMIZER_SCOPE",
+    "BlockQuantized",
+    "StochasticRoundingPolyak",
+    "StochasticRoundingState",
+    "stochastic_round",
+    "stochastic_rounding",
+    "stochastic_rounding_polyak",
     "PYTORCH_AMP_DEFAULTS",
     "CompoundLossScalingState",
     "KahanPolyak",

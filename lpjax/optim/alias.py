@@ -23,8 +23,10 @@ from lpjax.optim.hadam import descend, scale_by_hadam
 from lpjax.optim.hadam import hadam as _hadam
 from lpjax.optim.kahan import kahan_summation
 from lpjax.optim.loss_scaling import compound_loss_scaling
+from lpjax.optim.quantized_moments import is_quantized_dtype
+from lpjax.optim.stochastic_rounding import stochastic_rounding
 
-_DTYPE_ARGUMENTS = ("moment_dtype", "compensation_dtype")
+_STATIC_ARGUMENTS = ("moment_dtype", "compensation_dtype", "moment_block_size")
 
 
 def inject_hyperparams(
@@ -37,7 +39,8 @@ def inject_hyperparams(
     optax stores injected hyperparameters in the parameters' dtype by default, where a float16 ``eps=1e-8`` is 0
     and ``init_scale=2**16`` is inf. This wrapper stores them in ``hyperparam_dtype`` (float32), and treats the
     dtype arguments of lpjax's factories (``moment_dtype``, ``compensation_dtype``) as static, since optax would
-    take a dtype such as ``jnp.float32`` (a callable) for a schedule.
+    take a dtype such as ``jnp.float32`` (a callable) for a schedule, and ``moment_block_size``, which shapes the
+    state.
 
     Example::
 
@@ -46,7 +49,7 @@ def inject_hyperparams(
         opt_state.hyperparams["learning_rate"] = 3e-5  # change it between steps
     """
     static = {static_args} if isinstance(static_args, str) else set(static_args)
-    static |= set(_DTYPE_ARGUMENTS) & set(inspect.signature(inner_factory).parameters)
+    static |= set(_STATIC_ARGUMENTS) & set(inspect.signature(inner_factory).parameters)
     return optax.inject_hyperparams(inner_factory, static_args=tuple(sorted(static)), hyperparam_dtype=hyperparam_dtype)
 
 
@@ -59,6 +62,7 @@ def method_optimizer(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = None,
+    rounding_seed: int = 0,
 ) -> optax.GradientTransformation:
     """The optimizer of a learner's network: Adam (or AdamW) with ``methods``' optimizer switches.
 
@@ -66,33 +70,35 @@ def method_optimizer(
 
         compound_loss_scaling(                                       methods.loss_scaling
             chain(clip_by_global_norm(max_grad_norm),                max_grad_norm
-                  hadam | adam (b1, b2, eps, moment_dtype),          methods.hadam
+                  hadam | adam (b1, b2, eps, moment_dtype),          methods.hadam (8-bit moments: hadam)
                   add_decayed_weights(weight_decay) * -lr))          weight_decay (AdamW's decoupled decay)
         then kahan_summation()                                       methods.kahan_gradients
+          or stochastic_rounding(rounding_seed)                      methods.stochastic_rounding
 
     With loss scaling and clipping, the scaler gives the clip the true (unscaled) gradients; without clipping,
     hAdam (or the injected Adam) receives the scaled gradients and the scaler takes the paper's compound path
     (see :func:`lpjax.optim.compound_loss_scaling`). With every switch off and no clipping or decay it is exactly
-    ``optax.adam(learning_rate, b1, b2, eps)``.
-
-    Raises:
-      ValueError: for ``methods.stochastic_rounding``, which has no transform yet.
+    ``optax.adam(learning_rate, b1, b2, eps)``. ``rounding_seed`` seeds the stochastic rounding's key (give each
+    network of a learner its own).
     """
     require_wide("method_optimizer", "learning_rate", learning_rate)
-    if methods.stochastic_rounding:
-        raise ValueError("PrecisionMethods.stochastic_rounding has no optimizer transform yet; use kahan_gradients.")
     moment_dtype = methods.moment_numpy_dtype
+    if is_quantized_dtype(moment_dtype) and not methods.hadam:
+        raise ValueError(
+            f"PrecisionMethods: moment_dtype={methods.moment_dtype!r} (8-bit, blockwise) needs hadam=True."
+        )
+    block = methods.moment_block_size
     if weight_decay:
         if methods.hadam:  # the compound path: scale_by_hadam first, the learning rate applied in float32
             inner = optax.chain(
-                scale_by_hadam(b1, b2, eps, moment_dtype),
+                scale_by_hadam(b1, b2, eps, moment_dtype, block),
                 optax.add_decayed_weights(weight_decay),
                 descend(learning_rate),
             )
         else:
             inner = optax.adamw(learning_rate, b1, b2, eps, mu_dtype=moment_dtype, weight_decay=weight_decay)
     elif methods.hadam:
-        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype)
+        inner = _hadam(learning_rate, b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype, moment_block_size=block)
     elif methods.loss_scaling:  # optax's Adam must expose eps, in the widest float available, for the scaler
         widest = jax.dtypes.canonicalize_dtype(jnp.float64)  # float32 unless float64 is enabled
         inner = optax.inject_hyperparams(optax.adam, static_args="mu_dtype", hyperparam_dtype=widest)(
@@ -104,7 +110,11 @@ def method_optimizer(
         inner = optax.chain(optax.clip_by_global_norm(max_grad_norm), inner)
     if methods.loss_scaling:
         inner = compound_loss_scaling(inner, init_scale=methods.init_scale, growth_interval=methods.growth_interval)
-    return optax.chain(inner, kahan_summation()) if methods.kahan_gradients else inner
+    if methods.kahan_gradients:
+        return optax.chain(inner, kahan_summation())
+    if methods.stochastic_rounding:
+        return optax.chain(inner, stochastic_rounding(rounding_seed))
+    return inner
 
 
 def low_precision_adam(

@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.optim._hyperparameters import require_wide
+from lpjax.optim import quantized_moments
+from lpjax.optim._hyperparameters import concrete, require_wide
 
 
 class ScaleByHAdamState(NamedTuple):
@@ -70,6 +71,18 @@ class ScaleByHAdamState(NamedTuple):
     apply: chex.Array
 
 
+_QUANTIZATION_SEED = 0
+"""8-bit moments are rounded stochastically with keys folded from this seed, the step count and the leaf's index:
+the rounding is a function of the optimizer's state, with no key to store."""
+
+
+def _storage_dtype(m) -> np.dtype:
+    """The dtype a moment's values are read in: its own, or float32 for 8-bit blockwise-quantized moments."""
+    if isinstance(m, quantized_moments.BlockQuantized):
+        return np.dtype(jnp.float32)
+    return np.dtype(m.dtype)
+
+
 def _squares_fit(storage, compute) -> bool:
     """Whether squares of every finite ``storage`` value stay normal and finite in ``compute``."""
     storage, compute = jnp.finfo(storage), jnp.finfo(compute)
@@ -86,7 +99,11 @@ def _compute_dtype(*dtypes) -> np.dtype:
 
 
 def scale_by_hadam(
-    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, moment_dtype: Any = None
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    moment_dtype: Any = None,
+    moment_block_size: int = quantized_moments.DEFAULT_BLOCK_SIZE,
 ) -> optax.GradientTransformation:
     """Rescales updates by hAdam's ``m_hat / (w_hat + eps)`` (no learning rate, no sign flip).
 
@@ -96,20 +113,48 @@ def scale_by_hadam(
       eps: term added to ``w_hat`` in the denominator, multiplied by ``state.scale``; added in float32, so it
         is never lost to a float16 rounding.
       moment_dtype: dtype of both moments, like ``optax.scale_by_adam``'s ``mu_dtype`` but for ``m`` and ``w``
-        alike; ``None`` stores each in its parameter's dtype (the paper's pure-float16 setting).
+        alike; ``None`` stores each in its parameter's dtype (the paper's pure-float16 setting). An 8-bit dtype
+        of :data:`lpjax.optim.quantized_moments.QUANTIZED_MOMENT_DTYPES` (int8, float8_e4m3fn, float8_e5m2)
+        stores both blockwise-quantized (:mod:`lpjax.optim.quantized_moments`), rounded stochastically with
+        keys derived from the step count, ``w`` kept nonzero.
+      moment_block_size: elements per quantization block of 8-bit moments (each block has a float32 scale).
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByHAdamState`. Its updates have the moments'
-      dtype.
+      dtype (float32 for 8-bit moments).
     """
     for name, value in (("b1", b1), ("b2", b2), ("eps", eps)):
         require_wide("scale_by_hadam", name, value)
     moment_dtype = None if moment_dtype is None else np.dtype(moment_dtype)
-    if moment_dtype is not None and not jnp.issubdtype(moment_dtype, jnp.floating):
-        raise ValueError(f"moment_dtype must be a floating-point dtype, got {moment_dtype}.")
+    quantized = quantized_moments.is_quantized_dtype(moment_dtype)
+    if moment_dtype is not None and not quantized and not jnp.issubdtype(moment_dtype, jnp.floating):
+        raise ValueError(f"moment_dtype must be a floating-point or 8-bit dtype, got {moment_dtype}.")
+    if quantized:  # it shapes the state: it must be a Python int (optax.inject_hyperparams: a static argument)
+        block_size = concrete(moment_block_size)
+        if block_size is None or block_size.shape or int(block_size) < 1:
+            raise ValueError(
+                f"scale_by_hadam: moment_block_size must be an int >= 1 for 8-bit moments, got {moment_block_size!r} "
+                "(with optax.inject_hyperparams, pass static_args='moment_block_size')."
+            )
+        moment_block_size = int(block_size)
+
+    def load(m, dtype):
+        if isinstance(m, quantized_moments.BlockQuantized):
+            return quantized_moments.dequantize(m, dtype)
+        return m.astype(dtype)
+
+    def store(x, like, key, keep_nonzero=False):
+        if isinstance(like, quantized_moments.BlockQuantized):
+            return quantized_moments.quantize(x, like.dtype, moment_block_size, key, keep_nonzero)
+        return x.astype(like.dtype)
+
+    def select(apply, new, old):
+        return jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
 
     def init_fn(params):
         def zeros(p):
+            if quantized:
+                return quantized_moments.zeros(jnp.shape(p), moment_dtype, moment_block_size)
             return jnp.zeros(jnp.shape(p), moment_dtype or jnp.result_type(p))
 
         # Two separate trees: a state whose moments share buffers cannot be donated to a jitted step.
@@ -130,32 +175,46 @@ def scale_by_hadam(
         t = step.astype(jnp.float32)  # also on a skipped step: no 0 / 0 in the (discarded) direction at t = 0
         unit = state.scale / state.moment_scale  # a power of two under compound_loss_scaling: exact
 
-        def moments(g, m, w):
-            dtype = _compute_dtype(g.dtype, m.dtype)
+        def moments(g, m, w, key):
+            dtype = _compute_dtype(g.dtype, _storage_dtype(m))
             g, f = g.astype(dtype), unit.astype(dtype)
             b1_, b2_ = jnp.asarray(b1, dtype), jnp.asarray(b2, dtype)
-            new_m = b1_ * (f * m.astype(dtype)) + (1 - b1_) * g
-            a = jnp.sqrt(b2_) * (f * w.astype(dtype))
+            new_m = b1_ * (f * load(m, dtype)) + (1 - b1_) * g
+            a = jnp.sqrt(b2_) * (f * load(w, dtype))
             b = jnp.sqrt(1 - b2_) * g
-            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(w.dtype, dtype) else jnp.hypot(a, b)
-            return jnp.where(apply, new_m.astype(m.dtype), m), jnp.where(apply, new_w.astype(w.dtype), w)
+            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(_storage_dtype(w), dtype) else jnp.hypot(a, b)
+            m_key, w_key = jax.random.split(key)
+            return (
+                select(apply, store(new_m, m, m_key), m),
+                select(apply, store(new_w, w, w_key, keep_nonzero=True), w),
+            )
 
-        pairs = jax.tree.map(moments, updates, state.mu, state.nu_sqrt)
-        mu, nu_sqrt = jax.tree.transpose(jax.tree.structure(state.mu), jax.tree.structure((0, 0)), pairs)
+        # Flattened up to the gradients' leaves: an 8-bit moment is a subtree (codes and scales) of its own.
+        grads, treedef = jax.tree.flatten(updates)
+        step_key = jax.random.fold_in(jax.random.PRNGKey(_QUANTIZATION_SEED), step)
+        pairs = [
+            moments(g, m, w, jax.random.fold_in(step_key, i))
+            for i, (g, m, w) in enumerate(
+                zip(grads, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu_sqrt))
+            )
+        ]
+        mu, nu_sqrt = (jax.tree.unflatten(treedef, [pair[i] for pair in pairs]) for i in (0, 1))
 
         def direction(m, w):
-            dtype = _compute_dtype(m.dtype)
+            dtype = _compute_dtype(_storage_dtype(m))
             c1 = 1 - jnp.power(jnp.asarray(b1, dtype), t.astype(dtype))
             c2 = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t.astype(dtype)))
-            denominator = w.astype(dtype) + jnp.asarray(eps, dtype) * state.scale.astype(dtype) * c2
+            denominator = load(w, dtype) + jnp.asarray(eps, dtype) * state.scale.astype(dtype) * c2
             usable = apply & (denominator != 0)
-            ratio = m.astype(dtype) / jnp.where(usable, denominator, jnp.ones_like(denominator))
-            return jnp.where(usable, ratio * (c2 / c1), jnp.zeros_like(ratio)).astype(m.dtype)
+            ratio = load(m, dtype) / jnp.where(usable, denominator, jnp.ones_like(denominator))
+            return jnp.where(usable, ratio * (c2 / c1), jnp.zeros_like(ratio)).astype(_storage_dtype(m))
 
         # The direction reads the moments as stored, after the select on `apply`: the state alone determines the
         # update, and a compiler reads them back from the state's buffers instead of recomputing them from the old
         # moments, which it would have to copy first to update them in place.
-        updates = jax.tree.map(direction, mu, nu_sqrt)
+        updates = jax.tree.unflatten(
+            treedef, [direction(m, w) for m, w in zip(treedef.flatten_up_to(mu), treedef.flatten_up_to(nu_sqrt))]
+        )
         return updates, ScaleByHAdamState(
             count=count,
             mu=mu,
@@ -207,12 +266,17 @@ def hadam(
     b2: float = 0.999,
     eps: float = 1e-8,
     moment_dtype: Any = None,
+    moment_block_size: int = quantized_moments.DEFAULT_BLOCK_SIZE,
 ) -> optax.GradientTransformation:
     """The hAdam optimizer: :func:`scale_by_hadam` followed by ``-learning_rate`` (a float or an optax schedule).
 
     A drop-in replacement for ``optax.adam(learning_rate, b1, b2, eps)``: identical updates in exact arithmetic.
-    ``moment_dtype`` is the dtype of both moments (default: the parameters'). The learning rate multiplies the
+    ``moment_dtype`` is the dtype of both moments (default: the parameters'; an 8-bit dtype stores them blockwise
+    quantized in blocks of ``moment_block_size``). The learning rate multiplies the
     direction in float32 and the product is rounded once to the moments' dtype.
     """
     require_wide("hadam", "learning_rate", learning_rate)
-    return optax.chain(scale_by_hadam(b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype), descend(learning_rate))
+    return optax.chain(
+        scale_by_hadam(b1=b1, b2=b2, eps=eps, moment_dtype=moment_dtype, moment_block_size=moment_block_size),
+        descend(learning_rate),
+    )

@@ -13,7 +13,8 @@ In exact arithmetic ``d = y`` and ``c = 0``, so this is plain summation. The com
 rounding of ``t`` really happens. XLA may skip intermediate roundings of low-precision values when
 ``xla_allow_excess_precision`` is on (its default; GPU fusions use it), which would make ``t - p == y`` and turn
 the compensation off. XLA:CPU keeps float16 roundings, but ``t`` is pinned to its dtype with
-``lax.reduce_precision`` (which that flag may not remove), and the tests compare ``jit`` against eager.
+:func:`lpjax.optim._rounding.round_to_nearest` (arithmetic that flag may not remove, subnormals included), and
+the tests compare ``jit`` against eager.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lpjax.optim._rounding import round_to_nearest
+
 
 def _round_to(x: jax.Array, dtype) -> jax.Array:
     """Rounds ``x`` to ``dtype`` and keeps that rounding through XLA's fusion (see the module docstring)."""
-    dtype = np.dtype(dtype)
-    finfo = jnp.finfo(dtype)
-    rounded = jax.lax.reduce_precision(x, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
-    return rounded.astype(dtype)
+    return round_to_nearest(x, dtype).astype(dtype)
 
 
 def _map_pair(fn: Callable, tree: Any, *rest: Any) -> tuple[Any, Any]:

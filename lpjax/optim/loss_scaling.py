@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lpjax.optim import quantized_moments
 from lpjax.optim._hyperparameters import concrete, require_wide
 from lpjax.optim.hadam import ScaleByHAdamState
 
@@ -171,11 +172,16 @@ def _moments_fit(inner_state, growth: chex.Array) -> chex.Array:
 
     def fits(tree, power):
         def leaf_fits(x):
-            dtype = jnp.promote_types(x.dtype, jnp.float32)
-            moved = jnp.max(jnp.abs(x)).astype(dtype) * growth.astype(dtype) ** power
-            return moved <= jnp.asarray(jnp.finfo(x.dtype).max, dtype)
+            if isinstance(x, quantized_moments.BlockQuantized):  # float32 scales hold the magnitudes
+                largest, storage = quantized_moments.max_abs(x), jnp.float32
+            else:
+                largest, storage = jnp.max(jnp.abs(x)), x.dtype
+            dtype = jnp.promote_types(storage, jnp.float32)
+            moved = largest.astype(dtype) * growth.astype(dtype) ** power
+            return moved <= jnp.asarray(jnp.finfo(storage).max, dtype)
 
-        checks = [leaf_fits(x) for x in jax.tree.leaves(tree) if x.size]
+        is_moment = lambda x: isinstance(x, quantized_moments.BlockQuantized)
+        checks = [leaf_fits(x) for x in jax.tree.leaves(tree, is_leaf=is_moment) if x.size]
         return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
 
     node = _first_node(inner_state)

@@ -200,3 +200,16 @@ def test_an_update_past_the_largest_float16_leaves_the_parameter_finite():
     assert float(state.compensation[0]) == 0.0 and float(state.compensation[2]) != 0.0
     naive = jax.jit(lambda p, u: p + u)(params, jnp.asarray([100.0, -100.0, 1e-4], jnp.float16))
     assert not bool(jnp.all(jnp.isfinite(naive)))
+
+
+def test_subnormal_float16_parameters_are_not_flushed_to_zero():
+    """Parameters below float16's smallest normal (6.1e-5) keep their value and take their updates, also with a
+    float32 compensation buffer (where the sum is rounded from float32)."""
+    params = {"w": jnp.asarray([3e-6, -2e-5, 6e-8], jnp.float16)}
+    updates = {"w": jnp.asarray([1e-6, 1e-6, 0.0], jnp.float16)}
+    want = (np.asarray(params["w"], np.float64) + np.asarray(updates["w"], np.float64)).astype(np.float16)
+    for compensation_dtype in (None, jnp.float32):
+        tx = optim.kahan_summation(compensation_dtype)
+        increments, _ = jax.jit(tx.update)(updates, tx.init(params), params)
+        got = np.asarray(optax.apply_updates(params, increments)["w"], np.float64)
+        np.testing.assert_array_equal(got, want.astype(np.float64))

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from lpjax.agents.d4pg.config import D4PGConfig
 from lpjax.agents.d4pg.distributional import categorical_l2_project, expected_value
 from lpjax.agents.training import (
+    TargetState,
     Trainable,
     gradient_step,
     network_optimizer,
@@ -39,7 +40,7 @@ from lpjax.agents.training import (
     trainable_init,
 )
 from lpjax.nn import CategoricalCritic, DeterministicActor
-from lpjax.optim import KahanPolyakState, loss_scale_or_one
+from lpjax.optim import loss_scale_or_one
 
 
 @flax.struct.dataclass
@@ -56,8 +57,9 @@ class D4PGState:
       critic: Trainable of the categorical critic.
       target_actor: parameters of the target policy.
       target_critic: parameters of the target critic.
-      target_compensation: Kahan compensation of ``(target_actor, target_critic)``
-        (:func:`lpjax.optim.kahan_polyak`), or ``None`` without Kahan-momentum (or with hard copies, ``tau = 1``).
+      target_compensation: the target update's state (:data:`lpjax.agents.training.TargetState`): the Kahan
+        compensation of ``(target_actor, target_critic)``, the stochastic rounding's key, or ``None`` (neither
+        method, or hard copies, ``tau = 1``).
     """
 
     config: D4PGConfig = flax.struct.field(pytree_node=False)
@@ -68,7 +70,7 @@ class D4PGState:
     critic: Trainable
     target_actor: Any
     target_critic: Any
-    target_compensation: KahanPolyakState | None
+    target_compensation: TargetState
 
 
 def actor_network(config: D4PGConfig, action_dim: int) -> DeterministicActor:
@@ -116,7 +118,7 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: D4PGCo
         step=jnp.zeros([], jnp.int32),
         key=key,
         actor=trainable_init(actor_params, network_optimizer(config.actor_lr, config)),
-        critic=trainable_init(critic_params, network_optimizer(config.critic_lr, config)),
+        critic=trainable_init(critic_params, network_optimizer(config.critic_lr, config, rounding_seed=1)),
         target_actor=copy(actor_params),
         target_critic=copy(critic_params),
         target_compensation=target_updater(config).init((actor_params, critic_params)),
@@ -153,7 +155,7 @@ def _update(state: D4PGState, batch: dict) -> tuple[D4PGState, dict]:
     config = state.config
     with jax.named_scope("critic"):  # name scopes (metadata only) label the phases in lpjax.inspect's reports
         critic, critic_loss, critic_aux = gradient_step(
-            state.critic, network_optimizer(config.critic_lr, config), _critic_loss, state, batch
+            state.critic, network_optimizer(config.critic_lr, config, rounding_seed=1), _critic_loss, state, batch
         )
     state = state.replace(critic=critic)
     with jax.named_scope("actor"):

@@ -27,9 +27,16 @@ import optax
 
 from lpjax.agents.sac.config import SACConfig
 from lpjax.agents.sac.squashed_gaussian import sample_and_log_prob
-from lpjax.agents.training import Trainable, gradient_step, network_optimizer, target_updater, trainable_init
+from lpjax.agents.training import (
+    TargetState,
+    Trainable,
+    gradient_step,
+    network_optimizer,
+    target_updater,
+    trainable_init,
+)
 from lpjax.nn import DoubleCritic, PixelEncoder, TanhGaussianActor
-from lpjax.optim import KahanPolyakState, loss_scale_or_one
+from lpjax.optim import loss_scale_or_one
 
 
 class SACCritic(nn.Module):
@@ -74,8 +81,8 @@ class SACState:
       actor: :class:`~lpjax.agents.training.Trainable` of the policy network.
       critic: Trainable of the twin critic (and the pixel encoder).
       target_critic: parameters of the target critic.
-      target_compensation: Kahan compensation of the target critic (:func:`lpjax.optim.kahan_polyak`), or
-        ``None`` without Kahan-momentum.
+      target_compensation: the target update's state (:data:`lpjax.agents.training.TargetState`): the Kahan
+        compensation of the target critic, the stochastic rounding's key, or ``None``.
       temperature: Trainable of ``log_alpha`` (float32 scalar).
     """
 
@@ -86,7 +93,7 @@ class SACState:
     actor: Trainable
     critic: Trainable
     target_critic: Any
-    target_compensation: KahanPolyakState | None
+    target_compensation: TargetState
     temperature: Trainable
 
 
@@ -98,7 +105,7 @@ def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SA
 def _optimizers(config: SACConfig):
     return (
         network_optimizer(config.actor_lr, config),
-        network_optimizer(config.critic_lr, config),
+        network_optimizer(config.critic_lr, config, rounding_seed=1),
         optax.adam(config.alpha_lr, config.b1, config.b2),
     )
 
