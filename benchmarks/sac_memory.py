@@ -12,6 +12,9 @@ Configurations (``lpjax.agents.sac.SACConfig``):
 * ``fp32``: ``SACConfig(policy="fp32")``;
 * ``fp16``: ``SACConfig(policy="fp16", methods=PrecisionMethods.paper())`` (hAdam, compound loss scaling,
   Kahan-gradients, Kahan-momentum, softplus-fix and normal-fix);
+* beyond the paper, ``fp16_sr``: ``fp16`` with stochastic rounding instead of the two Kahan buffers and a float16
+  replay, and ``fp16_sr_8bit``: the same with hAdam's moments blockwise 8-bit (``moment_dtype="fp8"``): goals
+  ``BEYOND_GOALS`` (2.0x and 2.5x);
 
 each with two hidden layers of width 1024 or 4096 (actor and both critics) and batch 1024 or 4096 (the paper's
 sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in dm_control; ``--obs-dim`` and
@@ -31,9 +34,10 @@ sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in
    * ``jax.make_jaxpr`` of the function returning those leaves, whose outputs say where each residual comes from:
      an *input* of the update (a parameter of the state, e.g. the weights a backward matmul needs, or the loss
      scale; those bytes are already in the state, so they are not counted again), a literal, a *broadcast of a
-     constant* (``jax.nn.relu``'s JVP saves ``full_like(g, 0)``, an array of zeros as large as the activation, and
-     the transposed ``concatenate`` saves zeros too), a boolean mask (relu's ``x > 0``, one byte per element in
-     either precision) or a computed float activation. ``residual_bytes`` = every distinct residual that is not
+     constant* (``jax.nn.relu``'s JVP saves ``full_like(g, 0)``, an array of zeros as large as the activation;
+     lpjax's networks use :func:`lpjax.nn.dense.relu`, which saves only its output), a boolean mask
+     (``jax.nn.relu``'s ``x > 0``, one byte per element in either precision) or a computed float activation.
+     ``residual_bytes`` = every distinct residual that is not
      an input of the update; it includes the zero broadcasts (what ``jax.vjp`` holds), which XLA, compiling the
      jitted update as one program, can fuse into their consumers instead of storing, so
      ``residual_bytes_without_constant_broadcasts`` and a total without them are reported too.
@@ -49,8 +53,9 @@ sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in
    observations is new memory; the fp32 "cast" is the batch itself), and relu's masks and zeros are printed as
    "output of gt" / "output of broadcast_in_dim". The make_jaxpr classification above draws those lines.
 3. **batch**: the replay batch ``sac.update`` receives (``obs``, ``action``, ``reward``, ``discount``,
-   ``next_obs``), float32 in both configurations (what the environment and ``lpjax.replay`` produce; the fp16
-   learner casts it itself).
+   ``next_obs``), float32 for ``fp32`` and ``fp16`` (what the environment and ``lpjax.replay`` produce; the fp16
+   learner casts it itself), float16 for the stochastic-rounding rows, whose configs store the replay in
+   float16 (``replay_dtype``; the learner computes the same values).
 4. **total** = state + critic, actor and temperature residuals + batch, and ``ratio = fp32 total / fp16 total``.
 
 This is a count of what an update holds, not a measured peak: the critic's and the actor's residuals are not
@@ -104,11 +109,20 @@ ACTION_DIM = 6
 HIDDEN_LAYERS = 2
 FULL_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))  # (hidden width, batch size)
 QUICK_SIZES = ((16, 8), (32, 16))
+_SR = dict(kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True)
 PRECISIONS: dict[str, dict[str, Any]] = {
     "fp32": dict(policy="fp32"),
     "fp16": dict(policy="fp16", methods=PrecisionMethods.paper()),
+    "fp16_sr": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR)),
+    "fp16_sr_8bit": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR, moment_dtype="fp8")),
 }
+REPLAY_DTYPES = {"fp16_sr": jnp.float16, "fp16_sr_8bit": jnp.float16}
+"""The replay's float dtype where it is not float32: the stochastic-rounding configs store float16 transitions
+(``experiments/configs/sac/fp16_sr.py``: ``replay_dtype = "fp16"``), so their batch is float16."""
 BASE, LOW = "fp32", "fp16"
+BEYOND_GOALS = {"fp16_sr": 2.0, "fp16_sr_8bit": 2.5}
+"""Beyond the paper: fp32 / total goals of fp16 with stochastic rounding instead of the Kahan buffers, with
+hAdam's moments in float16 or blockwise 8-bit (float8 e4m3 codes, a float32 scale per 256 elements)."""
 LOSSES = ("critic", "actor", "temperature")
 COMPONENTS = ("state", "critic_residuals", "actor_residuals", "temperature_residuals", "batch")
 STATE_PARTS = (
@@ -159,6 +173,8 @@ def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = 
 
 def state_part(path: str) -> str:
     """Role of a :class:`SACState` leaf, from its key path (``jax.tree_util.keystr``)."""
+    if path.endswith(".key"):
+        return "scalars"  # the PRNG keys: the agent's, and stochastic rounding's (optimizers and target)
     if path.startswith(".target_compensation"):
         return "kahan_momentum_compensation"
     if path.startswith(".target_critic"):
@@ -336,7 +352,7 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
     """Every component's bytes for one configuration, from abstract values only."""
     config = make_config(precision, width, batch_size)
     state = abstract_state(config, obs_dim, action_dim)
-    batch = abstract_batch(batch_size, obs_dim, action_dim)
+    batch = abstract_batch(batch_size, obs_dim, action_dim, REPLAY_DTYPES.get(precision, jnp.float32))
     state_info = state_breakdown(state)
     res = {name: residuals(VJPS[name], state, batch) for name in LOSSES}
     for name in LOSSES:
@@ -372,6 +388,7 @@ def compare(base: dict, low: dict) -> dict:
     excess = {c: low["components"][c] - base["components"][c] / 2 for c in base["components"]}
     state_excess = {p: low["state"]["parts"][p] - base["state"]["parts"][p] / 2 for p in STATE_PARTS}
     total = base["total_bytes"] / low["total_bytes"]
+    low_name = low["precision"]
     # Total ratio if one component alone were exactly halved (what each one costs the headline ratio).
     if_halved = {c: base["total_bytes"] / (low["total_bytes"] - excess[c]) for c in base["components"]}
     kahan = low["state"]["parts"]["kahan_gradient_compensation"] + low["state"]["parts"]["kahan_momentum_compensation"]
@@ -405,7 +422,7 @@ def compare(base: dict, low: dict) -> dict:
         "target_ratio": TARGET_RATIO,
         "target_met": bool(total >= TARGET_RATIO),
         "target_reachable_with_kahan_state": bool(ceiling >= TARGET_RATIO),
-        "total_mb": {BASE: base["total_bytes"] / 1e6, LOW: low["total_bytes"] / 1e6},
+        "total_mb": {BASE: base["total_bytes"] / 1e6, low_name: low["total_bytes"] / 1e6},
         "paper_table_11_mb": None if paper is None else dict(zip((BASE, LOW), paper)),
     }
 
@@ -505,7 +522,7 @@ def run_benchmark(
     log: Callable[[str], None] = print,
 ) -> dict:
     start = time.perf_counter()
-    rows, comparisons = [], []
+    rows, comparisons, beyond = [], [], []
     for width, batch_size in sizes:
         pair = {}
         for precision in PRECISIONS:
@@ -513,6 +530,22 @@ def run_benchmark(
             pair[precision] = measure(precision, width, batch_size, obs_dim, action_dim)
             rows.append(pair[precision])
         comparisons.append(compare(pair[BASE], pair[LOW]))
+        for precision, goal in BEYOND_GOALS.items():
+            entry = compare(pair[BASE], pair[precision])
+            beyond.append(
+                {
+                    "precision": precision,
+                    "width": width,
+                    "batch_size": batch_size,
+                    "total_ratio": entry["total_ratio"],
+                    "goal": goal,
+                    "goal_met": bool(entry["total_ratio"] >= goal),
+                    "component_ratios": entry["component_ratios"],
+                    "state_part_ratios": entry["state_part_ratios"],
+                    "excess_over_half_bytes": entry["excess_over_half_bytes"],
+                    "total_mb": entry["total_mb"],
+                }
+            )
     checks = [
         {
             "precision": r["precision"],
@@ -542,7 +575,8 @@ def run_benchmark(
             "residual (input of the update / literal / constant broadcast / bool mask / float "
             "activation); residual_bytes = distinct residuals that are not inputs (inputs are in "
             "the state or batch already)",
-            "batch": "obs, action, reward, discount, next_obs, float32 (as the replay buffer stores them)",
+            "batch": "obs, action, reward, discount, next_obs, as the replay buffer stores them: float32, float16 "
+            "for fp16_sr and fp16_sr_8bit (replay_dtype='fp16')",
             "total": "state + critic, actor and temperature residual_bytes + batch (gradients and XLA temporaries "
             "not included; critic and actor residuals are summed although they are live one at a time)",
             "ratio": "fp32 total bytes / fp16 total bytes; target >= 1.8",
@@ -567,6 +601,8 @@ def run_benchmark(
         "results": rows,
         "comparisons": comparisons,
         "target_met": {f"w{c['width']}_b{c['batch_size']}": c["target_met"] for c in comparisons},
+        "beyond": beyond,
+        "beyond_goals_met": {f"{b['precision']}/w{b['width']}_b{b['batch_size']}": b["goal_met"] for b in beyond},
         "cross_check": check,
         "seconds": time.perf_counter() - start,
     }
@@ -579,7 +615,7 @@ def _mib(n: float) -> str:
 def format_table(result: dict) -> str:
     by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
     header = (
-        f"{'width':>6} {'batch':>6} {'prec':<5} {'state':>10} {'critic res':>10} {'actor res':>10} "
+        f"{'width':>6} {'batch':>6} {'prec':<12} {'state':>10} {'critic res':>10} {'actor res':>10} "
         f"{'temp res':>10} {'batch':>10} {'total MiB':>10}"
     )
     lines = [header, "-" * len(header)]
@@ -588,13 +624,13 @@ def format_table(result: dict) -> str:
         for precision in PRECISIONS:
             c = by_key[(precision, w, b)]["components"]
             lines.append(
-                f"{w:>6} {b:>6} {precision:<5} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
+                f"{w:>6} {b:>6} {precision:<12} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
                 f"{_mib(c['actor_residuals'])} {_mib(c['temperature_residuals'])} {_mib(c['batch'])} "
                 f"{_mib(by_key[(precision, w, b)]['total_bytes'])}"
             )
         r = comp["component_ratios"]
         lines.append(
-            f"{'':>6} {'':>6} {'ratio':<5} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
+            f"{'':>6} {'':>6} {'fp32/fp16':<12} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
             f"{r['actor_residuals']:>10.3f} {r['temperature_residuals']:>10.3f} {r['batch']:>10.3f} "
             f"{comp['total_ratio']:>10.3f}   (without zero broadcasts: "
             f"{comp['total_ratio_without_constant_broadcasts']:.3f}; "
@@ -619,6 +655,15 @@ def format_table(result: dict) -> str:
                 else f"; MB here {comp['total_mb'][BASE]:.0f} / {comp['total_mb'][LOW]:.0f}"
                 f", paper Table 11 {paper[BASE]} / {paper[LOW]}"
             )
+        )
+    lines.append("")
+    lines.append("beyond the paper, fp32 / total (goal):")
+    for b in result["beyond"]:
+        r = b["component_ratios"]
+        lines.append(
+            f"  {b['precision']:<13} w{b['width']:<5} b{b['batch_size']:<5} {b['total_ratio']:.3f}x "
+            f"(goal {b['goal']}: {'MET' if b['goal_met'] else 'MISSED'}; state {r['state']:.3f}, critic res "
+            f"{r['critic_residuals']:.3f}, actor res {r['actor_residuals']:.3f}, batch {r['batch']:.3f})"
         )
     lines.append("")
     lines.append(
@@ -654,9 +699,9 @@ def plot(result: dict, path: Path) -> None:
         "batch": "tab:gray",
     }
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.25, 1]})
-    bar = 0.38
+    bar = 0.8 / len(PRECISIONS)
     for j, precision in enumerate(PRECISIONS):
-        pos = x + (j - 0.5) * bar
+        pos = x + (j - (len(PRECISIONS) - 1) / 2) * bar
         bottom = np.zeros(len(comps))
         for comp in COMPONENTS:
             vals = (
@@ -675,7 +720,15 @@ def plot(result: dict, path: Path) -> None:
             )
             bottom += vals
         for p, total in zip(pos, bottom):
-            ax.annotate(precision, (p, total), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+            ax.annotate(
+                precision.replace("fp16_", ""),
+                (p, total),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                fontsize=6,
+                rotation=90,
+            )
     for xi, c in zip(x, comps):
         top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
         ax.annotate(
@@ -690,7 +743,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(x, labels)
     ax.set_ylabel("MiB (counted from shapes and dtypes)")
     ax.set_title(
-        "SAC training memory: fp32 (left, plain) vs fp16 + all methods (right, hatched)\nbold: fp32/fp16 total",
+        "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
+        "with 8-bit moments (sr_8bit) (hatched)\nbold: fp32/fp16 total",
         fontsize=9,
     )
     ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
@@ -720,12 +774,22 @@ def plot(result: dict, path: Path) -> None:
         zorder=3,
         label="total's ceiling with the Kahan state",
     )
+    for precision, marker in zip(BEYOND_GOALS, ("o", "s")):
+        ax_r.scatter(
+            x,
+            [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision],
+            marker=marker,
+            color="tab:cyan" if marker == "o" else "tab:pink",
+            edgecolors="black",
+            zorder=4,
+            label=f"total, {precision} (goal {BEYOND_GOALS[precision]}x)",
+        )
     ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
     ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
     ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
     ax_r.set_xticks(x, labels)
     ax_r.set_ylabel("fp32 bytes / fp16 bytes")
-    ax_r.set_ylim(0, 2.75)
+    ax_r.set_ylim(0, 3.25)
     ax_r.set_title(
         f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
         f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}",

@@ -310,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             trained = run_farm.run_jobs(jobs(todo, scale, runs_dir), args.workers, progress, report)
         except KeyboardInterrupt:
             print("\ninterrupted: rerun the same command to continue from the last checkpoints", flush=True)
-    result = aggregate(runs_dir, scale, plan, argv)
+    previous = run_farm.read_json(args.results_dir / f"{RESULT_NAME}.json")
+    result = aggregate(runs_dir, scale, plan, argv, previous)
     write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
     return {
         "result": result,

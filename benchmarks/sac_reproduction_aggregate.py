@@ -26,6 +26,7 @@ from benchmarks.common import command_line
 from benchmarks.sac_reproduction_plan import (
     ABLATION_CONFIGS,
     ALL_CONFIGS,
+    BEYOND_CONFIGS,
     MAIN_CONFIGS,
     RunSpec,
     Scale,
@@ -236,11 +237,48 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
     }
 
 
-def _curves(task: str, config: str, seeds: Sequence[int], runs: dict) -> dict:
-    """Mean +- std over finished seeds (on the evaluation steps they share), and the other seeds' own curves."""
+def _pooled(recorded: dict, n: int, table: np.ndarray, steps: list) -> dict:
+    """Mean and population std over ``n`` earlier seeds (``recorded``: their mean/std per step) and the rows of
+    ``table``, from the pooled first and second moments: ``sum = n mean``, ``sum of squares = n (std^2 + mean^2)``."""
+    index = {step: i for i, step in enumerate(recorded["steps"])}
+    common = [step for step in steps if step in index]
+    mean = np.array([recorded["mean"][index[s]] for s in common], float)
+    std = np.array([recorded["std"][index[s]] for s in common], float)
+    rows = table[:, [steps.index(s) for s in common]]
+    total = n + len(rows)
+    first = (n * mean + rows.sum(0)) / total
+    second = (n * (std**2 + mean**2) + (rows**2).sum(0)) / total
+    return {
+        "steps": common,
+        "mean": first.tolist(),
+        "std": np.sqrt(np.maximum(second - first**2, 0)).tolist(),
+        "n": total,
+    }
+
+
+def _curves(task: str, config: str, seeds: Sequence[int], runs: dict, previous: dict | None = None) -> dict:
+    """Mean +- std over finished seeds (on the evaluation steps they share), and the other seeds' own curves.
+
+    Finished seeds recorded without their curve (an earlier aggregation's runs, see :func:`recorded_runs`) are
+    counted through ``previous``, that aggregation's curves of the cell, when it covered exactly them."""
     records = {s: runs[(config, task, s)] for s in seeds if (config, task, s) in runs}
     finished = [r for r in records.values() if r["status"] == "finished"]
     out: dict[str, Any] = {"finished": None, "diverged": {}, "partial": {}}
+    blind = [r for r in finished if "eval_steps" not in r]
+    earlier = (previous or {}).get("finished")
+    if blind and earlier and earlier.get("n") == len(blind):
+        with_curves = [r for r in finished if "eval_steps" in r]
+        if not with_curves:
+            out["finished"] = earlier
+        else:
+            common = sorted(set.intersection(*(set(r["eval_steps"]) for r in with_curves)))
+            table = np.asarray(
+                [[dict(zip(r["eval_steps"], r["eval_returns"]))[s] for s in common] for r in with_curves], float
+            )
+            out["finished"] = _pooled(earlier, len(blind), table, common)
+        finished = []
+    elif blind:
+        finished = [r for r in finished if "eval_steps" in r]
     if finished:
         common = sorted(set.intersection(*(set(r["eval_steps"]) for r in finished)))
         table = []
@@ -255,6 +293,10 @@ def _curves(task: str, config: str, seeds: Sequence[int], runs: dict) -> dict:
             "n": len(finished),
         }
     for s, r in records.items():
+        if r.get("recorded") and "eval_steps" not in r:  # an earlier aggregation's curve of this seed
+            for kind in ("diverged", "partial"):
+                if str(s) in ((previous or {}).get(kind) or {}):
+                    out[kind][str(s)] = previous[kind][str(s)]
         if r["status"] in ("finished", "missing") or not r.get("eval_steps"):
             continue
         kind = "diverged" if r["status"] in ("diverged", "nonfinite") else "partial"
@@ -304,18 +346,49 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], argv: Sequence[str] | None) -> dict:
-    """Reads every run of ``scale`` on disk and builds the result (see the module docstring)."""
+def recorded_runs(previous: dict | None, scale: Scale) -> dict[RunSpec, dict]:
+    """The final runs of an earlier result of the same scale (its ``runs``), by spec, marked ``recorded``.
+
+    Run directories are not kept (``runs/`` is not committed): a run recorded by an earlier aggregation stays a
+    result when its directory is gone. Its evaluation curve is in the record when that aggregation kept it
+    (``eval_steps``/``eval_returns``); older records have none, and :func:`_curves` then uses the earlier
+    result's cell curve."""
+    if not previous or previous.get("scale", {}).get("tag") != scale.tag:
+        return {}
+    out = {}
+    for record in previous.get("runs", []):
+        try:
+            spec = RunSpec.parse(record["run"])
+        except (KeyError, ValueError):
+            continue
+        if record.get("final") and spec.config in ALL_CONFIGS:
+            out[spec] = {k: v for k, v in record.items() if k != "run"} | {"recorded": True}
+    return out
+
+
+def aggregate(
+    runs_dir: pathlib.Path,
+    scale: Scale,
+    plan: Sequence[RunSpec],
+    argv: Sequence[str] | None,
+    previous: dict | None = None,
+) -> dict:
+    """Reads every run of ``scale`` on disk, and the final runs of ``previous`` (an earlier result of the same
+    scale) whose directories are gone, and builds the result (see the module docstring)."""
     import jax
 
+    recorded = recorded_runs(previous, scale)
     specs = sorted(
-        set(plan) | set(discover_runs(runs_dir, scale)), key=lambda s: (s.task, ALL_CONFIGS.index(s.config), s.seed)
+        set(plan) | set(discover_runs(runs_dir, scale)) | set(recorded),
+        key=lambda s: (s.task, ALL_CONFIGS.index(s.config), s.seed),
     )
     runs = {}
     for spec in specs:
-        runs[(spec.config, spec.task, spec.seed)] = inspect_run(
-            run_dir_of(runs_dir, scale, spec), scale, make_config(spec, scale)
-        )
+        record = inspect_run(run_dir_of(runs_dir, scale, spec), scale, make_config(spec, scale))
+        if record["status"] == "missing" and spec in recorded:
+            record = recorded[spec]
+        runs[(spec.config, spec.task, spec.seed)] = record
+    previous_curves = (previous or {}).get("curves", {}) if recorded else {}
     planned = {}
     for spec in plan:
         planned.setdefault((spec.config, spec.task), []).append(spec.seed)
@@ -330,7 +403,7 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
             or any((c, task, s) in runs and runs[(c, task, s)]["status"] != "missing" for s in seeds)
         ]
         results[task] = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
-        curves[task] = {c: _curves(task, c, seeds, runs) for c in configs}
+        curves[task] = {c: _curves(task, c, seeds, runs, previous_curves.get(task, {}).get(c)) for c in configs}
         cells = results[task]
         if "fp32" in cells and "fp16" in cells:
             fp16 = cells["fp16"]
@@ -371,6 +444,27 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
                     naive_failed=bool(reasons) if conclusive else None,
                     naive_failure=reasons,
                 )
+            beyond = {}
+            for config in BEYOND_CONFIGS:
+                if config not in cells:
+                    continue
+                cell = cells[config]
+                done = cell_done(cell) and cell_done(cells["fp32"])
+                ratio = _ratio(cell, cells["fp32"])
+                beyond[config] = {
+                    "mean": cell["mean"],
+                    "ratio": ratio,
+                    "seeds_final": cell["seeds_final"],
+                    "seeds_planned": cell["seeds_planned"],
+                    "final": done,
+                    "meets_target": (
+                        bool(ratio is not None and ratio >= TARGET_RATIO and not cell["seeds_diverged"])
+                        if done
+                        else None
+                    ),
+                }
+            if beyond:
+                entry["beyond"] = beyond
             comparison[task] = entry
         if any(c in cells for c in ABLATION_CONFIGS):
             reference = cells.get("fp16")
@@ -440,10 +534,7 @@ def aggregate(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], arg
         "comparison": comparison,
         "ablation": ablation,
         "curves": curves,
-        "runs": [
-            {"run": f"{c}/{t}/seed{s}", **{k: v for k, v in r.items() if k not in ("eval_steps", "eval_returns")}}
-            for (c, t, s), r in runs.items()
-        ],
+        "runs": [{"run": f"{c}/{t}/seed{s}", **r} for (c, t, s), r in runs.items()],
         "reference_returns_pytorch_sac_500k_1m": {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS},
         "notes": [
             "Only final runs are results: finished (final evaluation at `scale.steps`), diverged (non-finite "

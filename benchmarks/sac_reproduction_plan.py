@@ -159,7 +159,9 @@ def build_plan(tasks: Sequence[str], seeds: Sequence[int], ablation_tasks: Seque
     plan = []
     for seed in seeds:
         for task in dict.fromkeys([*tasks, *ablation_tasks]):
-            configs = (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ()) + (ABLATION_CONFIGS if task in ablation_tasks else ())
+            configs = (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ()) + (
+                ABLATION_CONFIGS if task in ablation_tasks else ()
+            )
             if task in ablation_tasks and task not in tasks:
                 configs = ("fp16",) + configs  # the ablation's reference
             plan.extend(RunSpec(config, task, seed) for config in configs)

@@ -10,7 +10,14 @@ import numpy as np
 from benchmarks.sac_reproduction_aggregate import cell_done
 from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX
 
-COLORS = {"fp32": "tab:blue", "fp16": "tab:green", "fp16_naive": "tab:red"}
+COLORS = {
+    "fp32": "tab:blue",
+    "fp16": "tab:green",
+    "fp16_naive": "tab:red",
+    "fp8": "black",
+    "fp16_sr": "darkgoldenrod",
+    "fp16_sr_8bit": "darkviolet",
+}
 
 
 def plot(result: dict, out_png: pathlib.Path) -> None:

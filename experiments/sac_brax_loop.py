@@ -138,6 +138,10 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
         raise ValueError(f"Bad SAC run config: brax_num_envs must be a positive integer, got {num_envs!r}.")
     checks = [
         (
+            config.get("replay_dtype") is None,
+            "replay_dtype is implemented by the dm_control loop only; leave it unset for brax and MJX envs",
+        ),
+        (
             not config.pixels and not agent.pixels,
             "brax and MJX envs are states only: set pixels=False and agent.pixels=False",
         ),

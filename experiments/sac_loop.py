@@ -31,7 +31,8 @@ from experiments.run import Diverged, RunSpec, check_config, check_resumable, ru
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.methods import nest_method_fields
-from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
+from lpjax.precision import dtype_of
+from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, replay_sample, with_float_dtype
 from lpjax.run_logging import CONFIG_FILE
 
 EPISODE_SEED_STRIDE = 1_000_003
@@ -67,6 +68,10 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
         )
     lpjax.envs.parse_task(task)  # raises ValueError listing the valid tasks
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
+    if config.get("replay_dtype") is not None:
+        replay_dtype = dtype_of(config.replay_dtype)  # raises ValueError listing the valid names
+        if not jnp.issubdtype(replay_dtype, jnp.floating) or replay_dtype.itemsize < 2:
+            raise ValueError(f"SAC run: replay_dtype must be a 16- or 32-bit float, got {config.replay_dtype!r}.")
     checks = [
         (config.total_steps >= 1, "total_steps must be >= 1"),
         (
@@ -110,6 +115,8 @@ def init_loop(config: ml_collections.ConfigDict, agent_config: sac.SACConfig, en
         "discount": jnp.zeros([], jnp.float32),
         "next_obs": observation,
     }
+    if config.get("replay_dtype"):
+        example = with_float_dtype(example, dtype_of(config.replay_dtype))
     return LoopState(
         agent=agent,
         replay=replay_init(example, config.replay_capacity),
@@ -133,7 +140,7 @@ def choose_action(
 @functools.partial(jax.jit, static_argnames=("learn", "updates"), donate_argnums=0)
 def record_and_learn(loop: LoopState, transition: dict, learn: bool, updates: int) -> tuple[LoopState, dict]:
     """Adds one transition; if ``learn``, runs ``updates`` SAC updates on uniformly sampled batches."""
-    replay = replay_add(loop.replay, jax.tree.map(lambda x: x[None], transition))
+    replay = replay_add(loop.replay, replay_cast(loop.replay, jax.tree.map(lambda x: x[None], transition)))
     agent, metrics = loop.agent, {}
     key = loop.key
     for _ in range(updates if learn else 0):

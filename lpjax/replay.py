@@ -101,6 +101,25 @@ def replay_init(example_transition: Any, capacity: int) -> ReplayBuffer:
     )
 
 
+def with_float_dtype(example_transition: Any, dtype: Any) -> Any:
+    """``example_transition`` with its floating-point leaves in ``dtype`` (others, e.g. uint8 pixels, kept): the
+    example of a buffer that stores floats in ``dtype`` (a float16 learner's replay takes half the memory).
+
+    Transitions are then cast to the buffer's dtypes explicitly, with :func:`replay_cast`."""
+
+    def cast(leaf):
+        leaf = jnp.asarray(leaf)
+        return leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+
+    return jax.tree.map(cast, example_transition)
+
+
+def replay_cast(buffer: ReplayBuffer, transitions: Any) -> Any:
+    """``transitions`` with each leaf cast to the dtype ``buffer`` stores it in: the explicit conversion
+    :func:`replay_add` asks for (it refuses a dtype mismatch). Structures must match."""
+    return jax.tree.map(lambda leaf, slot: jnp.asarray(leaf).astype(slot.dtype), transitions, buffer.data)
+
+
 def _check_batch(buffer: ReplayBuffer, transitions: Any) -> int:
     """Checks ``transitions`` against the buffer's layout; returns the batch size ``n``."""
     expected, got = jax.tree.structure(buffer.data), jax.tree.structure(transitions)

@@ -3,10 +3,11 @@
 from experiments.configs.sac import fp32
 
 
-def tiny_cartpole(**overrides):
-    """fp32, 32x32 networks, batch 32, cartpole-swingup with 250-step episodes (action repeat 4), 300 agent steps
-    of which ``seed_steps`` (default 200) are random; one evaluation and one checkpoint, at the end."""
-    config = fp32.get_config()
+def tiny_cartpole(base=fp32, **overrides):
+    """``base``'s config (a module of ``experiments/configs/sac``, default fp32) with 32x32 networks, batch 32,
+    cartpole-swingup with 250-step episodes (action repeat 4), 300 agent steps of which ``seed_steps`` (default
+    200) are random; one evaluation and one checkpoint, at the end."""
+    config = base.get_config()
     config.unlock()
     config.update(
         env="dmc:cartpole-swingup",

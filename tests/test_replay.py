@@ -206,3 +206,24 @@ def test_bad_batch_size_raises(batch_size):
     buffer = replay_init(_example(), 4)
     with pytest.raises(ValueError, match=r"batch_size must be an integer in \[1, capacity=4\]"):
         replay_sample(buffer, jax.random.key(0), batch_size)
+
+
+def test_a_float16_buffer_stores_float_leaves_in_float16_and_keeps_uint8():
+    from lpjax.replay import replay_cast, with_float_dtype
+
+    example = {"obs": jnp.zeros((3,), jnp.float32), "pixels": jnp.zeros((2, 2), jnp.uint8), "reward": 0.0}
+    buffer = replay_init(with_float_dtype(example, jnp.float16), 8)
+    assert buffer.data["obs"].dtype == jnp.float16 and buffer.data["reward"].dtype == jnp.float16
+    assert buffer.data["pixels"].dtype == jnp.uint8
+    transition = {
+        "obs": jnp.asarray([[1.0, 1e-4, 70000.0]], jnp.float32),
+        "pixels": jnp.ones((1, 2, 2), jnp.uint8),
+        "reward": jnp.asarray([0.1], jnp.float32),
+    }
+    with pytest.raises(ValueError, match="Cast it explicitly"):
+        replay_add(buffer, transition)
+    buffer = replay_add(buffer, replay_cast(buffer, transition))
+    np.testing.assert_array_equal(
+        np.asarray(buffer.data["obs"][0]), np.asarray(transition["obs"][0]).astype(np.float16)
+    )
+    assert replay_nbytes(buffer) < replay_nbytes(replay_init(example, 8))

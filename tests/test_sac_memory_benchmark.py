@@ -92,7 +92,7 @@ def test_json_structure(recorded):
     assert (recorded["obs_dim"], recorded["action_dim"]) == (OBS, ACT)
     assert recorded["sizes"] == [{"width": WIDTH, "batch_size": BATCH}]
     rows = _rows(recorded)
-    assert set(rows) == {"fp32", "fp16"}
+    assert set(rows) == {"fp32", "fp16", "fp16_sr", "fp16_sr_8bit"}
     assert rows["fp16"]["config"]["methods"] == dataclasses.asdict(PrecisionMethods.paper())
     assert not any(rows["fp32"]["config"]["methods"][m] for m in PrecisionMethods.switches())
     assert rows["fp16"]["config"]["policy"] == "fp16" and rows["fp32"]["config"]["policy"] == "fp32"
@@ -155,23 +155,22 @@ def test_residual_bytes_equal_independent_counts(recorded, real_cases, precision
         n for n, _ in bench.parse_saved_residuals(out.getvalue())
     )
     # 3. By hand, the critic's new residuals: the concatenated (obs, action) input; per critic and hidden layer the
-    # relu output, its bool mask and relu's JVP zeros; the (2, batch) errors; fp32's loss scale is a literal 1.
+    # relu output only (lpjax's relu keeps no mask and no zeros: the output is also the next matmul's input); the
+    # (2, batch) errors; fp32's loss scale is a literal 1.
     hand = (
-        BATCH * (OBS + ACT) * size
-        + 2 * 2 * BATCH * WIDTH * (size + 1 + size)
-        + 2 * BATCH * size
-        + (4 if precision == "fp32" else 0)
+        BATCH * (OBS + ACT) * size + 2 * 2 * BATCH * WIDTH * size + 2 * BATCH * size + (4 if precision == "fp32" else 0)
     )
     assert row["residuals"]["critic"]["residual_bytes"] == hand
-    assert row["residuals"]["critic"]["by_kind"]["bool_mask"] == 2 * 2 * BATCH * WIDTH
-    assert row["residuals"]["critic"]["by_kind"]["constant_broadcast"] == 2 * 2 * BATCH * WIDTH * size
+    assert row["residuals"]["critic"]["by_kind"]["bool_mask"] == 0
+    assert row["residuals"]["critic"]["by_kind"]["constant_broadcast"] == 0
 
 
 def test_batch_bytes_and_cross_check(recorded):
     for row in recorded["results"]:
-        assert row["components"]["batch"] == BATCH * (2 * OBS + ACT + 2) * 4  # float32 in both precisions
+        size = 2 if row["precision"] in bench.REPLAY_DTYPES else 4  # the SR configs store a float16 replay
+        assert row["components"]["batch"] == BATCH * (2 * OBS + ACT + 2) * size
     check = recorded["cross_check"]
-    assert check["all_equal"] and len(check["checks"]) == 2 * len(bench.LOSSES)
+    assert check["all_equal"] and len(check["checks"]) == len(bench.PRECISIONS) * len(bench.LOSSES)
     for c in check["checks"]:
         assert c["residual_leaf_bytes"] == c["print_saved_residuals_bytes"] > 0
         assert sum(c["print_saved_residuals_by_description"].values()) == c["print_saved_residuals_bytes"]
@@ -192,3 +191,26 @@ def test_ceiling_bounds_the_ratio_and_halving_everything_else_reaches_it(recorde
     assert s32 / s16 < 1.4
     assert comp["paper_table_11_mb"] is None  # the paper measured only 1024/4096 sizes
     assert comp["total_mb"] == {"fp32": pytest.approx(t32 / 1e6), "fp16": pytest.approx(t16 / 1e6)}
+
+
+def test_stochastic_rounding_rows_drop_the_kahan_buffers_and_8bit_moments_take_a_byte(recorded):
+    rows = _rows(recorded)
+    actor = _mlp_params([OBS, WIDTH, WIDTH, 2 * ACT])
+    critic = 2 * _mlp_params([OBS + ACT, WIDTH, WIDTH, 1])
+    for precision in bench.BEYOND_GOALS:
+        parts = rows[precision]["state"]["parts"]
+        assert parts["kahan_gradient_compensation"] == parts["kahan_momentum_compensation"] == 0
+        assert parts["params"] == 2 * (actor + critic) + 4
+    assert rows["fp16_sr"]["state"]["parts"]["adam_moments"] == 2 * 2 * (actor + critic) + 8
+    moments_8bit = rows["fp16_sr_8bit"]["state"]["parts"]["adam_moments"]
+    assert 2 * (actor + critic) + 8 < moments_8bit < 2 * (actor + critic) * (1 + 4 / 64) + 8  # codes + scales
+    by_key = {b["precision"]: b for b in recorded["beyond"]}
+    for precision, goal in bench.BEYOND_GOALS.items():
+        entry = by_key[precision]
+        assert entry["total_ratio"] == pytest.approx(rows["fp32"]["total_bytes"] / rows[precision]["total_bytes"])
+        assert entry["goal"] == goal and entry["goal_met"] == (entry["total_ratio"] >= goal)
+    assert (
+        by_key["fp16_sr_8bit"]["total_ratio"]
+        > by_key["fp16_sr"]["total_ratio"]
+        > recorded["comparisons"][0]["total_ratio"]
+    )

@@ -94,7 +94,7 @@ def test_help_is_fast_and_lists_the_flags():
 
 def test_plan_and_ablation_configs():
     runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
-    assert len(runs) == 3 * (3 * 3 + 6) and len(set(runs)) == len(runs)
+    assert len(runs) == 3 * (3 * 6 + 6) and len(set(runs)) == len(runs)  # (main + beyond) x tasks + ablation
     assert [s.seed for s in runs] == sorted(s.seed for s in runs)  # seed 0 of every cell first
     # The ablation rows are the methods the paper's agent turns on; a switch it leaves off has no row.
     paper = PrecisionMethods.paper()
@@ -105,6 +105,11 @@ def test_plan_and_ablation_configs():
         agent = plan.make_config(plan.RunSpec(f"fp16_no_{method}", "walker-walk", 0), scale).agent
         assert agent.policy == "fp16"
         assert agent.methods.to_dict() == dataclasses.asdict(dataclasses.replace(paper, **{method: False}))
+    sr = plan.make_config(plan.RunSpec("fp16_sr_8bit", "walker-walk", 1), scale)
+    assert sr.agent.methods.stochastic_rounding and not sr.agent.methods.kahan_gradients
+    assert not sr.agent.methods.kahan_momentum and sr.agent.methods.moment_dtype == "fp8"
+    assert sr.replay_dtype == "fp16" and sr.agent.policy == "fp16"
+    assert plan.make_config(plan.RunSpec("fp8", "walker-walk", 1), scale).agent.policy == "fp8"
     config = plan.make_config(plan.RunSpec("fp16_naive", "reacher-easy", 2), scale)
     assert not any(config.agent.methods[m] for m in plan.METHODS) and config.seed == 2
     assert tuple(config.agent.hidden_dims) == (256, 256) and config.agent.batch_size == 256
@@ -265,3 +270,21 @@ def test_nonfinite_losses_since_finds_where_the_losses_stayed_nan(tmp_path):
     assert agg._nonfinite_losses_since(tmp_path) is None  # the last logged loss is finite
     (tmp_path / "metrics.csv").write_text(header + "1000,nan,\n2000,nan,\n")
     assert agg._nonfinite_losses_since(tmp_path) == 1000  # never finite
+
+
+def test_aggregation_keeps_recorded_runs_whose_directories_are_gone(tmp_path):
+    """The committed result, aggregated over an empty runs folder with itself as the earlier result, gives back
+    every cell, curve, comparison and ablation row it holds."""
+    recorded = json.loads((plan.REPO_ROOT / "benchmarks" / "results" / "sac_reproduction.json").read_text())
+    scale = plan.Scale()
+    assert recorded["scale"]["tag"] == scale.tag
+    runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
+    again = agg.aggregate(tmp_path, scale, runs, [], recorded)
+    for task, cells in recorded["results"].items():
+        for config, cell in cells.items():
+            assert again["results"][task][config] == cell, (task, config)
+            assert again["curves"][task][config] == recorded["curves"][task][config], (task, config)
+    assert again["ablation"] == recorded["ablation"]
+    for task, entry in recorded["comparison"].items():
+        assert again["comparison"][task]["ratio"] == entry["ratio"]
+    assert not agg.aggregate(tmp_path, scale, runs, [], None)["results"]["walker-walk"]["fp32"]["mean"]

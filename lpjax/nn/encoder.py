@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lpjax.nn.dense import relu
 from lpjax.numerics import weight_standardize
 from lpjax.precision import Policy, get_policy
 
@@ -55,7 +56,7 @@ class PixelEncoder(nn.Module):
                 param_dtype=policy.param_dtype,
                 name=f"conv{i}",
             )(x)
-            x = nn.relu(x)
+            x = relu(x)
         x = x.reshape(x.shape[:-3] + (-1,))
         if self.standardize:
             x = StandardizedDense(self.features, self.policy, name="linear")(x)

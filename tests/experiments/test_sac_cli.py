@@ -75,6 +75,8 @@ def test_bare_config_names_resolve_and_unknown_ones_list_the_choices():
         (dict(seed_steps=5000), "seed_steps"),
         (dict(replay_capacity=16), "larger than the replay buffer"),
         (dict(total_steps=0), "total_steps"),
+        (dict(replay_dtype="fp17"), "Unknown dtype name 'fp17'"),
+        (dict(replay_dtype="fp8"), "replay_dtype must be a 16- or 32-bit float"),
     ],
 )
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
@@ -221,3 +223,21 @@ def test_naive_fp16_diverges_cleanly_and_still_plots(tmp_path):
     last = {k: v[-1] for k, v in read_metrics(tmp_path).items() if k.startswith("train/")}
     # The first update already breaks the actor and the temperature (the critic is still finite).
     assert np.isnan(last["train/actor_loss"]) and np.isnan(last["train/alpha"])
+
+
+def test_a_float16_replay_trains_the_fp16_learner_identically(tmp_path):
+    """The fp16 networks cast their inputs to float16 first: storing the transitions in float16 changes the
+    replay's bytes, not one loss of the run."""
+    from experiments.configs.sac import fp16_sr
+    from tests.sac_configs import tiny_cartpole
+
+    def run(replay_dtype, name):
+        config = tiny_cartpole(fp16_sr, replay_dtype=replay_dtype)
+        sac_loop.train(config, tmp_path / name, progress=False)
+        metrics = read_metrics(tmp_path / name)
+        return {k: v for k, v in metrics.items() if k.startswith(("train/critic", "train/actor", "train/q", "eval/"))}
+
+    half, full = run("fp16", "half"), run("float32", "full")
+    assert set(half) == set(full) and np.isfinite(half["train/critic_loss"]).sum() >= 1
+    for key in half:
+        np.testing.assert_array_equal(half[key], full[key])

@@ -103,3 +103,22 @@ def test_bad_options_raise(kwargs, match):
     args = dict(policy="fp32") | kwargs
     with pytest.raises(ValueError, match=match):
         policy_dense(jnp.ones((2, 4)), jnp.ones((4, 3)), None, **args)
+
+
+def test_relu_gradient_is_jax_relus_and_its_only_residual_is_its_output():
+    from lpjax.nn.dense import relu
+
+    x = jnp.asarray([-2.0, -0.0, 0.0, 1e-8, 3.0], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(relu(x)), np.asarray(jax.nn.relu(x)))
+    for dtype in (jnp.float32, jnp.float16):
+        xs = x.astype(dtype)
+        np.testing.assert_array_equal(
+            np.asarray(jax.grad(lambda v: jnp.sum(relu(v) * 3))(xs)),
+            np.asarray(jax.grad(lambda v: jnp.sum(jax.nn.relu(v) * 3))(xs)),
+        )
+    w = jnp.ones((5, 4), jnp.float32)
+    _, backward = jax.vjp(lambda v: relu(v) @ w, x)
+    residual_shapes = [(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(backward)]
+    assert not any(dtype == jnp.bool_ for _, dtype in residual_shapes)  # jax.nn.relu keeps a mask
+    _, plain = jax.vjp(lambda v: jax.nn.relu(v) @ w, x)
+    assert sum(leaf.nbytes for leaf in jax.tree.leaves(backward)) < sum(leaf.nbytes for leaf in jax.tree.leaves(plain))

@@ -28,6 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_episodes = 10
     config.log_every = 1000
     config.checkpoint_every = 50_000  # at the first episode end (dm_control) or chunk end (brax) after each multiple
+    config.replay_dtype = config_dict.placeholder(str)  # None: float32; "fp16": floats stored in float16 (host loop)
     config.save_replay = True  # checkpoints hold the replay buffer, so a resumed run is bit-identical
     config.brax_backend = "spring"
     config.brax_num_envs = 1

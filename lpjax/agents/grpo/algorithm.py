@@ -1,4 +1,5 @@
-"""GRPO with token-level truncated importance sampling (TIS), as small pure functions of log-probabilities.
+"""GRPO with a rollout-mismatch correction (token-level TIS by default, or sequence-level MIS, or geometric-mean
+rejection), as small pure functions of log-probabilities.
 
 Nothing here knows the model: a learner computes per-token log-probabilities (:func:`sequence_logprobs` turns
 logits into them) and passes them with the rewards, so the same maths serves any policy network.
@@ -29,6 +30,10 @@ The objective (token-mean over the ``N = sum(mask)`` response tokens of the whol
 with ``A_b`` the group-normalised advantage of sequence ``b`` (:func:`group_advantages`) and ``sg`` the stop
 gradient. So ``d loss / d logp_new_t = -w_t r_t A_b / N`` for a token PPO does not clip and ``0`` for one it
 clips (``r_t A_b`` beyond the clipped value).
+
+``w_t`` is the chosen rollout correction (:data:`ROLLOUT_CORRECTIONS`): the TIS weight above (the default), ``1``
+(none), the sequence-level masked importance weight of :func:`mis_weights`, or the 0/1 acceptance of
+:func:`geometric_rejection_weights`; a rejected token (``w_t = 0``) still counts in ``N``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ MAX_LOG_RATIO = 20.0
 
 CLIP_HIGHER_EPS = 0.28
 """DAPO's clip-higher upper clip range ``eps_high`` (with ``eps_low = 0.2``)."""
+
+ROLLOUT_CORRECTIONS = ("none", "tis", "mis", "geo_reject")
+"""The rollout-mismatch corrections :func:`grpo_loss` applies: none, token-level truncated IS (:func:`tis_weights`),
+sequence-level masked IS (:func:`mis_weights`) and geometric-mean rejection with a veto
+(:func:`geometric_rejection_weights`)."""
 
 ADVANTAGE_EPS = 1e-6
 """``eps`` of ``(r - mean) / (std + eps)``: as in DeepSeekMath's GRPO (docs/design.md, "GRPO objective")."""
@@ -130,6 +140,91 @@ def tis_weights(logp_train: chex.Array, logp_rollout: chex.Array, cap: float = 2
     return jax.lax.stop_gradient(jnp.exp(jnp.minimum(log_ratio, jnp.log(jnp.float32(cap)))))
 
 
+def _masked_log_ratio(logp_train: chex.Array, logp_rollout: chex.Array, mask: chex.Array):
+    """``(valid, d)``: ``valid = mask != 0`` and ``d = logp_train - logp_rollout`` in float32 on valid tokens, 0
+    elsewhere (padding's ``-inf`` or garbage gives no NaN)."""
+    valid = jnp.asarray(mask) != 0
+    train = jnp.broadcast_to(jnp.asarray(logp_train, jnp.float32), valid.shape)
+    rollout = jnp.broadcast_to(jnp.asarray(logp_rollout, jnp.float32), valid.shape)
+    return valid, jnp.where(valid, train, 0.0) - jnp.where(valid, rollout, 0.0)
+
+
+def mis_weights(logp_train: chex.Array, logp_rollout: chex.Array, mask: chex.Array, cap: float = 2.0) -> chex.Array:
+    """Sequence-level masked importance-sampling (MIS) weights: ``(B, T), (B, T), (B, T) -> (B, T)`` float32.
+
+    Per sequence ``b`` the importance ratio of the whole response, over its valid tokens (``mask != 0``)::
+
+        log rho_b = sum_t mask_bt (logp_train_bt - logp_rollout_bt)
+        w_b       = rho_b   if rho_b <= cap
+                    0       if rho_b >  cap        (masked out, not truncated)
+
+    and ``w_bt = sg(w_b)`` on every valid token of the sequence, ``0`` on padding. ``rho_b`` is the exact
+    likelihood ratio of the sampled response, so ``E_{pi_rollout}[rho f] = E_{pi_train}[f]`` without the bias of
+    a per-token correction; dropping the rare sequences with ``rho_b > cap`` (rather than truncating them to
+    ``cap``) bounds the variance and discards the responses the two engines disagree on most. Example with
+    ``cap = 2``: token ratios ``[1.1, 0.8]`` (plus a padding token) give ``rho = 0.88`` and weights
+    ``[0.88, 0.88, 0]``; token ratios ``[1.5, 1.6]`` give ``rho = 2.4 > 2`` and weights ``[0, 0]`` (TIS would
+    give ``[1.5, 1.6]``, a truncated sequence ratio ``[2, 2]``).
+
+    Computed in float32 in log space: ``log rho_b`` is compared with ``log(cap)`` and only a kept ``rho_b <= cap``
+    is exponentiated, so a long sequence never overflows. A row without valid tokens has ``rho = 1`` and all
+    weights 0 (no token to weight). A NaN ratio masks its sequence. The weights are constants
+    (``jax.lax.stop_gradient``). Inputs must be finite on valid tokens; ``cap`` must be > 0.
+    """
+    if isinstance(cap, (int, float)) and not cap > 0:
+        raise ValueError(f"The MIS cap must be > 0, got {cap}.")
+    valid, d = _masked_log_ratio(logp_train, logp_rollout, mask)
+    log_rho = jnp.sum(d, axis=-1, keepdims=True)
+    log_cap = jnp.log(jnp.float32(cap))
+    keep = log_rho <= log_cap  # False for NaN
+    rho = jnp.exp(jnp.minimum(log_rho, log_cap))
+    return jax.lax.stop_gradient(jnp.where(valid & keep, rho, 0.0))
+
+
+def geometric_rejection_weights(
+    logp_train: chex.Array,
+    logp_rollout: chex.Array,
+    mask: chex.Array,
+    threshold: float = 1.5,
+    veto_threshold: float = 1e-4,
+) -> chex.Array:
+    """Geometric-mean rejection with a per-token veto: 0/1 weights ``(B, T), (B, T), (B, T) -> (B, T)`` float32.
+
+    Per sequence ``b``, with ``n_b = sum_t mask_bt`` valid tokens and ``d_bt = logp_train_bt - logp_rollout_bt``::
+
+        g_b = exp((1 / n_b) sum_t mask_bt d_bt)                  geometric mean of the token ratios
+        reject b  if  g_b < 1 / threshold  or  g_b > threshold   (|log g_b| > log threshold)
+                  or  some valid t has exp(d_bt) < veto_threshold
+        w_bt = 0 if b is rejected, else 1                        (and 0 on padding)
+
+    The geometric mean is a per-token average of the mismatch, so its band does not widen with the response's
+    length as the product ratio of :func:`mis_weights` does; accepted sequences are used as sampled, unweighted.
+    The veto catches a single token the training engine finds far less likely than the rollout engine did,
+    which the mean of a long sequence would dilute. ``veto_threshold = 0`` disables the veto. Example with
+    ``threshold = 1.5``, ``veto_threshold = 1e-4``: token ratios ``[1.2, 0.9, 1.1]`` give ``g = 1.188^(1/3) =
+    1.059`` (kept, weights ``[1, 1, 1]``); ``[2, 2, 1]`` give ``g = 4^(1/3) = 1.587 > 1.5`` (rejected);
+    ``[1e-5, 300, 400]`` give ``g = 1.2^(1/3) = 1.063`` inside the band but are vetoed by ``1e-5 < 1e-4``
+    (rejected).
+
+    Computed in float32 in log space (``log g_b`` against ``log threshold``, each ``d_bt`` against
+    ``log veto_threshold``), so nothing overflows. A row without valid tokens has mean ``0`` (``g = 1``, not
+    NaN) and all weights 0 (no token to weight). A NaN ratio rejects its sequence. The weights are constants
+    (``jax.lax.stop_gradient``). Inputs must be finite on valid tokens; ``threshold`` must be > 1 and
+    ``veto_threshold`` in ``[0, 1)``.
+    """
+    if isinstance(threshold, (int, float)) and not threshold > 1:
+        raise ValueError(f"The geometric rejection threshold must be > 1, got {threshold}.")
+    if isinstance(veto_threshold, (int, float)) and not 0 <= veto_threshold < 1:
+        raise ValueError(f"The veto threshold must be in [0, 1), got {veto_threshold}.")
+    valid, d = _masked_log_ratio(logp_train, logp_rollout, mask)
+    n = jnp.sum(valid, axis=-1, keepdims=True, dtype=jnp.float32)
+    log_g = jnp.sum(d, axis=-1, keepdims=True) / jnp.maximum(n, 1.0)
+    in_band = jnp.abs(log_g) <= jnp.log(jnp.float32(threshold))  # False for NaN
+    vetoed = jnp.any(valid & ~(d >= jnp.log(jnp.float32(veto_threshold))), axis=-1, keepdims=True)
+    accept = valid & in_band & ~vetoed
+    return jax.lax.stop_gradient(accept.astype(jnp.float32))
+
+
 def _k3(log_ratio: chex.Array) -> chex.Array:
     """``exp(x) - x - 1 >= 0``; with ``x = log(q/p)`` of a sample of ``p``, an unbiased estimate of KL(p || q)."""
     x = jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO)
@@ -148,19 +243,37 @@ def grpo_loss(
     tis_cap: float | None = 2.0,
     beta: float = 0.0,
     logp_ref: chex.Array | None = None,
+    correction: str | None = None,
+    mis_cap: float = 2.0,
+    geo_threshold: float = 1.5,
+    geo_veto: float = 1e-4,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
-    """GRPO's clipped surrogate with token-level TIS and an optional KL penalty, averaged over response tokens.
+    """GRPO's clipped surrogate with a rollout-mismatch correction and an optional KL penalty, averaged over
+    response tokens.
 
     Per token (``b`` the sequence, ``t`` the position; see the module docstring)::
 
         r_t  = exp(logp_new - logp_old)
-        w_t  = min(exp(logp_old - logp_rollout), tis_cap)       detached; 1 when tis_cap is None
+        w_t  = correction weight of (logp_old, logp_rollout)    detached, see below
         pg_t = -w_t min(r_t A_b, clip(r_t, 1 - eps_low, 1 + eps_high) A_b)
         kl_t = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1
         loss = sum(mask (pg + beta kl)) / max(sum(mask), 1)
 
-    * TIS uses ``logp_old`` as the training policy (verl's rollout correction): the weight corrects the
-      rollout-vs-training *engine* mismatch of the sampled data and stays fixed over the PPO epochs, while
+    * ``correction`` (:data:`ROLLOUT_CORRECTIONS`) chooses ``w_t``:
+
+      - ``"none"``: ``w_t = 1`` (plain GRPO);
+      - ``"tis"``: ``w_t = min(exp(logp_old_t - logp_rollout_t), tis_cap)`` (:func:`tis_weights`);
+      - ``"mis"``: the sequence ratio ``rho_b = exp(sum_t mask (logp_old - logp_rollout))`` on every token of
+        sequence ``b``, or 0 if ``rho_b > mis_cap`` (:func:`mis_weights`);
+      - ``"geo_reject"``: 1, or 0 for a sequence whose geometric-mean ratio is outside
+        ``[1 / geo_threshold, geo_threshold]`` or that holds a token with ratio ``< geo_veto``
+        (:func:`geometric_rejection_weights`).
+
+      ``correction=None`` (the default) means ``"tis"``, or ``"none"`` when ``tis_cap is None``, so the older
+      spelling ``tis_cap=None`` still means no correction. A rejected token (``w_t = 0``) contributes nothing but
+      still counts in the token mean's ``N``, as any weight does.
+    * Every correction uses ``logp_old`` as the training policy (verl's rollout correction): the weight corrects
+      the rollout-vs-training *engine* mismatch of the sampled data and stays fixed over the PPO epochs, while
       ``r_t`` handles the policy's own change since the rollout. It multiplies the policy-gradient term only;
       the KL penalty is a regulariser towards the reference, not an expectation under the training policy.
     * ``eps_high > eps_low`` is DAPO's clip-higher (0.28 vs 0.2): low-probability tokens with positive
@@ -179,17 +292,24 @@ def grpo_loss(
       advantages: ``(B,)`` per sequence (broadcast to its tokens) or ``(B, T)`` per token.
       mask: ``(B, T)``, nonzero for response tokens. Masked positions may hold anything finite or ``-inf``.
       eps_low, eps_high: PPO clip range ``[1 - eps_low, 1 + eps_high]`` of ``r_t``.
-      tis_cap: TIS truncation ``C`` (> 0), or ``None`` for no importance correction (plain GRPO).
+      tis_cap: TIS truncation ``C`` (> 0), or ``None`` for no importance correction (plain GRPO) when
+        ``correction`` is ``None``; unused by the other corrections.
       beta: KL coefficient (>= 0).
       logp_ref: ``(B, T)`` log-probs under the reference policy, or ``None``.
+      correction: one of :data:`ROLLOUT_CORRECTIONS`, or ``None`` (from ``tis_cap``, see above).
+      mis_cap: the MIS sequence-ratio cap (> 0) of ``"mis"``.
+      geo_threshold, geo_veto: the geometric-mean band (> 1) and the per-token veto ratio (in ``[0, 1)``; 0: no
+        veto) of ``"geo_reject"``.
 
     Returns:
       ``(loss, metrics)``; metrics are float32 scalars, token means over unmasked tokens (0 with no tokens):
 
       * ``pg_loss``, ``ref_kl`` (k3 to the reference, 0 without ``logp_ref``), ``ppo_clip_frac`` (tokens whose
         gradient the PPO clip stops), ``ratio_mean`` (of ``r_t``), ``num_tokens``;
-      * ``tis_weight_mean/min/max`` (weights applied: all 1 without TIS) and ``tis_clip_frac`` (tokens with
-        ``exp(logp_old - logp_rollout) > tis_cap``; 0 without TIS);
+      * ``tis_weight_mean/min/max`` (the TIS weights: all 1 with another correction or none) and
+        ``tis_clip_frac`` (tokens with ``exp(logp_old - logp_rollout) > tis_cap``; 0 without TIS);
+      * ``correction/weight_mean`` (the weights ``w_t`` applied, whichever the correction) and
+        ``correction/rejected_fraction`` (tokens with ``w_t = 0``: those MIS or the geometric rejection drop);
       * ``mismatch_kl``: KL(pi_rollout || pi_train) per token by the k3 estimator ``rho - 1 - log rho``,
         ``rho = exp(logp_old - logp_rollout)``. The tokens are samples of pi_rollout and only their own
         log-probs are known, so this direction is the one with an unbiased Monte-Carlo estimate
@@ -201,6 +321,12 @@ def grpo_loss(
         raise ValueError("grpo_loss: beta != 0 needs logp_ref (the reference policy's log-probs).")
     if tis_cap is not None and isinstance(tis_cap, (int, float)) and not tis_cap > 0:
         raise ValueError(f"grpo_loss: tis_cap must be > 0 or None, got {tis_cap}.")
+    if correction is None:
+        correction = "none" if tis_cap is None else "tis"
+    if correction not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"grpo_loss: correction must be one of {ROLLOUT_CORRECTIONS}, got {correction!r}.")
+    if correction == "tis" and tis_cap is None:
+        raise ValueError("grpo_loss: correction='tis' needs a tis_cap.")
     chex.assert_equal_shape([logp_new, logp_old, mask])
     if logp_rollout is None:
         logp_rollout = logp_old
@@ -229,12 +355,17 @@ def grpo_loss(
     logp_old = jax.lax.stop_gradient(logp_old)
     ratio = jnp.exp(jnp.clip(log_ratio(logp_new, logp_old), -MAX_LOG_RATIO, MAX_LOG_RATIO))
     mismatch = jax.lax.stop_gradient(log_ratio(logp_old, logp_rollout))  # log(pi_train / pi_rollout)
-    if tis_cap is None:
+    tis_w = jnp.ones_like(ratio)
+    tis_clipped = jnp.zeros_like(ratio, dtype=bool)
+    if correction == "none":
         weights = jnp.ones_like(ratio)
-        tis_clipped = jnp.zeros_like(ratio, dtype=bool)
-    else:
-        weights = tis_weights(mismatch, 0.0, tis_cap)
+    elif correction == "tis":
+        weights = tis_w = tis_weights(mismatch, 0.0, tis_cap)
         tis_clipped = mismatch > jnp.log(jnp.float32(tis_cap))
+    elif correction == "mis":
+        weights = mis_weights(mismatch, 0.0, valid, mis_cap)
+    else:
+        weights = geometric_rejection_weights(mismatch, 0.0, valid, geo_threshold, geo_veto)
 
     unclipped_obj = ratio * advantages
     clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
@@ -257,10 +388,12 @@ def grpo_loss(
         "ppo_clip_frac": masked_mean((clipped_obj < unclipped_obj).astype(jnp.float32)),
         "ratio_mean": masked_mean(ratio),
         "num_tokens": num_tokens,
-        "tis_weight_mean": masked_mean(weights),
-        "tis_weight_min": masked_extreme(weights, jnp.min, jnp.inf),
-        "tis_weight_max": masked_extreme(weights, jnp.max, -jnp.inf),
+        "tis_weight_mean": masked_mean(tis_w),
+        "tis_weight_min": masked_extreme(tis_w, jnp.min, jnp.inf),
+        "tis_weight_max": masked_extreme(tis_w, jnp.max, -jnp.inf),
         "tis_clip_frac": masked_mean(tis_clipped.astype(jnp.float32)),
+        "correction/weight_mean": masked_mean(weights),
+        "correction/rejected_fraction": masked_mean((weights == 0).astype(jnp.float32)),
         "mismatch_kl": masked_mean(_k3(mismatch)),
         "mismatch_kl_k1": masked_mean(-mismatch),
     }

@@ -28,7 +28,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS
+from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS, ROLLOUT_CORRECTIONS
 from lpjax.agents.training import LearnerConfig
 from lpjax.nn.transformer import kv_cache_dtype
 from lpjax.precision import Policy, get_policy
@@ -101,7 +101,8 @@ _LEGACY_KEYS = ("rollout_precision", "kv_cache_dtype", "seed")
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(LearnerConfig):
-    """Hyper-parameters of GRPO with FP8-RL's rollout precision and token-level TIS (:mod:`lpjax.agents.grpo`).
+    """Hyper-parameters of GRPO with FP8-RL's rollout precision and a rollout-mismatch correction (token-level TIS
+    by default) (:mod:`lpjax.agents.grpo`).
 
     Batch: each iteration samples ``group_size`` (G) responses of at most ``max_new_tokens`` tokens to each of
     ``num_prompts`` prompts (``batch_size = num_prompts * group_size`` sequences), at ``temperature`` with
@@ -113,9 +114,22 @@ class GRPOConfig(LearnerConfig):
 
     Loss (:func:`lpjax.agents.grpo.grpo_loss`, arguments from :meth:`loss_kwargs`): PPO clip range
     ``[1 - eps_low, 1 + eps_high]``; ``eps_high=None`` means ``eps_low``, or DAPO's 0.28 with
-    ``clip_higher=True`` (see :attr:`effective_eps_high`); ``tis`` switches token-level truncated importance
-    sampling with cap ``tis_cap`` (FP8-RL: C = 2); ``beta`` is the k3 KL coefficient to the reference policy
-    (0: no reference model is needed).
+    ``clip_higher=True`` (see :attr:`effective_eps_high`); ``beta`` is the k3 KL coefficient to the reference
+    policy (0: no reference model is needed).
+
+    Rollout correction (the per-token weight of the objective, :data:`lpjax.agents.grpo.algorithm.ROLLOUT_CORRECTIONS`):
+    ``rollout_correction`` is ``"tis"`` (token-level truncated importance sampling with cap ``tis_cap``, FP8-RL's
+    C = 2), ``"none"``, ``"mis"`` (sequence-level masked importance sampling: sequences whose ratio exceeds
+    ``mis_cap`` are dropped) or ``"geo_reject"`` (sequences whose geometric-mean ratio leaves
+    ``[1 / geo_threshold, geo_threshold]``, or with a token ratio below ``geo_veto``, are dropped). Each threshold
+    is checked only when its correction is chosen.
+
+    ``tis`` is derived: after construction it is ``True`` exactly when the correction is TIS. As an input it is the
+    switch of configs written before ``rollout_correction`` existed: ``tis=False`` with ``rollout_correction="tis"``
+    (its default) means ``"none"``, so an old ``config.json`` with ``tis: false`` (read alone or merged over
+    today's defaults) still means no correction; with any other ``rollout_correction``, ``tis`` is ignored. The
+    fields are stored resolved (``GRPOConfig(tis=False)`` has ``rollout_correction="none"``), so a config written
+    back and read again means the same.
 
     Optimizer (:func:`lpjax.agents.training.network_optimizer`): Adam (``b1``, ``b2``, ``adam_eps``) with the
     ``methods`` (hAdam, loss scaling, Kahan gradients, ...), AdamW's decoupled ``weight_decay`` and global-norm
@@ -137,6 +151,10 @@ class GRPOConfig(LearnerConfig):
     clip_higher: bool = False
     tis: bool = True
     tis_cap: float = 2.0
+    rollout_correction: str = "tis"
+    mis_cap: float = 2.0
+    geo_threshold: float = 1.5
+    geo_veto: float = 1e-4
     beta: float = 0.0
     ppo_epochs: int = 1
     num_minibatches: int = 1
@@ -147,6 +165,10 @@ class GRPOConfig(LearnerConfig):
 
     def __post_init__(self):
         object.__setattr__(self, "rollout", RolloutConfig.from_value(self.rollout))
+        if self.rollout_correction == "tis" and not self.tis:
+            object.__setattr__(self, "rollout_correction", "none")
+        object.__setattr__(self, "tis", self.rollout_correction == "tis")
+        correction = self.rollout_correction
         self.validate(
             [
                 (
@@ -163,7 +185,14 @@ class GRPOConfig(LearnerConfig):
                     not self.clip_higher or self.eps_high is None or self.eps_high > self.eps_low,
                     "clip_higher needs eps_high > eps_low (or eps_high=None for DAPO's 0.28)",
                 ),
-                (not self.tis or self.tis_cap > 0, "tis_cap must be > 0 (or tis=False)"),
+                (
+                    correction in ROLLOUT_CORRECTIONS,
+                    f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, got {correction!r}",
+                ),
+                (correction != "tis" or self.tis_cap > 0, "tis_cap must be > 0 (or tis=False)"),
+                (correction != "mis" or self.mis_cap > 0, "mis_cap must be > 0"),
+                (correction != "geo_reject" or self.geo_threshold > 1, "geo_threshold must be > 1"),
+                (correction != "geo_reject" or 0 <= self.geo_veto < 1, "geo_veto must be in [0, 1) (0: no veto)"),
                 (self.beta >= 0, "beta must be >= 0"),
                 (_is_int(self.ppo_epochs) and self.ppo_epochs >= 1, "ppo_epochs must be an int >= 1"),
                 (
@@ -196,13 +225,24 @@ class GRPOConfig(LearnerConfig):
         return CLIP_HIGHER_EPS if self.clip_higher else float(self.eps_low)
 
     def loss_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`lpjax.agents.grpo.grpo_loss` for this config."""
-        return dict(
+        """Keyword arguments of :func:`lpjax.agents.grpo.grpo_loss` for this config.
+
+        TIS and no correction are spelled by ``tis_cap`` alone (a float, or ``None`` for none: ``grpo_loss``'s
+        ``correction=None`` reads it so); MIS and the geometric rejection add ``correction`` and their thresholds.
+        """
+        kwargs: dict[str, Any] = dict(
             eps_low=float(self.eps_low),
             eps_high=self.effective_eps_high,
-            tis_cap=float(self.tis_cap) if self.tis else None,
+            tis_cap=float(self.tis_cap) if self.rollout_correction == "tis" else None,
             beta=float(self.beta),
         )
+        if self.rollout_correction == "mis":
+            kwargs.update(correction="mis", mis_cap=float(self.mis_cap))
+        elif self.rollout_correction == "geo_reject":
+            kwargs.update(
+                correction="geo_reject", geo_threshold=float(self.geo_threshold), geo_veto=float(self.geo_veto)
+            )
+        return kwargs
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Self:
