@@ -1,15 +1,23 @@
-"""FP8 rollouts for GRPO on this machine: fp32 vs fp8 with TIS vs fp8 without TIS, 3 seeds, plus the bytes of
-the weights and the KV cache per precision.
+"""GRPO's rollout mismatch on this machine: fp32 rollouts vs fp8 rollouts without correction and with each
+correction (token-level TIS, sequence-level masked IS, geometric-mean rejection), vs bf16 and fp16 rollouts, over
+3 seeds, plus the bytes of the weights and the KV cache per precision.
 
-Each run is one ``experiments.grpo_loop.train`` of ``experiments/configs/grpo/{fp32,fp8_tis,fp8_no_tis}.py``
-(2-digit addition, a 2-layer d_model-64 transformer warm-started to 30% accuracy, 8 prompts x 8 samples per
-iteration, ``--iterations`` iterations). Recorded per run: the reward and mismatch-KL curves and the final
-greedy accuracy; per config: the mean final reward (mean of the last 50 iterations) over seeds and its ratio to
-fp32's (target: fp8_tis >= 0.95). Bytes: the linear layers' weights in fp32 / bf16 / fp8 (codes + 128x128 block
-scales) and a full KV cache (fp32 / bf16 / fp8 codes + per-layer-and-head scales) at the benchmark's model and
-at a 4096-token, 32-layer, 32-head x 128 LLM shape (target: fp8 KV >= 2x smaller than bf16, scales included).
+Each run is one ``experiments.grpo_loop.train`` of ``experiments/configs/grpo/<config>.py`` (:data:`CONFIGS`)
+with the setting's overrides applied to every config alike (``--task``, ``--num_digits``, ``--temperature``: the
+levers that make the mismatch matter; a 2-layer d_model-64 transformer warm-started to 30% accuracy, 8 prompts x
+8 samples per iteration, ``--iterations`` iterations). fp8 rollouts are blockwise W8A8 E4M3 GEMMs with an fp8 KV
+cache; bf16 rollouts use bf16 GEMMs and KV cache (fp32 weights, TIS on); fp16 trains and rolls out in float16
+with lpjax's loss scaling (TIS on).
 
-Runs live in ``runs/grpo_fp8/<config>/seed<k>/`` and finished runs are not rerun. Writes
+Recorded per run: the reward, mismatch-KL and rejected-fraction curves and the greedy accuracy. Per config: the
+final reward (mean of the last 5 logged iterations) over seeds, its ratio to fp32's, the mean mismatch KL
+(``KL(rollout || train)`` per token, k3 estimator) and the mean fraction of tokens the correction rejected.
+``degradation``: whether fp8 without a correction ends below ``TARGET_RATIO`` x fp32 and which corrections
+recover it. Bytes: the linear layers' weights in fp32 / bf16 / fp8 (codes + 128x128 block scales) and a full KV
+cache (fp32 / bf16 / fp8 codes + per-layer-and-head scales) at the benchmark's model and at a 4096-token,
+32-layer, 32-head x 128 LLM shape.
+
+Runs live in ``runs/grpo_fp8/<setting>/<config>/seed<k>/`` and finished runs are not rerun. Writes
 ``benchmarks/results/grpo_fp8.{json,png}``.
 """
 
@@ -26,8 +34,13 @@ import numpy as np
 from benchmarks import run_farm
 from benchmarks.common import command_line, write_results
 
-CONFIGS = ("fp32", "fp8_tis", "fp8_no_tis")
+CONFIGS = ("fp32", "fp8_no_tis", "fp8_tis", "fp8_mis", "fp8_geo", "bf16", "fp16")
+FP8_CORRECTED = ("fp8_tis", "fp8_mis", "fp8_geo")
 TARGET_RATIO = 0.95
+DEFAULT_SETTING = {"task": "addition", "num_digits": 6, "temperature": 2.0, "iterations": 300}
+"""The study's setting: of the settings tried (``--explore``), the one with the largest fp8 mismatch KL where fp32
+still learns."""
+DEFAULT_EXPLORE = "addition:2:1.0,addition:6:2.0,sort:9:1.5,sort:9:2.5"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -51,13 +64,31 @@ def model_bytes(config) -> dict[str, Any]:
     return {"weights": weight_bytes(shapes), "kv_cache": kv_cache_bytes(layers, heads, d // heads, 16)}
 
 
+def setting_tag(args: argparse.Namespace) -> str:
+    """The run directory of a setting: ``<task><digits>_t<temperature>``, e.g. ``sort9_t1.5``."""
+    return f"{args.task}{args.num_digits}_t{args.temperature:g}"
+
+
+def make_config(name: str, seed: int, args: argparse.Namespace):
+    """The config file's config with the setting and the run's size applied."""
+    module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
+    config = module.get_config()
+    config.update(
+        seed=seed,
+        env=f"task:{args.task}",
+        num_digits=args.num_digits,
+        iterations=args.iterations,
+        eval_every=max(args.iterations // 4, 1),
+    )
+    config.agent.temperature = args.temperature
+    return config
+
+
 def train_run(name: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
     from experiments import grpo_loop
 
-    module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
-    config = module.get_config()
-    config.update(seed=seed, iterations=args.iterations, eval_every=max(args.iterations // 4, 1))
-    run_dir = args.runs_dir / name / f"seed{seed}"
+    config = make_config(name, seed, args)
+    run_dir = args.runs_dir / setting_tag(args) / name / f"seed{seed}"
     job = run_farm.Job(
         f"{name}/seed{seed}",
         run_dir,
@@ -78,9 +109,85 @@ def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
         "iterations": m["step"][rows].tolist(),
         "reward": m["train/reward"][rows].tolist(),
         "mismatch_kl": m["train/mismatch_kl"][rows].tolist(),
-        "tis_weight_mean": m["train/tis_weight_mean"][rows].tolist(),
+        "rejected_fraction": m["train/correction/rejected_fraction"][rows].tolist(),
+        "weight_mean": m["train/correction/weight_mean"][rows].tolist(),
         "eval_accuracy": m["eval/accuracy"][evals].tolist(),
     }
+
+
+def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
+    """fp32 and fp8 without a correction, seed 0, at ``setting`` (``task:digits:temperature``): final rewards,
+    their ratio and the mismatch KL."""
+    task, digits, temperature = setting.split(":")
+    trial = argparse.Namespace(
+        **{**vars(args), "task": task, "num_digits": int(digits), "temperature": float(temperature)}
+    )
+    runs = {name: {0: read_run(train_run(name, 0, trial))} for name in ("fp32", "fp8_no_tis")}
+    summary = summarize(runs, list(runs))
+    return {
+        "task": task,
+        "num_digits": int(digits),
+        "temperature": float(temperature),
+        "iterations": args.iterations,
+        "fp32_final_reward": summary["fp32"]["final_reward_mean"],
+        "fp8_no_correction_final_reward": summary["fp8_no_tis"]["final_reward_mean"],
+        "ratio": summary["fp8_no_tis"]["ratio_to_fp32"],
+        "fp8_mismatch_kl_mean": summary["fp8_no_tis"]["mismatch_kl_mean"],
+        "fp32_final_eval_accuracy": summary["fp32"]["final_eval_accuracy_mean"],
+    }
+
+
+def summarize(runs: dict[str, dict[int, dict]], names: Sequence[str]) -> dict[str, dict]:
+    """Per config: final reward (mean of the last 5 logged iterations) per seed, its mean and std, the ratio to
+    fp32's mean, the mean mismatch KL and rejected fraction over the run, and the final greedy accuracy."""
+    out = {}
+    for name in names:
+        by_seed = runs[name]
+        finals = [float(np.mean(r["reward"][-5:])) for r in by_seed.values()]
+        out[name] = {
+            "final_reward_per_seed": finals,
+            "final_reward_mean": float(np.mean(finals)),
+            "final_reward_std": float(np.std(finals)),
+            "mismatch_kl_mean": float(np.mean([np.mean(r["mismatch_kl"]) for r in by_seed.values()])),
+            "rejected_fraction_mean": float(np.mean([np.mean(r["rejected_fraction"]) for r in by_seed.values()])),
+            "final_eval_accuracy_mean": float(np.mean([r["eval_accuracy"][-1] for r in by_seed.values()])),
+        }
+    reference = out.get("fp32", {}).get("final_reward_mean")
+    for entry in out.values():
+        entry["ratio_to_fp32"] = entry["final_reward_mean"] / reference if reference else None
+    return out
+
+
+def degradation(summary: dict[str, dict]) -> dict[str, Any]:
+    """Whether fp8 rollouts without a correction end below ``TARGET_RATIO`` x fp32, and which corrections reach it."""
+    if "fp32" not in summary or "fp8_no_tis" not in summary:
+        return {}
+    ratio = summary["fp8_no_tis"]["ratio_to_fp32"]
+    return {
+        "fp8_no_correction_ratio": ratio,
+        "fp8_no_correction_degrades": bool(ratio is not None and ratio < TARGET_RATIO),
+        "recovered_by": [
+            name for name in FP8_CORRECTED if name in summary and (summary[name]["ratio_to_fp32"] or 0) >= TARGET_RATIO
+        ],
+        "target_ratio": TARGET_RATIO,
+    }
+
+
+COLORS = {
+    "fp32": "C0",
+    "fp8_no_tis": "C3",
+    "fp8_tis": "C1",
+    "fp8_mis": "C4",
+    "fp8_geo": "C5",
+    "bf16": "C2",
+    "fp16": "C7",
+}
+
+
+def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
+    values = np.asarray(values, float)
+    window = max(1, min(window, len(values)))
+    return np.convolve(values, np.ones(window) / window, mode="valid")
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
@@ -89,68 +196,121 @@ def plot(result: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for color, name in zip(("C0", "C1", "C3"), CONFIGS):
-        for seed, run in result["runs"][name].items():
-            label = name if seed == min(result["runs"][name]) else None
-            axes[0].plot(run["iterations"], run["reward"], color=color, alpha=0.7, label=label)
-            axes[1].plot(run["iterations"], run["mismatch_kl"], color=color, alpha=0.7, label=label)
-    axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (logged iterations)", title="GRPO on 2-digit addition")
-    axes[1].set(
-        xlabel="GRPO iteration",
-        ylabel="mismatch KL(rollout || train) per token",
-        yscale="symlog",
-        title="rollout/training mismatch",
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.3))
+    summary = result["summary"]
+    for name, by_seed in result["runs"].items():
+        curves = [r["reward"] for r in by_seed.values()]
+        length = min(len(c) for c in curves)
+        iterations = np.asarray(next(iter(by_seed.values()))["iterations"][:length])
+        mean = _smooth(np.mean([c[:length] for c in curves], axis=0))
+        axes[0].plot(iterations[len(iterations) - len(mean) :], mean, color=COLORS.get(name), label=name)
+        kls = [r["mismatch_kl"][:length] for r in by_seed.values()]
+        axes[1].plot(iterations, np.mean(kls, axis=0), color=COLORS.get(name), label=name)
+    names = list(summary)
+    axes[2].bar(
+        range(len(names)),
+        [summary[n]["final_reward_mean"] for n in names],
+        yerr=[summary[n]["final_reward_std"] for n in names],
+        color=[COLORS.get(n) for n in names],
     )
-    axes[0].legend()
+    for i, n in enumerate(names):
+        axes[2].scatter(
+            [i] * len(summary[n]["final_reward_per_seed"]), summary[n]["final_reward_per_seed"], color="k", s=8
+        )
+    axes[2].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+    setting = result["setting"]
+    title = f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
+    axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (5-point moving average)", title=title)
+    axes[1].set(xlabel="GRPO iteration", ylabel="KL(rollout || train) per token", yscale="log", title="mismatch")
+    axes[2].set(ylabel="final reward (last 5 logged), mean +- std over seeds", title="final reward per config")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def format_table(result: dict) -> str:
+    setting = result["setting"]
+    lines = [
+        f"GRPO {setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}, "
+        f"{result['iterations']} iterations, seeds {result['seeds']}",
+        f"{'config':12s} {'final reward':>13s} {'ratio':>6s} {'mismatch KL':>12s} {'rejected':>9s} {'accuracy':>9s}",
+    ]
+    for name, e in result["summary"].items():
+        ratio = "-" if e["ratio_to_fp32"] is None else f"{e['ratio_to_fp32']:.3f}"
+        lines.append(
+            f"{name:12s} {e['final_reward_mean']:7.3f}+-{e['final_reward_std']:.3f} {ratio:>6s} "
+            f"{e['mismatch_kl_mean']:12.2e} {e['rejected_fraction_mean']:9.4f} {e['final_eval_accuracy_mean']:9.3f}"
+        )
+    if result["degradation"]:
+        d = result["degradation"]
+        lines.append(
+            f"fp8 without correction: {d['fp8_no_correction_ratio']:.3f} x fp32 "
+            f"({'degrades' if d['fp8_no_correction_degrades'] else 'does not degrade'} below {d['target_ratio']}); "
+            f"recovered by: {', '.join(d['recovered_by']) or 'none'}"
+        )
+    for t in result.get("settings_tried", []):
+        lines.append(
+            f"tried {t['task']} {t['num_digits']} digits, temperature {t['temperature']:g}: fp8 without correction "
+            f"{t['ratio']:.3f} x fp32 (mismatch KL {t['fp8_mismatch_kl_mean']:.2e}; fp32 accuracy "
+            f"{t['fp32_final_eval_accuracy']:.3f})"
+        )
+    kv = result["bytes"]["llm_shape"]["kv_cache_32l_32h_128d_4096tok"]
+    lines.append(f"KV cache at the LLM shape: bf16 {kv['bf16']} B, fp8 {kv['fp8']} B ({kv['bf16'] / kv['fp8']:.3f}x)")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.grpo_fp8", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=800)
+    parser.add_argument("--iterations", type=int, default=DEFAULT_SETTING["iterations"])
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--task", default=DEFAULT_SETTING["task"], choices=("addition", "copy", "sort"))
+    parser.add_argument("--num_digits", type=int, default=DEFAULT_SETTING["num_digits"])
+    parser.add_argument("--temperature", type=float, default=DEFAULT_SETTING["temperature"])
+    parser.add_argument(
+        "--explore",
+        default=DEFAULT_EXPLORE,
+        help="settings task:digits:temperature tried first with fp32 and fp8 without correction on seed 0 (recorded "
+        "as settings_tried; '' to skip)",
+    )
     parser.add_argument("--runs_dir", type=pathlib.Path, default=REPO_ROOT / "runs" / "grpo_fp8")
     parser.add_argument("--out_dir", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
     parser.add_argument("--name", default="grpo_fp8")
     args = parser.parse_args(argv)
+    names = args.configs.split(",")
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
+    if not 1 <= args.num_digits <= 9 or args.temperature <= 0 or args.iterations < 1:
+        parser.error("--num_digits must be in [1, 9], --temperature > 0 and --iterations >= 1")
     from experiments.configs.grpo import fp32
 
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
-    names = args.configs.split(",")
+    settings_tried = [explore(setting, args) for setting in args.explore.split(",") if setting]
     runs = {name: {seed: read_run(train_run(name, seed, args)) for seed in seeds} for name in names}
-    final = {
-        name: float(np.mean([np.mean(r["reward"][-5:]) for r in by_seed.values()])) for name, by_seed in runs.items()
-    }
-    reference = final.get("fp32")
-    ratios = {name: value / reference if reference else None for name, value in final.items()}
+    summary = summarize(runs, names)
     llm = {
         "weights_4096x4096_x7_per_layer_x32": weight_bytes([(4096, 4096)] * 7 * 32),
         "kv_cache_32l_32h_128d_4096tok": kv_cache_bytes(32, 32, 128, 4096),
     }
-    bytes_ = {"benchmark_model": model_bytes(fp32.get_config()), "llm_shape": llm}
     kv = llm["kv_cache_32l_32h_128d_4096tok"]
     result = {
         "command": command_line("benchmarks.grpo_fp8", argv),
+        "setting": {"task": args.task, "num_digits": args.num_digits, "temperature": args.temperature},
         "iterations": args.iterations,
         "seeds": seeds,
-        "final_reward_mean_last_logged": final,
-        "ratio_to_fp32": ratios,
-        "target_ratio": TARGET_RATIO,
-        "fp8_tis_meets_target": (ratios.get("fp8_tis") or 0) >= TARGET_RATIO if reference else None,
-        "bytes": bytes_,
+        "corrections": {name: make_config(name, 0, args).agent.rollout_correction for name in names},
+        "summary": summary,
+        "degradation": degradation(summary),
+        "settings_tried": settings_tried,
+        "bytes": {"benchmark_model": model_bytes(fp32.get_config()), "llm_shape": llm},
         "fp8_kv_smaller_than_bf16": kv["bf16"] / kv["fp8"],
         "runs": runs,
         "session_seconds": time.perf_counter() - started,
     }
-    lines = [f"GRPO 2-digit addition, {args.iterations} iterations, seeds {seeds}"]
-    lines += [f"{name:12s} final reward {final[name]:.3f}  ratio to fp32 {ratios[name]}" for name in names]
-    lines.append(f"KV cache at the LLM shape: bf16 {kv['bf16']} B, fp8 {kv['fp8']} B ({kv['bf16'] / kv['fp8']:.3f}x)")
-    write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
+    write_results(result, format_table(result), args.out_dir, args.name, plot)
     return result
 
 

@@ -151,6 +151,7 @@ class GRPOLearner:
             "rollout_policy": rollout.policy,
             "kv_cache_dtype": rollout.kv_cache_dtype,
             "tis": self.agent.tis,
+            "rollout_correction": self.agent.rollout_correction,
         }
 
     def close(self) -> None:
@@ -171,7 +172,7 @@ def train(
         checkpoint_every=config.checkpoint_every,
         title=(
             f"GRPO ({agent.policy} training, {rollout.policy} rollouts with a {rollout.kv_cache_dtype} "
-            f"KV cache, TIS {'on' if agent.tis else 'off'}) on {config.env}"
+            f"KV cache, correction {agent.rollout_correction}) on {config.env}"
         ),
         curve=("eval/accuracy", "train/reward"),
     )

@@ -1,4 +1,5 @@
-"""GRPO for language models with FP8-RL's token-level truncated importance sampling, as pure functions.
+"""GRPO for language models with rollout-mismatch corrections (FP8-RL's token-level truncated importance
+sampling, sequence-level masked importance sampling, geometric-mean rejection), as pure functions.
 
     advantages = lpjax.agents.grpo.group_advantages(rewards, config.group_size)          # (B,)
     logp_new = lpjax.agents.grpo.sequence_logprobs(logits, tokens, temperature=config.temperature)
@@ -15,8 +16,11 @@ from lpjax.agents.grpo.algorithm import (
     ADVANTAGE_EPS,
     CLIP_HIGHER_EPS,
     MAX_LOG_RATIO,
+    ROLLOUT_CORRECTIONS,
+    geometric_rejection_weights,
     group_advantages,
     grpo_loss,
+    mis_weights,
     sequence_logprobs,
     tis_weights,
 )
@@ -35,6 +39,9 @@ __all__ = [
     "ADVANTAGE_EPS",
     "CLIP_HIGHER_EPS",
     "MAX_LOG_RATIO",
+    "ROLLOUT_CORRECTIONS",
+    "geometric_rejection_weights",
+    "mis_weights",
     "ROLLOUT_PRESETS",
     "GRPOConfig",
     "GRPOState",
