@@ -54,6 +54,36 @@ def test_all_methods_are_the_identity_in_float64():
         assert fixed_history[-1]["critic_loss_scale"] == 64.0
 
 
+def test_stochastic_rounding_and_8bit_moments_are_the_identity_in_float64():
+    """float64 parameters are updated by plain addition (stochastic rounding rounds to 16-bit dtypes only), and
+    8-bit moments with blocks of one element are float32 values: the agent is the plain one to float32 precision."""
+    f64 = "params=float64,compute=float64,output=float64"
+    base = sac.SACConfig(
+        hidden_dims=(32, 32), batch_size=16, policy=f64, adam_eps=1e-3, methods=PrecisionMethods(hadam=True)
+    )
+    beyond = PrecisionMethods(hadam=True, stochastic_rounding=True, moment_dtype="fp8", moment_block_size=1)
+    with jax.enable_x64(True):
+        plain, _ = _train(base, 6, jnp.float64)
+        fixed, _ = _train(dataclasses.replace(base, methods=beyond), 6, jnp.float64)
+        for a, b in zip(jax.tree.leaves((plain.actor.params, plain.critic.params, plain.target_critic)),
+                        jax.tree.leaves((fixed.actor.params, fixed.critic.params, fixed.target_critic))):  # fmt: skip
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_fp16_with_stochastic_rounding_trains_finite_and_its_keys_advance():
+    methods = PrecisionMethods.paper(
+        kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="fp8"
+    )
+    config = sac.SACConfig(hidden_dims=(64, 64), batch_size=64, policy="fp16", methods=methods)
+    start = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
+    state, history = _train(config, 20)
+    assert all(np.isfinite(h["critic_loss"]) and np.isfinite(h["actor_loss"]) for h in history)
+    assert not np.array_equal(np.asarray(state.target_compensation.key), np.asarray(start.target_compensation.key))
+    moved = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+             zip(jax.tree.leaves(start.target_critic), jax.tree.leaves(state.target_critic))]  # fmt: skip
+    assert all(moved)  # every target leaf follows its critic (tau (p - t) is far below half an ulp for most)
+
+
 def test_fp16_with_methods_stays_finite_where_naive_fp16_does_not():
     small = dict(hidden_dims=(64, 64), batch_size=64)
     _, fixed = _train(sac.SACConfig(policy="fp16", **small, methods=METHODS), 20)
