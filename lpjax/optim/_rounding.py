@@ -36,13 +36,16 @@ def round_to_nearest(x: jax.Array, dtype: Any) -> jax.Array:
 
     ``dtype`` is a float dtype at most as wide as ``x``'s, with the same or fewer exponent bits.
     """
+    if np.dtype(x.dtype) == np.dtype(dtype):
+        return x
     finfo = jnp.finfo(np.dtype(dtype))
     normal = jax.lax.reduce_precision(x, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
+    small = jnp.abs(x) < jnp.asarray(finfo.smallest_normal, x.dtype)
     exponent = int(np.log2(float(finfo.smallest_subnormal)))
-    scaled = x
+    scaled = jnp.where(small, x, jnp.zeros_like(x))  # only the small values are scaled up: nothing overflows
     for factor in _power_of_two(-exponent, x.dtype):
         scaled = scaled * factor
     subnormal = jnp.round(scaled)
     for factor in _power_of_two(exponent, x.dtype):
         subnormal = subnormal * factor
-    return jnp.where(jnp.abs(x) < jnp.asarray(finfo.smallest_normal, x.dtype), subnormal, normal)
+    return jnp.where(small, subnormal, normal)

@@ -177,12 +177,16 @@ def scale_by_hadam(
 
         def moments(g, m, w, key):
             dtype = _compute_dtype(g.dtype, _storage_dtype(m))
+            g_dtype = g.dtype
             g, f = g.astype(dtype), unit.astype(dtype)
             b1_, b2_ = jnp.asarray(b1, dtype), jnp.asarray(b2, dtype)
             new_m = b1_ * (f * load(m, dtype)) + (1 - b1_) * g
             a = jnp.sqrt(b2_) * (f * load(w, dtype))
             b = jnp.sqrt(1 - b2_) * g
-            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(_storage_dtype(w), dtype) else jnp.hypot(a, b)
+            # 8-bit moments hold values of the gradients' range (in the loss scale's units): their squares fit
+            # when the gradients' do.
+            bound = g_dtype if isinstance(w, quantized_moments.BlockQuantized) else _storage_dtype(w)
+            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(bound, dtype) else jnp.hypot(a, b)
             m_key, w_key = jax.random.split(key)
             return (
                 select(apply, store(new_m, m, m_key), m),

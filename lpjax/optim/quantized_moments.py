@@ -89,7 +89,8 @@ def _round_codes(ratio: jax.Array, code_dtype: np.dtype, q: float, key: jax.Arra
     toward = jnp.where(nearest.astype(jnp.float32) > ratio, -q, q).astype(code_dtype)
     other = jnp.nextafter(nearest, toward)
     near, far = nearest.astype(jnp.float32), other.astype(jnp.float32)
-    p_far = jnp.where(far != near, (ratio - near) / (far - near), 0.0)
+    apart = far != near  # equal at +-q, the end of the codes
+    p_far = jnp.where(apart, (ratio - near) / jnp.where(apart, far - near, 1.0), 0.0)
     take_far = jax.random.uniform(key, ratio.shape, jnp.float32) < p_far
     return jnp.where(take_far, other, nearest)
 
@@ -127,7 +128,8 @@ def quantize(
     blocks = flat.reshape(num_blocks, block)
     absmax = jnp.max(jnp.abs(blocks), axis=1)
     scales = jnp.where(absmax > 0, absmax, jnp.ones_like(absmax))
-    ratio = jnp.clip(blocks / scales[:, None] * q, -q, q)  # exactly +-q at the block's largest element
+    divisor = jnp.where(jnp.isfinite(scales), scales, jnp.ones_like(scales))[:, None]
+    ratio = jnp.clip(blocks / divisor * q, -q, q)  # exactly +-q at the block's largest element
     codes = _round_codes(ratio, code_dtype, q, key)
     if keep_nonzero:
         if code_dtype == np.dtype(jnp.int8):

@@ -74,7 +74,9 @@ def stochastic_round(x: jax.Array, dtype: Any, key: jax.Array) -> jax.Array:
     other = jnp.nextafter(nearest.astype(dtype), toward).astype(x.dtype)
     lo, hi = jnp.minimum(nearest, other), jnp.maximum(nearest, other)
     # hi - lo is exact (adjacent values of a narrower dtype); x - lo is exact by Sterbenz' lemma.
-    p_up = (x - lo) / (hi - lo)
+    gap = hi - lo  # positive and finite except at inf (x not finite, or beyond the range: handled below)
+    usable = (gap > 0) & jnp.isfinite(gap)
+    p_up = jnp.where(usable, (x - lo) / jnp.where(usable, gap, jnp.ones_like(gap)), jnp.zeros_like(gap))
     uniform = jax.random.uniform(key, x.shape, dtype=jnp.float32).astype(x.dtype)
     rounded = jnp.where(nearest == x, x, jnp.where(uniform < p_up, hi, lo))
     beyond = jnp.abs(x) > jnp.finfo(dtype).max  # inf, or past the largest finite value: no neighbour above
