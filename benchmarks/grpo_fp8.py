@@ -163,12 +163,12 @@ def degradation(summary: dict[str, dict]) -> dict[str, Any]:
     if "fp32" not in summary or "fp8_no_tis" not in summary:
         return {}
     ratio = summary["fp8_no_tis"]["ratio_to_fp32"]
+    degrades = bool(ratio is not None and ratio < TARGET_RATIO)
+    recovered = [n for n in FP8_CORRECTED if n in summary and (summary[n]["ratio_to_fp32"] or 0) >= TARGET_RATIO]
     return {
         "fp8_no_correction_ratio": ratio,
-        "fp8_no_correction_degrades": bool(ratio is not None and ratio < TARGET_RATIO),
-        "recovered_by": [
-            name for name in FP8_CORRECTED if name in summary and (summary[name]["ratio_to_fp32"] or 0) >= TARGET_RATIO
-        ],
+        "fp8_no_correction_degrades": degrades,
+        "recovered_by": recovered if degrades else None,  # None: nothing to recover
         "target_ratio": TARGET_RATIO,
     }
 
@@ -246,14 +246,15 @@ def format_table(result: dict) -> str:
         d = result["degradation"]
         lines.append(
             f"fp8 without correction: {d['fp8_no_correction_ratio']:.3f} x fp32 "
-            f"({'degrades' if d['fp8_no_correction_degrades'] else 'does not degrade'} below {d['target_ratio']}); "
-            f"recovered by: {', '.join(d['recovered_by']) or 'none'}"
+            f"({'degrades' if d['fp8_no_correction_degrades'] else 'does not degrade'} below {d['target_ratio']})"
+            + (f"; recovered by: {', '.join(d['recovered_by']) or 'none'}" if d["fp8_no_correction_degrades"] else "")
         )
     for t in result.get("settings_tried", []):
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.3f}"  # None: fp32's final reward is 0
         lines.append(
             f"tried {t['task']} {t['num_digits']} digits, temperature {t['temperature']:g}: fp8 without correction "
-            f"{t['ratio']:.3f} x fp32 (mismatch KL {t['fp8_mismatch_kl_mean']:.2e}; fp32 accuracy "
-            f"{t['fp32_final_eval_accuracy']:.3f})"
+            f"{ratio} x fp32 (rewards {t['fp8_no_correction_final_reward']:.3f} / {t['fp32_final_reward']:.3f}, "
+            f"mismatch KL {t['fp8_mismatch_kl_mean']:.2e}; fp32 accuracy {t['fp32_final_eval_accuracy']:.3f})"
         )
     kv = result["bytes"]["llm_shape"]["kv_cache_32l_32h_128d_4096tok"]
     lines.append(f"KV cache at the LLM shape: bf16 {kv['bf16']} B, fp8 {kv['fp8']} B ({kv['bf16'] / kv['fp8']:.3f}x)")

@@ -63,3 +63,8 @@ def test_summary_and_degradation_by_hand():
     assert summary["fp8_tis"]["ratio_to_fp32"] == pytest.approx(1.01333, rel=1e-4)
     d = bench.degradation(summary)
     assert d["fp8_no_correction_degrades"] and d["recovered_by"] == ["fp8_tis"]
+    zero = bench.summarize(
+        {"fp32": {0: run([0.0] * 5, 0.0)}, "fp8_no_tis": {0: run([0.1] * 5, 0.01)}}, ["fp32", "fp8_no_tis"]
+    )
+    assert zero["fp8_no_tis"]["ratio_to_fp32"] is None  # no ratio to a zero reward
+    assert bench.degradation(zero)["fp8_no_correction_degrades"] is False
