@@ -54,6 +54,8 @@ CONFIG_FIELDS_ADDED = {
     "agent.matmul_impl": "xla",
     "agent.methods.moment_dtype": None,
     "agent.methods.stochastic_rounding": False,
+    "agent.methods.moment_block_size": 256,  # read only with 8-bit moments
+    "replay_dtype": None,
 }
 """Config fields added after runs started, with the value that reproduces the old behaviour bit for bit: a stored
 config without the field matches a flags config that has it at this value."""

@@ -17,6 +17,9 @@ Range. The neighbours are found with ``nextafter`` in the storage dtype, so subn
 normal values. Where ``x`` is beyond the dtype's largest finite value, or not finite (a nan or inf update), the
 parameter is left unchanged: a parameter is never made non-finite by an update.
 
+bfloat16 shares float32's exponent range: below ``2^-119`` its ulp is a float32 subnormal, which XLA:CPU flushes to
+zero in float32 arithmetic, and such tiny values round down (toward the smaller neighbour) instead.
+
 Precision of the sum. ``x`` is computed in float32, which is exact for the sum of two float16 values of similar
 magnitude, and the rounding probabilities are float32 ratios: the result is unbiased to within float32's
 rounding of ``x``, far below the 16-bit dtype's ulp. Parameters wider than 16 bits (float32, float64) are
