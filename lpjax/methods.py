@@ -8,8 +8,9 @@ field                what it does                                               
 hadam                hAdam instead of Adam (:func:`lpjax.optim.hadam`)          ``method_optimizer``
 loss_scaling         compound loss scaling (init_scale, growth_interval)        ``method_optimizer``
 kahan_gradients      Kahan-compensated parameter updates                        ``method_optimizer``
-moment_dtype         dtype of the moments (None: the params'; 8-bit: blockwise)  ``method_optimizer``
-stochastic_rounding  stochastically rounded parameter and target updates        ``method_optimizer``
+moment_dtype         the moments' dtype (None: the params'; 8-bit: blockwise)   ``method_optimizer``
+stochastic_rounding  stochastically rounded parameter and target updates        ``method_optimizer``,
+                                                                                ``target_updater``
 kahan_momentum       Kahan-compensated target (Polyak) updates                  ``target_updater``
 softplus_fix         the fp16-safe softplus of the policy's standard deviation  :mod:`lpjax.agents.sac`
 normal_fix           the fp16-safe Gaussian log-density                         :mod:`lpjax.agents.sac`
