@@ -1,4 +1,5 @@
-"""Round-to-nearest into a narrower float dtype that XLA keeps, subnormals included.
+"""Rounding into a narrower float dtype: round-to-nearest that XLA keeps, subnormals included, and the random
+choice between two neighbours that stochastic rounding makes.
 
 ``x.astype(float16).astype(float32)`` may be simplified away by XLA under ``xla_allow_excess_precision`` (its
 default; GPU fusions use it), and ``lax.reduce_precision``, which that flag does not remove, flushes the target's
@@ -49,3 +50,15 @@ def round_to_nearest(x: jax.Array, dtype: Any) -> jax.Array:
     for factor in _power_of_two(exponent, x.dtype):
         subnormal = subnormal * factor
     return jnp.where(small, subnormal, normal)
+
+
+def choose_far(x: jax.Array, near: jax.Array, far: jax.Array, key: jax.Array) -> jax.Array:
+    """True with probability ``(x - near) / (far - near)``, per element: where a stochastic rounding of ``x``
+    (between its neighbours ``near`` and ``far``, given in ``x``'s dtype) takes ``far``, so that its expectation
+    is ``x``. False where the neighbours coincide or are not a finite distance apart. The uniforms are drawn in
+    float32 with ``jax.random.uniform(key, x.shape)``.
+    """
+    gap = far - near
+    apart = (far != near) & jnp.isfinite(gap)
+    p_far = jnp.where(apart, (x - near) / jnp.where(apart, gap, jnp.ones_like(gap)), jnp.zeros_like(gap))
+    return jax.random.uniform(key, x.shape, dtype=jnp.float32).astype(x.dtype) < p_far

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpjax.optim._rounding import choose_far
+
 QUANTIZED_MOMENT_DTYPES = {
     np.dtype(jnp.int8): 127.0,
     np.dtype(jnp.float8_e4m3fn): 448.0,
@@ -88,10 +90,7 @@ def _round_codes(ratio: jax.Array, code_dtype: np.dtype, q: float, key: jax.Arra
     # The neighbour on ratio's other side, toward +-q (float8_e4m3fn has no inf to step toward).
     toward = jnp.where(nearest.astype(jnp.float32) > ratio, -q, q).astype(code_dtype)
     other = jnp.nextafter(nearest, toward)
-    near, far = nearest.astype(jnp.float32), other.astype(jnp.float32)
-    apart = far != near  # equal at +-q, the end of the codes
-    p_far = jnp.where(apart, (ratio - near) / jnp.where(apart, far - near, 1.0), 0.0)
-    take_far = jax.random.uniform(key, ratio.shape, jnp.float32) < p_far
+    take_far = choose_far(ratio, nearest.astype(jnp.float32), other.astype(jnp.float32), key)  # never at +-q
     return jnp.where(take_far, other, nearest)
 
 

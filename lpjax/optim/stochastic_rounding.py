@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.optim._rounding import round_to_nearest
+from lpjax.optim._rounding import choose_far, round_to_nearest
 
 ROUNDED_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 """The dtypes whose parameters are rounded stochastically; wider ones are updated by plain addition."""
@@ -76,12 +76,9 @@ def stochastic_round(x: jax.Array, dtype: Any, key: jax.Array) -> jax.Array:
     toward = jnp.where(nearest > x, -jnp.inf, jnp.inf).astype(dtype)
     other = jnp.nextafter(nearest.astype(dtype), toward).astype(x.dtype)
     lo, hi = jnp.minimum(nearest, other), jnp.maximum(nearest, other)
-    # hi - lo is exact (adjacent values of a narrower dtype); x - lo is exact by Sterbenz' lemma.
-    gap = hi - lo  # positive and finite except at inf (x not finite, or beyond the range: handled below)
-    usable = (gap > 0) & jnp.isfinite(gap)
-    p_up = jnp.where(usable, (x - lo) / jnp.where(usable, gap, jnp.ones_like(gap)), jnp.zeros_like(gap))
-    uniform = jax.random.uniform(key, x.shape, dtype=jnp.float32).astype(x.dtype)
-    rounded = jnp.where(nearest == x, x, jnp.where(uniform < p_up, hi, lo))
+    # hi - lo is exact (adjacent values of a narrower dtype); x - lo is exact by Sterbenz' lemma. They are not a
+    # finite distance apart only at inf (x not finite, or beyond the range: handled below).
+    rounded = jnp.where(nearest == x, x, jnp.where(choose_far(x, lo, hi, key), hi, lo))
     beyond = jnp.abs(x) > jnp.finfo(dtype).max  # inf, or past the largest finite value: no neighbour above
     return jnp.where(beyond, jnp.copysign(jnp.inf, x), rounded).astype(dtype)
 

@@ -16,28 +16,16 @@ from experiments.cli import REPO_ROOT, resolve_config_argument
 from experiments.configs.sac import fp16
 from lpjax.checkpoint import Checkpointer
 from lpjax.run_logging import read_metrics
+from tests.sac_configs import tiny_cartpole
 
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
 
 
 def _tiny(**overrides):
-    """fp16 with all methods, tiny networks, cartpole with 250-step episodes (action repeat 4)."""
-    config = fp16.get_config()
-    config.unlock()
-    config.update(
-        env="dmc:cartpole-swingup",
-        action_repeat=4,
-        total_steps=1000,
-        seed_steps=200,
-        replay_capacity=2000,
-        eval_every=500,
-        eval_episodes=1,
-        log_every=100,
-        checkpoint_every=250,
-    )
-    config.agent.update(hidden_dims=(32, 32), batch_size=32)
-    config.update(overrides)
-    return config
+    """fp16 with all methods, tiny networks, cartpole with 250-step episodes (action repeat 4), 1000 agent steps,
+    an evaluation every 500 and a checkpoint every 250."""
+    sizes = dict(total_steps=1000, replay_capacity=2000, eval_every=500, checkpoint_every=250)
+    return tiny_cartpole(fp16, **{**sizes, **overrides})
 
 
 def _cli(*args, **kwargs):
@@ -229,7 +217,6 @@ def test_a_float16_replay_trains_the_fp16_learner_identically(tmp_path):
     """The fp16 networks cast their inputs to float16 first: storing the transitions in float16 changes the
     replay's bytes, not one loss of the run."""
     from experiments.configs.sac import fp16_sr
-    from tests.sac_configs import tiny_cartpole
 
     def run(replay_dtype, name):
         config = tiny_cartpole(fp16_sr, replay_dtype=replay_dtype)
