@@ -137,3 +137,10 @@ def test_method_config_switch():
     grads = {"w": jnp.full((64,), 0.5, jnp.float16) * optim.loss_scale(state).astype(jnp.float16)}
     updates, _ = jax.jit(tx.update)(grads, state, params)
     assert np.all(np.asarray(updates["w"], np.float32) < 0)
+
+
+def test_the_method_configs_default_block_size_is_the_transforms():
+    """PrecisionMethods cannot import lpjax.optim (which reads it): the two defaults are kept equal here."""
+    from lpjax.optim.quantized_moments import DEFAULT_BLOCK_SIZE
+
+    assert PrecisionMethods().moment_block_size == DEFAULT_BLOCK_SIZE
