@@ -56,6 +56,9 @@ CONFIG_FIELDS_ADDED = {
     "agent.methods.stochastic_rounding": False,
     "agent.methods.moment_block_size": 256,  # read only with 8-bit moments
     "replay_dtype": None,
+    "replay_shards": None,  # one stratum on one device
+    "mesh": {"data": 1, "fsdp": 1},
+    "distributed": {"coordinator_address": None, "num_processes": None, "process_id": None},
 }
 """Config fields added after runs started, with the value that reproduces the old behaviour bit for bit: a stored
 config without the field matches a flags config that has it at this value."""

@@ -69,10 +69,16 @@ SAFE_RESUME_CHANGES = frozenset(
         "log_every",
         "checkpoint_every",
         "ray_address",
+        "mesh.data",
+        "mesh.fsdp",
+        "distributed.coordinator_address",
+        "distributed.num_processes",
+        "distributed.process_id",
     }
 )
-"""Config fields a resumed run may change: its length and how often it evaluates, logs and checkpoints (and where
-Ray runs). Any other difference from the run's ``config.json`` is refused: the checkpoint was trained with it."""
+"""Config fields a resumed run may change: its length, how often it evaluates, logs and checkpoints, where Ray runs,
+and its devices (a checkpoint restores onto any mesh). Any other difference from the run's ``config.json`` is
+refused: the checkpoint was trained with it."""
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -9,6 +9,12 @@ Per agent step: pick an action (uniformly random during ``seed_steps``, else a p
 environment, then one jitted call adds the transition to the replay buffer and, after the seed steps, samples
 batches and runs ``updates_per_step`` SAC updates. ``discount`` is 0 only at a true termination; time limits
 bootstrap, as in pytorch_sac.
+
+On a mesh (``config.mesh``, see :mod:`lpjax.sharding`) the learner is data parallel: the SAC state is replicated
+(split over ``"fsdp"`` with ``mesh.fsdp > 1``), the replay buffer's strata (``config.replay_shards``, default the
+device count) are spread over the devices, and each device samples and trains on its share of every batch. Every
+process of a multi-process run steps the same environment and feeds the same transitions, so the learner is one
+SPMD program; the result depends on ``replay_shards``, not on the mesh (to floating-point rounding).
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ import numpy as np
 
 import lpjax.envs
 from experiments.configs.sac import _base
+from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, replay_strata
 from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.methods import nest_method_fields
 from lpjax.precision import dtype_of
-from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, replay_sample, with_float_dtype
+from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, with_float_dtype
 from lpjax.run_logging import CONFIG_FILE
+from lpjax.sharding import constrain, learner_shardings, put_global, replicated, sample_replay
 
 EPISODE_SEED_STRIDE = 1_000_003
 
@@ -137,16 +145,20 @@ def choose_action(
     return key, jnp.where(env_steps < seed_steps, random_action, policy_action)
 
 
-@functools.partial(jax.jit, static_argnames=("learn", "updates"), donate_argnums=0)
-def record_and_learn(loop: LoopState, transition: dict, learn: bool, updates: int) -> tuple[LoopState, dict]:
-    """Adds one transition; if ``learn``, runs ``updates`` SAC updates on uniformly sampled batches."""
-    replay = replay_add(loop.replay, replay_cast(loop.replay, jax.tree.map(lambda x: x[None], transition)))
+@functools.partial(jax.jit, static_argnames=("learn", "updates", "strata", "mesh"), donate_argnums=0)
+def record_and_learn(
+    loop: LoopState, transition: dict, learn: bool, updates: int, strata: int = 1, mesh: jax.sharding.Mesh | None = None
+) -> tuple[LoopState, dict]:
+    """Adds one transition; if ``learn``, runs ``updates`` SAC updates on uniformly sampled batches (stratified
+    in ``strata``, each device sampling its own on a ``mesh``: :func:`lpjax.sharding.sample_replay`)."""
+    transition = jax.tree.map(lambda x: x[None], transition)
+    replay = replay_add(loop.replay, replay_cast(loop.replay, transition), strata)
     agent, metrics = loop.agent, {}
     key = loop.key
     for _ in range(updates if learn else 0):
         key, batch_key = jax.random.split(key)
-        agent, metrics = sac.update(agent, replay_sample(replay, batch_key, agent.config.batch_size))
-    return LoopState(agent, replay, key, loop.env_steps + 1, loop.episodes), metrics
+        agent, metrics = sac.update(agent, sample_replay(replay, batch_key, agent.config.batch_size, strata, mesh))
+    return constrain(LoopState(agent, replay, key, loop.env_steps + 1, loop.episodes), mesh), metrics
 
 
 def evaluate(loop: LoopState, env, episodes: int) -> dict[str, float]:
@@ -182,10 +194,15 @@ class HostLearner:
     checkpoints are taken between episodes, where :class:`LoopState` is everything the run carries.
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, agent_config: sac.SACConfig):
-        self.config = config
+    def __init__(
+        self, config: ml_collections.ConfigDict, agent_config: sac.SACConfig, mesh: jax.sharding.Mesh | None = None
+    ):
+        self.config, self.mesh = config, mesh
+        self.strata = replay_strata(config, mesh, agent_config.batch_size)
         self.env, self.eval_env = make_envs(config)
         self.loop = init_loop(config, agent_config, self.env)
+        if mesh is not None:
+            self.loop = put_global(self.loop, learner_shardings(self.loop, mesh))
         self.step = 0  # host mirror of loop.env_steps (record_and_learn adds exactly 1): no device read per step
         self.obs = None  # the observation of the episode in progress (None between episodes)
         self.episode_return = 0.0
@@ -199,7 +216,10 @@ class HostLearner:
         del context
 
     def restore(self, checkpointer: Checkpointer, step: int) -> None:
-        self.loop, _ = checkpointer.restore(step, target=self.loop)
+        self.loop, metadata = checkpointer.restore(step, target=self.loop)  # onto this run's mesh
+        self.strata = replay_strata(
+            self.config, self.mesh, self.loop.agent.config.batch_size, metadata.get(REPLAY_SHARDS_METADATA, 1)
+        )
         self.step = self.start_step = int(self.loop.env_steps)
 
     def _diverged(self, context, reason: str) -> Diverged:
@@ -230,7 +250,9 @@ class HostLearner:
                 "next_obs": next_obs,
             }
             learn = self.step + 1 > config.seed_steps
-            loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step)
+            if self.mesh is not None:  # one global (replicated) transition, fed by every process
+                transition = put_global(transition, jax.tree.map(lambda _: replicated(self.mesh), transition))
+            loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step, self.strata, self.mesh)
             self.updates_done += config.updates_per_step if learn else 0
             self.obs, self.episode_return = next_obs, self.episode_return + reward
             done = terminated or truncated
@@ -271,7 +293,8 @@ class HostLearner:
         return self.obs is None
 
     def checkpoint(self) -> tuple[LoopState, dict]:
-        return (self.loop if self.config.save_replay else self.loop._replace(replay=None)), {}
+        state = self.loop if self.config.save_replay else self.loop._replace(replay=None)
+        return state, {REPLAY_SHARDS_METADATA: self.strata}
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -290,8 +313,26 @@ def train(
     """
     agent_config = validate(config)
     check_resumable("SAC run", config, resume)
+    mesh = learner_mesh(config)
+    if not resume:  # a resumed run's strata come from its checkpoint
+        strata = replay_strata(config, mesh, agent_config.batch_size)
+        check_config(
+            "SAC run",
+            [
+                (
+                    config.seed_steps >= strata - 1,
+                    f"seed_steps must be >= replay_shards - 1 ({strata - 1}), so that every stratum of the replay "
+                    "buffer holds a transition at the first update",
+                )
+            ],
+        )
     return run(
-        config, run_dir, run_spec(config), lambda: HostLearner(config, agent_config), resume=resume, progress=progress
+        config,
+        run_dir,
+        run_spec(config),
+        lambda: HostLearner(config, agent_config, mesh),
+        resume=resume,
+        progress=progress,
     )
 
 

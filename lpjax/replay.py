@@ -152,16 +152,21 @@ def _check_batch(buffer: ReplayBuffer, transitions: Any) -> int:
     return sizes.pop()
 
 
-def replay_add(buffer: ReplayBuffer, transitions: Any) -> ReplayBuffer:
+def replay_add(buffer: ReplayBuffer, transitions: Any, strata: int = 1) -> ReplayBuffer:
     """Adds a batch of ``n`` transitions, overwriting the oldest ones once the buffer is full.
 
-    Transition ``i`` goes to slot ``(insert_pos + i) mod capacity``, so a batch that does not fit in the space
-    left wraps around to the start. Jittable; ``n`` is static.
+    Transition ``i`` goes to position ``p = (insert_pos + i) mod capacity``, so a batch that does not fit in the
+    space left wraps around to the start. Position ``p`` is slot ``p`` of a buffer with one stratum; with
+    ``strata`` S it is slot ``(p mod S) * capacity / S + p // S``: the strata (blocks of ``capacity / S``
+    consecutive slots) take the transitions in turn (see :func:`replay_sample`). Jittable; ``n`` and ``strata`` are
+    static.
 
     Args:
       buffer: the buffer.
       transitions: pytree with the structure of the example transition; every leaf has shape
         ``(n,) + example_leaf.shape`` and the buffer's dtype for that leaf. ``0 <= n <= capacity``.
+      strata: the number of strata, a divisor of ``capacity``; a buffer is always added to and sampled with the
+        same number.
 
     Returns:
       The buffer with the transitions written, ``insert_pos`` advanced by ``n`` (mod capacity) and ``size``
@@ -177,10 +182,12 @@ def replay_add(buffer: ReplayBuffer, transitions: Any) -> ReplayBuffer:
             f"cannot add {n} transitions at once to a buffer of capacity {capacity}: split the batch "
             "or raise the capacity."
         )
+    per_stratum = capacity // _check_strata(strata, capacity)
     if n == 0:
         return buffer
-    # n <= capacity, so the n slots are distinct.
-    slots = (buffer.insert_pos + jnp.arange(n, dtype=jnp.int32)) % capacity
+    # n <= capacity, so the n positions (and their slots) are distinct.
+    positions = (buffer.insert_pos + jnp.arange(n, dtype=jnp.int32)) % capacity
+    slots = positions % strata * per_stratum + positions // strata
     data = jax.tree.map(
         lambda stored, new: stored.at[slots].set(
             new.astype(stored.dtype), unique_indices=True, mode="promise_in_bounds"
@@ -195,32 +202,82 @@ def replay_add(buffer: ReplayBuffer, transitions: Any) -> ReplayBuffer:
     )
 
 
-def replay_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Any:
+def _check_strata(strata: int, capacity: int) -> int:
+    if isinstance(strata, bool) or not isinstance(strata, (int, np.integer)) or strata < 1 or capacity % strata:
+        raise ValueError(f"strata must be a positive divisor of the capacity ({capacity}), got {strata!r}.")
+    return int(strata)
+
+
+def stratum_sizes(size: jax.Array, capacity: int, strata: int, first: Any = 0, count: int | None = None) -> jax.Array:
+    """The filled slots of strata ``first .. first + count - 1`` (default: all ``strata``) of a buffer holding
+    ``size`` transitions: stratum ``s`` has taken every ``strata``-th transition from the ``s``-th, so it holds
+    ``min(ceil((size - s) / strata), capacity / strata)`` (a buffer that has wrapped is full)."""
+    count = strata if count is None else count
+    s = first + jnp.arange(count, dtype=jnp.int32)
+    return jnp.clip((size - s + strata - 1) // strata, 0, capacity // strata).astype(jnp.int32)
+
+
+def sample_strata(
+    data: Any, key: jax.Array, rows_per_stratum: int, strata: int, sizes: jax.Array, first: Any = 0
+) -> Any:
+    """``rows_per_stratum`` transitions from each stratum held in ``data`` (the slots of ``len(sizes)``
+    consecutive strata, the first being stratum ``first`` of ``strata``), stratum by stratum.
+
+    Stratum ``s`` draws its indices with ``jax.random.randint`` from ``{0, .., sizes[s] - 1}`` with its own key,
+    ``fold_in(key, s)`` (``key`` itself when ``strata == 1``), so what it draws depends on ``key`` and ``s`` only:
+    the whole buffer and a device holding some of its strata (:func:`lpjax.sharding.sharded_replay_sample`) draw
+    the same transitions. This is the body of :func:`replay_sample`."""
+    count = int(sizes.shape[0])
+    per_stratum = jax.tree.leaves(data)[0].shape[0] // count
+
+    def draw(stratum_key, size):
+        return jax.random.randint(stratum_key, (rows_per_stratum,), 0, jnp.maximum(size, 1), dtype=jnp.int32)
+
+    if strata == 1:
+        indices = draw(key, sizes[0])
+    else:
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, first + jnp.arange(count, dtype=jnp.int32))
+        offsets = jnp.arange(count, dtype=jnp.int32)[:, None] * per_stratum
+        indices = (jax.vmap(draw)(keys, sizes) + offsets).reshape(-1)
+    return jax.tree.map(lambda stored: stored.at[indices].get(mode="promise_in_bounds"), data)
+
+
+def replay_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int, strata: int = 1) -> Any:
     """Samples ``batch_size`` transitions uniformly from the filled slots, with replacement.
 
-    Each index is drawn independently from ``{0, .., size-1}`` with ``jax.random.randint``. Jittable;
-    ``batch_size`` is static.
+    With one stratum each index is drawn independently from ``{0, .., size-1}`` with ``jax.random.randint``.
+    With ``strata`` S (the number the buffer is added to with, see :func:`replay_add`) the sample is stratified:
+    rows ``[s B / S, (s + 1) B / S)`` of the batch come from stratum ``s`` (:func:`sample_strata`). The strata
+    hold every S-th transition, so their sizes differ by at most one and each is a uniform sample of the buffer's
+    contents; a data-parallel learner keeps the strata on different devices, and each device samples the batch
+    rows it trains on from its own (:func:`lpjax.sharding.sharded_replay_sample`), whatever the number of devices.
+    Jittable; ``batch_size`` and ``strata`` are static.
 
     An empty buffer (``size == 0``) cannot raise under ``jit``: it returns ``batch_size`` copies of slot 0, i.e.
-    the all-zero transitions written by :func:`replay_init`. Guard on the host with :func:`replay_can_sample`
-    (or under ``jit`` with ``lax.cond`` on it).
+    the all-zero transitions written by :func:`replay_init` (an empty stratum likewise returns its first slot).
+    Guard on the host with :func:`replay_can_sample` (or under ``jit`` with ``lax.cond`` on it).
 
     Args:
       buffer: the buffer.
       key: a PRNG key (typed ``jax.random.key`` or raw ``jax.random.PRNGKey``).
-      batch_size: number of transitions, ``1 <= batch_size <= capacity``.
+      batch_size: number of transitions, ``1 <= batch_size <= capacity``, a multiple of ``strata``.
+      strata: the number of strata.
 
     Returns:
       A pytree with the structure of the example transition whose leaves have a leading axis ``batch_size``.
 
     Raises:
-      ValueError: (when traced) if ``batch_size`` is not an integer in ``[1, capacity]``.
+      ValueError: (when traced) if ``batch_size`` is not an integer in ``[1, capacity]``, or ``strata`` does not
+        divide both the capacity and ``batch_size``.
     """
     capacity = buffer.capacity
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 0 < batch_size <= capacity:
         raise ValueError(f"batch_size must be an integer in [1, capacity={capacity}], got {batch_size!r}.")
-    indices = jax.random.randint(key, (int(batch_size),), 0, jnp.maximum(buffer.size, 1), dtype=jnp.int32)
-    return jax.tree.map(lambda stored: stored.at[indices].get(mode="promise_in_bounds"), buffer.data)
+    strata = _check_strata(strata, capacity)
+    if batch_size % strata:
+        raise ValueError(f"batch_size ({batch_size}) must be a multiple of the replay's strata ({strata}).")
+    sizes = stratum_sizes(buffer.size, capacity, strata)
+    return sample_strata(buffer.data, key, int(batch_size) // strata, strata, sizes)
 
 
 def replay_can_sample(buffer: ReplayBuffer, batch_size: int) -> jax.Array:

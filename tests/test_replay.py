@@ -7,7 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.replay import ReplayBuffer, replay_add, replay_can_sample, replay_init, replay_nbytes, replay_sample
+from lpjax.replay import (
+    ReplayBuffer,
+    replay_add,
+    replay_can_sample,
+    replay_init,
+    replay_nbytes,
+    replay_sample,
+    sample_strata,
+    stratum_sizes,
+)
 
 
 def _example(obs_shape=(3,)):
@@ -227,3 +236,52 @@ def test_a_float16_buffer_stores_float_leaves_in_float16_and_keeps_uint8():
         np.asarray(buffer.data["obs"][0]), np.asarray(transition["obs"][0]).astype(np.float16)
     )
     assert replay_nbytes(buffer) < replay_nbytes(replay_init(example, 8))
+
+
+def _numbered(capacity, added, strata):
+    buffer = replay_init({"x": jnp.zeros([], jnp.int32)}, capacity)
+    for i in range(added):
+        buffer = replay_add(buffer, {"x": jnp.asarray([i], jnp.int32)}, strata)
+    return buffer
+
+
+def test_strata_take_the_transitions_in_turn_and_wrap_within_themselves():
+    buffer = _numbered(capacity=8, added=11, strata=2)
+    # stratum 0 (slots 0-3) holds the even transitions, stratum 1 (slots 4-7) the odd ones; 8, 9 and 10 overwrote
+    # the oldest of their stratum
+    np.testing.assert_array_equal(buffer.data["x"], [8, 10, 4, 6, 9, 3, 5, 7])
+    assert int(buffer.size) == 8 and int(buffer.insert_pos) == 3
+
+
+def test_one_stratum_is_the_plain_ring_buffer():
+    plain, stratified = _numbered(8, 11, 1), replay_init({"x": jnp.zeros([], jnp.int32)}, 8)
+    for i in range(11):
+        stratified = replay_add(stratified, {"x": jnp.asarray([i], jnp.int32)})
+    np.testing.assert_array_equal(plain.data["x"], stratified.data["x"])
+    key = jax.random.key(5)
+    np.testing.assert_array_equal(replay_sample(plain, key, 6, strata=1)["x"], replay_sample(plain, key, 6)["x"])
+
+
+def test_each_stratum_fills_its_batch_rows_from_its_own_filled_slots():
+    buffer = _numbered(capacity=40, added=7, strata=4)  # strata hold 2, 2, 2 and 1 transitions
+    np.testing.assert_array_equal(stratum_sizes(buffer.size, 40, 4), [2, 2, 2, 1])
+    for seed in range(20):
+        rows = np.asarray(replay_sample(buffer, jax.random.key(seed), 8, strata=4)["x"]).reshape(4, 2)
+        for stratum in range(4):
+            assert set(rows[stratum]) <= {i for i in range(7) if i % 4 == stratum}
+
+
+def test_a_stratum_draws_the_same_rows_alone_as_with_the_others():
+    buffer = _numbered(capacity=40, added=33, strata=4)
+    key = jax.random.key(1)
+    whole = np.asarray(replay_sample(buffer, key, 12, strata=4)["x"])
+    sizes = stratum_sizes(buffer.size, 40, 4, first=2, count=2)
+    part = sample_strata({"x": buffer.data["x"][20:]}, key, 3, 4, sizes, first=2)
+    np.testing.assert_array_equal(part["x"], whole[6:])
+
+
+@pytest.mark.parametrize(("capacity", "batch", "strata"), [(10, 4, 3), (12, 4, 3), (12, 6, 0)])
+def test_strata_must_divide_the_capacity_and_the_batch(capacity, batch, strata):
+    buffer = replay_init({"x": jnp.zeros([])}, capacity)
+    with pytest.raises(ValueError, match="strata|multiple"):
+        replay_sample(buffer, jax.random.key(0), batch, strata=strata)

@@ -10,6 +10,7 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from experiments.devices import mesh_config_fields
 from lpjax.agents.d4pg import D4PGConfig
 
 
@@ -36,7 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_episodes = 5
     config.log_every = 100  # learner updates between two training-metric rows
     config.checkpoint_every = 50_000  # environment steps
+    config.replay_shards = config_dict.placeholder(int)  # replay strata; None: the mesh's device count
     config.save_replay = True
+    mesh_config_fields(config)  # config.mesh.data/fsdp, config.distributed (experiments.devices)
     config.agent = ml_collections.ConfigDict(dataclasses.asdict(D4PGConfig()))
     # None, typed: config_flags refuses to override a None-valued field (--config.agent.methods.moment_dtype=bf16).
     config.agent.methods.moment_dtype = config_dict.placeholder(str)

@@ -10,6 +10,7 @@ import dataclasses
 
 import ml_collections
 
+from experiments.devices import mesh_config_fields
 from lpjax.agents.grpo import GRPOConfig, RolloutConfig
 
 
@@ -26,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_prompts = 512
     config.log_every = 10
     config.checkpoint_every = 200
+    mesh_config_fields(config)  # config.mesh.data/fsdp, config.distributed (experiments.devices)
     agent = dataclasses.asdict(GRPOConfig(learning_rate=3e-4, rollout=RolloutConfig.preset("fp32")))
     config.agent = ml_collections.ConfigDict(agent)
     return config

@@ -10,6 +10,7 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from experiments.devices import mesh_config_fields
 from lpjax.agents.sac import SACConfig
 
 
@@ -29,9 +30,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.log_every = 1000
     config.checkpoint_every = 50_000  # at the first episode end (dm_control) or chunk end (brax) after each multiple
     config.replay_dtype = config_dict.placeholder(str)  # None: float32; "fp16": floats stored in float16 (host loop)
+    config.replay_shards = config_dict.placeholder(int)  # replay strata; None: the mesh's device count
     config.save_replay = True  # checkpoints hold the replay buffer, so a resumed run is bit-identical
     config.brax_backend = "spring"
     config.brax_num_envs = 1
+    mesh_config_fields(config)  # config.mesh.data/fsdp, config.distributed (experiments.devices)
     config.agent = ml_collections.ConfigDict(dataclasses.asdict(SACConfig()))
     # None, typed: config_flags refuses to override a None-valued field (--config.agent.methods.moment_dtype=bf16).
     config.agent.methods.moment_dtype = config_dict.placeholder(str)

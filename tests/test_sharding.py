@@ -1,0 +1,139 @@
+"""lpjax.sharding: meshes, the FSDP rule, replay layout, bytes per device, joining processes.
+
+The tests that need several devices run in a subprocess with forced CPU devices (tests.multidevice).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from lpjax import sharding
+from tests.multidevice import run_on_devices
+
+
+@pytest.mark.parametrize(
+    ("shape", "fsdp", "spec"),
+    [
+        ((64, 32), 1, P()),  # data parallel: everything replicated
+        ((64, 32), 2, P("fsdp")),  # the largest divisible axis
+        ((32, 64), 4, P(None, "fsdp")),
+        ((6, 8), 4, P(None, "fsdp")),  # 6 is not divisible by 4
+        ((6, 10), 4, P()),  # no axis divisible
+        ((64,), 2, P()),  # vectors (biases, norms) stay replicated
+        ((), 2, P()),  # scalars: counters, the loss scale
+        ((16, 16), 2, P("fsdp")),  # a tie: the first axis
+    ],
+)
+def test_fsdp_spec_splits_the_largest_divisible_axis_of_matrices(shape, fsdp, spec):
+    assert sharding.fsdp_spec(shape, fsdp) == spec
+
+
+def test_a_one_by_one_mesh_uses_the_first_device_and_bad_meshes_say_why():
+    mesh = sharding.make_mesh()
+    assert mesh.devices.shape == (1, 1) and mesh.axis_names == sharding.MESH_AXES
+    with pytest.raises(ValueError, match="force devices"):
+        sharding.make_mesh(data=4)
+    with pytest.raises(ValueError, match="positive integer"):
+        sharding.make_mesh(data=0)
+    with pytest.raises(ValueError, match="Unknown mesh config keys"):
+        sharding.mesh_from_config({"model": 2})
+
+
+def test_replay_layout_needs_strata_that_fit_the_devices_the_capacity_and_the_batch():
+    sharding.check_replay_layout(capacity=100, batch_size=8, strata=4, mesh=None)
+    with pytest.raises(ValueError, match=r"replay_shards \(3\)"):
+        sharding.check_replay_layout(capacity=100, batch_size=8, strata=3, mesh=None)
+
+
+def test_bytes_per_device_reads_shapes_only_and_counts_keys_as_their_words():
+    state = {"w": jnp.ones((8, 6), jnp.float16), "b": jnp.ones(6), "key": jax.random.key(0)}
+    mesh = sharding.make_mesh()
+    shardings = sharding.state_shardings(state, mesh)
+    expected = 8 * 6 * 2 + 6 * 4 + 2 * 4
+    assert sharding.bytes_per_device(state, shardings) == expected
+    assert sharding.bytes_per_device(jax.eval_shape(lambda: state), shardings) == expected
+
+
+def test_initialize_distributed_reads_the_environment_and_does_nothing_without_a_coordinator(monkeypatch):
+    for name in sharding.DISTRIBUTED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert sharding.initialize_distributed() is False
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    with pytest.raises(ValueError, match="coordinator_address"):
+        sharding.initialize_distributed()
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    assert sharding.initialize_distributed(num_processes=4) is True
+    assert calls == [{"coordinator_address": "10.0.0.1:1234", "num_processes": 4, "process_id": 1}]
+
+
+def test_on_four_devices_the_replay_is_sampled_where_it_lies_and_equals_one_device():
+    result = run_on_devices(
+        """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from lpjax import sharding
+from lpjax.replay import replay_add, replay_init, replay_sample
+
+buffer = replay_init({"x": jnp.zeros([], jnp.int32), "v": jnp.zeros(3)}, 64)
+for i in range(45):
+    buffer = replay_add(buffer, {"x": jnp.asarray([i], jnp.int32), "v": jnp.full((1, 3), i, jnp.float32)}, 8)
+key = jax.random.key(3)
+expected = replay_sample(buffer, key, 16, strata=8)
+out = {}
+for data, fsdp in [(4, 1), (2, 2)]:
+    mesh = sharding.make_mesh(data, fsdp)
+    placed = sharding.put_global(buffer, sharding.learner_shardings({"replay": buffer}, mesh)["replay"])
+    sample = jax.jit(lambda b, k: sharding.sharded_replay_sample(b, k, 16, 8, mesh))
+    batch = sample(placed, key)
+    hlo = sample.lower(placed, key).compile().as_text()
+    device_rows = [sorted(int(v) % 8 for v in np.asarray(s.data)) for s in batch["x"].addressable_shards]
+    out[f"{data}x{fsdp}"] = {
+        "equal": all(np.array_equal(batch[k], expected[k]) for k in expected),
+        "strata_per_device": [sorted(set(rows)) for rows in device_rows],
+        "moves_transitions": any(op in hlo for op in ("all-gather", "all-to-all", "collective-permute")),
+    }
+print(json.dumps(out))
+""",
+        devices=4,
+    )
+    for mesh in ("4x1", "2x2"):
+        assert result[mesh]["equal"], result  # bit-identical to sampling the whole buffer on one device
+        # device d trains on the rows of strata 2d and 2d + 1 (transition i lies in stratum i mod 8) ...
+        assert result[mesh]["strata_per_device"] == [[0, 1], [2, 3], [4, 5], [6, 7]], result
+        # ... which it holds: no transition crosses devices
+        assert not result[mesh]["moves_transitions"], result
+
+
+def test_state_shardings_replicate_keys_and_follow_shapes():
+    result = run_on_devices(
+        """
+import json
+import jax, jax.numpy as jnp
+from lpjax import sharding
+mesh = sharding.make_mesh(1, 4)
+state = {"w": jnp.ones((8, 16)), "m": jnp.ones((8, 16)), "b": jnp.ones(16), "key": jax.random.key(0)}
+placed = sharding.put_global(state, sharding.state_shardings(state, mesh))
+print(json.dumps({
+    name: [list(leaf.sharding.spec), [list(s.data.shape) for s in leaf.addressable_shards][:1]]
+    for name, leaf in placed.items() if name != "key"
+} | {"key": placed["key"].sharding.is_fully_replicated,
+     "bytes": sharding.bytes_per_device(placed, sharding.state_shardings(placed, mesh))}))
+""",
+        devices=4,
+    )
+    assert result["w"] == result["m"] == [[None, "fsdp"], [[8, 4]]]
+    assert result["b"] == [[], [[16]]]
+    assert result["key"] is True
+    assert result["bytes"] == (2 * 8 * 4 + 16) * 4 + 8
+
+
+def test_global_batch_splits_rows_over_every_device():
+    batch = {"x": np.arange(8, dtype=np.float32)}
+    placed = sharding.global_batch(batch, sharding.make_mesh())
+    np.testing.assert_array_equal(placed["x"], batch["x"])
+    assert placed["x"].sharding.spec == P(sharding.MESH_AXES)
