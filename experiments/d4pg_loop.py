@@ -10,6 +10,12 @@ learner (D4PG state, replay buffer, PRNG key) and the coordinator's counters; ``
 latest. Actors are stateless between chunks, so a resumed run restarts them; the steps of jobs that were in
 flight at the checkpoint are the only data lost. Actor-learner runs are not bit-reproducible (the order in which
 actors report depends on timing), unlike the single-process SAC loop.
+
+On a mesh (``config.mesh``, see :mod:`lpjax.sharding`) the learner is data parallel like SAC's: the D4PG state is
+replicated (split over ``"fsdp"`` with ``mesh.fsdp > 1``), the replay buffer's ``config.replay_shards`` strata
+(default: the device count) are spread over the devices, and each device samples and trains on its share of every
+batch. The actors are unchanged: they pull the policy from the parameter server and hand their chunks to the
+learner, which inserts them into the sharded buffer.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import ml_collections
 import numpy as np
 
 import lpjax.envs
+from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, replay_strata
 from experiments.run import RunSpec, check_config, check_resumable, run
 from lpjax.agents import d4pg
 from lpjax.checkpoint import Checkpointer
@@ -41,7 +48,8 @@ from lpjax.distributed import (
 )
 from lpjax.distributed.backends import BACKENDS
 from lpjax.inference import RUNTIMES
-from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
+from lpjax.replay import ReplayBuffer, replay_add, replay_init
+from lpjax.sharding import constrain, learner_shardings, put_global, put_replicated, sample_replay
 
 
 class LearnerState(NamedTuple):
@@ -81,30 +89,35 @@ def validate(config: ml_collections.ConfigDict) -> d4pg.D4PGConfig:
     return agent
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _insert(replay: ReplayBuffer, transitions: dict) -> ReplayBuffer:
-    return replay_add(replay, transitions)
+@functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("strata", "mesh"))
+def _insert(replay: ReplayBuffer, transitions: dict, strata: int, mesh: jax.sharding.Mesh | None) -> ReplayBuffer:
+    return constrain(replay_add(replay, transitions, strata), mesh)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _learn(state: LearnerState) -> tuple[LearnerState, dict]:
+@functools.partial(jax.jit, donate_argnums=(0,), static_argnames=("strata", "mesh"))
+def _learn(state: LearnerState, strata: int, mesh: jax.sharding.Mesh | None) -> tuple[LearnerState, dict]:
     key, batch_key = jax.random.split(state.key)
-    batch = replay_sample(state.replay, batch_key, state.agent.config.batch_size)
+    batch = sample_replay(state.replay, batch_key, state.agent.config.batch_size, strata, mesh)
     agent, metrics = d4pg.update(state.agent, batch)
-    return LearnerState(agent, state.replay, key), metrics
+    return constrain(LearnerState(agent, state.replay, key), mesh), metrics
 
 
 class D4PGLearner:
-    """The learner side of :class:`lpjax.distributed.ActorLearner` for D4PG."""
+    """The learner side of :class:`lpjax.distributed.ActorLearner` for D4PG, on one device (``mesh=None``) or
+    data parallel on ``mesh`` with a replay buffer of ``strata`` strata (:func:`lpjax.sharding.sample_replay`).
+    A state given on one device is placed on the mesh."""
 
-    def __init__(self, state: LearnerState, runtime: str):
-        self.state, self.runtime = state, runtime
+    def __init__(self, state: LearnerState, runtime: str, strata: int = 1, mesh: jax.sharding.Mesh | None = None):
+        self.runtime, self.strata, self.mesh = runtime, strata, mesh
+        self.state = state if mesh is None else put_global(state, learner_shardings(state, mesh))
 
     def insert(self, transitions: dict[str, np.ndarray]) -> None:
-        self.state = self.state._replace(replay=_insert(self.state.replay, transitions))
+        if self.mesh is not None:
+            transitions = put_replicated(transitions, self.mesh)
+        self.state = self.state._replace(replay=_insert(self.state.replay, transitions, self.strata, self.mesh))
 
     def update(self) -> dict[str, Any]:
-        self.state, metrics = _learn(self.state)
+        self.state, metrics = _learn(self.state, self.strata, self.mesh)
         return metrics
 
     def policy_blob(self) -> bytes:
@@ -165,11 +178,18 @@ class ActorLearnerRun:
     """ActorQ's D4PG for :func:`experiments.run.run`: ``advance`` lets the coordinator run actors and learner
     until ``limit`` environment steps; checkpoints hold the learner and the coordinator's counters."""
 
-    def __init__(self, config: ml_collections.ConfigDict, agent_config: d4pg.D4PGConfig, run_dir: pathlib.Path):
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        agent_config: d4pg.D4PGConfig,
+        run_dir: pathlib.Path,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
         self.config, self.agent_config, self.run_dir = config, agent_config, run_dir
         env = lpjax.envs.make(config.env, seed=config.seed)
         self.eval_env = lpjax.envs.make(config.env, seed=config.seed + lpjax.envs.EVAL_SEED_OFFSET)
-        self.learner = D4PGLearner(init_learner(config, agent_config, env), config.actor_runtime)
+        strata = replay_strata(config, mesh, agent_config.batch_size)
+        self.learner = D4PGLearner(init_learner(config, agent_config, env), config.actor_runtime, strata, mesh)
         self.counters = Counters()
         self.backend = self.coordinator = None
         self.reported, self.started = 0, time.perf_counter()
@@ -186,8 +206,11 @@ class ActorLearnerRun:
         self._start_actors(context)
 
     def restore(self, checkpointer: Checkpointer, step: int) -> None:
-        state, metadata = checkpointer.restore(step, target=self.learner.state)
+        state, metadata = checkpointer.restore(step, target=self.learner.state)  # onto this run's mesh
         self.learner.state, self.counters = state, Counters(**metadata["counters"])
+        self.learner.strata = replay_strata(
+            self.config, self.learner.mesh, self.agent_config.batch_size, metadata.get(REPLAY_SHARDS_METADATA, 1)
+        )
 
     def _start_actors(self, context) -> None:
         config, agent_config, counters = self.config, self.agent_config, self.counters
@@ -256,7 +279,7 @@ class ActorLearnerRun:
 
     def checkpoint(self) -> tuple[LearnerState, dict]:
         state = self.learner.state if self.config.save_replay else self.learner.state._replace(replay=None)
-        return state, {"counters": dataclasses.asdict(self.live_counters)}
+        return state, {"counters": dataclasses.asdict(self.live_counters), REPLAY_SHARDS_METADATA: self.learner.strata}
 
     def summary(self) -> dict[str, Any]:
         """``updates``, ``restarts``; writes ``actor_learner.json`` (throughput, time split, restarts)."""
@@ -283,6 +306,10 @@ def train(
     """
     agent_config = validate(config)
     check_resumable("D4PG run", config, resume)
+    mesh = learner_mesh(config)
+    if not resume:  # a resumed run's strata come from its checkpoint
+        strata = replay_strata(config, mesh, agent_config.batch_size)
+        check_config("D4PG run", [(config.min_replay_size >= strata, "min_replay_size must be >= replay_shards")])
     spec = RunSpec(
         kind="D4PG run",
         unit="env_steps",
@@ -296,7 +323,7 @@ def train(
         config,
         run_dir,
         spec,
-        lambda: ActorLearnerRun(config, agent_config, pathlib.Path(run_dir)),
+        lambda: ActorLearnerRun(config, agent_config, pathlib.Path(run_dir), mesh),
         resume=resume,
         progress=progress,
     )

@@ -41,7 +41,7 @@ from lpjax.methods import nest_method_fields
 from lpjax.precision import dtype_of
 from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, with_float_dtype
 from lpjax.run_logging import CONFIG_FILE
-from lpjax.sharding import constrain, learner_shardings, put_global, replicated, sample_replay
+from lpjax.sharding import constrain, learner_shardings, put_global, put_replicated, sample_replay
 
 EPISODE_SEED_STRIDE = 1_000_003
 
@@ -251,7 +251,7 @@ class HostLearner:
             }
             learn = self.step + 1 > config.seed_steps
             if self.mesh is not None:  # one global (replicated) transition, fed by every process
-                transition = put_global(transition, jax.tree.map(lambda _: replicated(self.mesh), transition))
+                transition = put_replicated(transition, self.mesh)
             loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step, self.strata, self.mesh)
             self.updates_done += config.updates_per_step if learn else 0
             self.obs, self.episode_return = next_obs, self.episode_return + reward

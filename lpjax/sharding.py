@@ -204,6 +204,12 @@ def put_global(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(put, tree, shardings)
 
 
+def put_replicated(tree: Any, mesh: Mesh) -> Any:
+    """:func:`put_global` with every leaf replicated: a value every process holds (a transition, a chunk of them)
+    as one global array."""
+    return put_global(tree, jax.tree.map(lambda _: replicated(mesh), tree))
+
+
 def sample_replay(buffer: ReplayBuffer, key: jax.Array, batch_size: int, strata: int, mesh: Mesh | None) -> Any:
     """A learner's batch: :func:`sharded_replay_sample` on a mesh, :func:`lpjax.replay.replay_sample` without
     one (both draw the same transitions)."""
