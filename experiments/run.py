@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import jax
 import tqdm
 
 from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
@@ -263,6 +264,15 @@ class Learner(Protocol):
         """Releases what the learner holds (environments, actors); called however the run ends."""
 
 
+def process_log_dir(run_dir: pathlib.Path) -> pathlib.Path:
+    """Where this process logs: ``run_dir`` for the first process of a run (the only one of a single-process
+    run), ``run_dir/process<i>`` for the others. Every process of a multi-process run saves the checkpoints
+    together (orbax writes each array's shards from the processes that hold them) into ``run_dir/checkpoints``,
+    which must be one directory that all of them see (a shared filesystem)."""
+    index = jax.process_index()
+    return run_dir if index == 0 else run_dir / f"process{index}"
+
+
 def run(
     config: Any,
     run_dir: str | pathlib.Path,
@@ -278,6 +288,7 @@ def run(
       ValueError: ``run_dir`` holds checkpoints and ``resume`` is False (before any compute).
     """
     run_dir = pathlib.Path(run_dir)
+    log_dir = process_log_dir(run_dir)
     if resume and (run_dir / "checkpoints").is_dir():
         check_resume_config(run_dir, config)
     checkpointer, last_saved = open_checkpoints(run_dir, resume)
@@ -285,10 +296,10 @@ def run(
     status, final_eval, extras = "finished", None, {}
     try:
         learner = make_learner()
-        logger = RunLogger(run_dir, config=config)
+        logger = RunLogger(log_dir, config=config)
         bar = tqdm.tqdm(
             total=spec.total,
-            disable=not progress,
+            disable=not progress or jax.process_index() > 0,
             unit=spec.unit.removesuffix("s").replace("_", " "),
             dynamic_ncols=True,
         )
@@ -334,7 +345,7 @@ def run(
         for resource in (learner, checkpointer, logger):
             if resource is not None:
                 resource.close()
-    curve = plot_run_curve(run_dir, spec.title, spec.curve, plot_nonfinite=spec.plot_nonfinite)
+    curve = plot_run_curve(log_dir, spec.title, spec.curve, plot_nonfinite=spec.plot_nonfinite)
     return {
         "status": status,
         spec.unit: learner.position(),

@@ -37,11 +37,12 @@ def _result(proc: subprocess.CompletedProcess | tuple[int, str, str], what: str)
     return json.loads(lines[-1])
 
 
-def run_on_devices(code: str, devices: int, timeout: float = 300) -> dict:
-    """Runs ``code`` (dedented) in a subprocess with ``devices`` forced CPU devices; returns its last JSON line."""
+def run_on_devices(code: str, devices: int, timeout: float = 300, env: dict[str, str] | None = None) -> dict:
+    """Runs ``code`` (dedented) in a subprocess with ``devices`` forced CPU devices (and the variables ``env``);
+    returns its last JSON line."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=_environment(devices),
+        env=_environment(devices, env),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -57,11 +58,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_processes(code: str, processes: int, devices_per_process: int, timeout: float = 300) -> list[dict]:
+def run_processes(
+    code: str, processes: int, devices_per_process: int, timeout: float = 300, env: dict[str, str] | None = None
+) -> list[dict]:
     """Runs ``code`` as ``processes`` processes of one JAX run on localhost (``JAX_COORDINATOR_ADDRESS``,
     ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``, read by :func:`lpjax.sharding.initialize_distributed`), each with
-    ``devices_per_process`` forced CPU devices; returns each process's last JSON line, in process order. A process
-    that fails or outlives ``timeout`` fails the call (and the others are killed)."""
+    ``devices_per_process`` forced CPU devices and the variables ``env``; returns each process's last JSON line,
+    in process order. A process that fails or outlives ``timeout`` fails the call (and the others are killed)."""
     address = f"127.0.0.1:{free_port()}"
     children = [
         subprocess.Popen(
@@ -69,6 +72,7 @@ def run_processes(code: str, processes: int, devices_per_process: int, timeout: 
             env=_environment(
                 devices_per_process,
                 {
+                    **(env or {}),
                     "JAX_COORDINATOR_ADDRESS": address,
                     "JAX_NUM_PROCESSES": str(processes),
                     "JAX_PROCESS_ID": str(index),

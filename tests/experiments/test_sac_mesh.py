@@ -182,40 +182,34 @@ import json, os, pathlib, tempfile
 import jax, numpy as np
 from experiments import sac_loop
 from experiments.configs.sac import fp32
-from experiments.devices import learner_mesh
-from experiments.run import RunContext
-from lpjax.run_logging import RunLogger
 from tests.sac_configs import tiny_cartpole
 
-c = tiny_cartpole(fp32, total_steps=260, replay_shards=4)
-c.mesh.data = 4
-mesh = learner_mesh(c)  # joins the processes named by JAX_COORDINATOR_ADDRESS etc., if any
-learner = sac_loop.HostLearner(c, sac_loop.validate(c), mesh)
-
-class Bar:
-    n = 0
-    def update(self, n): self.n += n
-    def set_postfix(self, **kwargs): pass
-
-context = RunContext(RunLogger(pathlib.Path(tempfile.mkdtemp()), config=c), Bar())
-while learner.position() < c.total_steps:
-    learner.advance(c.total_steps, context)
-agent = learner.loop.agent
+run_dir = pathlib.Path(os.environ["RUN_DIR"])  # one directory for every process (a shared filesystem)
+c = tiny_cartpole(fp32, total_steps=250, replay_shards=4, checkpoint_every=200)
+c.mesh.data = 4  # joins the processes named by JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID
+first = sac_loop.train(c, run_dir, progress=False)
+c.total_steps = 300
+second = sac_loop.train(c, run_dir, resume=True, progress=False)
+agent = sac_loop.load_run(run_dir)[1].agent
 params = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves((agent.actor.params, agent.critic.params))]
 print(json.dumps({
     "processes": jax.process_count(), "devices": jax.device_count(), "local": jax.local_device_count(),
+    "steps": [first["env_steps"], second["env_steps"]], "return": second["final_eval"]["return"],
     "sum": [float(p.sum()) for p in params], "first": [float(p.ravel()[0]) for p in params],
-    "return": learner.evaluate()["return"],
 }))
 """
 
 
-def test_two_processes_of_two_devices_train_like_one_process_of_four():
-    one = run_on_devices(MULTIPROCESS, devices=4, timeout=600)
-    both = run_processes(MULTIPROCESS, processes=2, devices_per_process=2, timeout=600)
+def test_two_processes_of_two_devices_train_checkpoint_and_resume_like_one_process_of_four(tmp_path):
+    one = run_on_devices(MULTIPROCESS, devices=4, timeout=600, env={"RUN_DIR": str(tmp_path / "one")})
+    both = run_processes(MULTIPROCESS, 2, devices_per_process=2, timeout=600, env={"RUN_DIR": str(tmp_path / "two")})
     assert [(r["processes"], r["devices"], r["local"]) for r in both] == [(2, 4, 2), (2, 4, 2)]
     assert (one["processes"], one["devices"]) == (1, 4)
     for result in both:
+        assert result["steps"] == one["steps"] == [250, 300]
         assert result["sum"] == pytest.approx(one["sum"], rel=1e-5, abs=1e-5)
         assert result["first"] == pytest.approx(one["first"], rel=1e-5, abs=1e-6)
         assert result["return"] == pytest.approx(one["return"], rel=1e-4)
+    # the first process logs into the run directory, the second into its own; the checkpoints are shared
+    assert (tmp_path / "two" / "metrics.csv").is_file() and (tmp_path / "two" / "process1" / "metrics.csv").is_file()
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["250", "300"]
