@@ -142,6 +142,12 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
             "replay_dtype is implemented by the dm_control loop only; leave it unset for brax and MJX envs",
         ),
         (
+            (config.get("mesh") or {}).get("data", 1) * (config.get("mesh") or {}).get("fsdp", 1) == 1
+            and config.get("replay_shards") in (None, 1),
+            "mesh and replay_shards are implemented by the dm_control loop (experiments.sac_loop); the jitted brax "
+            "and MJX loop runs on one device",
+        ),
+        (
             not config.pixels and not agent.pixels,
             "brax and MJX envs are states only: set pixels=False and agent.pixels=False",
         ),

@@ -51,6 +51,7 @@ def _tiny(**overrides):
         (dict(pixels=True), "states only"),
         (dict(seed_steps=1000), "seed_steps"),
         (dict(replay_capacity=16), "larger than the replay buffer"),
+        (dict(replay_shards=2), "implemented by the dm_control loop"),
     ],
 )
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
