@@ -137,3 +137,58 @@ def test_global_batch_splits_rows_over_every_device():
     placed = sharding.global_batch(batch, sharding.make_mesh())
     np.testing.assert_array_equal(placed["x"], batch["x"])
     assert placed["x"].sharding.spec == P(sharding.MESH_AXES)
+
+
+def test_fsdp_sharded_optimizer_states_and_roundings_equal_one_device():
+    # fp16 parameters updated by hAdam with 8-bit moments (stochastic codes), compound loss scaling and stochastic
+    # rounding, 3 steps on a (1, 4) mesh and on one device: every random draw (the roundings, the moment codes)
+    # must be the same, whatever slice of a leaf a device holds
+    result = run_on_devices(
+        """
+import json
+import jax, jax.numpy as jnp, numpy as np, optax
+from jax.sharding import NamedSharding, PartitionSpec
+from experiments.configs.sac import fp16_sr_8bit
+from lpjax.methods import PrecisionMethods
+from lpjax.optim import method_optimizer
+from lpjax import sharding
+
+methods = PrecisionMethods.from_mapping(fp16_sr_8bit.get_config().agent.methods.to_dict())
+tx = method_optimizer(1e-3, methods, rounding_seed=1)
+rng = np.random.default_rng(0)
+params = {"w": jnp.asarray(rng.normal(size=(64, 48)), jnp.float16), "b": jnp.zeros(48, jnp.float16)}
+grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=(3,) + p.shape) * 100, jnp.float16), params)
+
+@jax.jit
+def train(params, state, grads):
+    def step(carry, g):
+        params, state = carry
+        updates, state = tx.update(g, state, params)
+        return (optax.apply_updates(params, updates), state), None
+    return jax.lax.scan(step, (params, state), grads)[0]
+
+one = train(params, tx.init(params), grads)
+mesh = sharding.make_mesh(1, 4)
+placed = sharding.put_global(params, sharding.state_shardings(params, mesh))
+state = tx.init(placed)
+state = sharding.put_global(state, sharding.state_shardings(state, mesh))
+steps = jax.tree.map(lambda g: NamedSharding(mesh, PartitionSpec(None, *sharding.fsdp_spec(g.shape[1:], 4))), grads)
+four = train(placed, state, sharding.put_global(grads, steps))
+leaves = []
+for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four), strict=True):
+    a, b = np.asarray(a), np.asarray(b)
+    exact = a.dtype != np.float32  # parameters, 8-bit codes, keys, counters
+    close = bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-6, atol=0))
+    leaves.append({"dtype": str(a.dtype), "equal": bool(np.array_equal(a, b)), "close": close, "exact": exact})
+moved = not np.array_equal(np.asarray(one[0]["w"]), np.asarray(params["w"]))
+print(json.dumps({"leaves": leaves, "moved": moved, "spec": list(four[0]["w"].sharding.spec)}))
+""",
+        devices=4,
+    )
+    assert result["spec"] == ["fsdp"] and result["moved"], result
+    dtypes = {leaf["dtype"] for leaf in result["leaves"]}
+    assert {"float16", "float8_e4m3fn", "uint32"} <= dtypes, dtypes
+    for leaf in result["leaves"]:
+        # the float16 parameters, the 8-bit codes and the keys bit for bit; the float32 block scales and loss scale
+        # to float32 rounding (XLA fuses the two programs' moment updates differently)
+        assert leaf["equal"] if leaf["exact"] else leaf["close"], result
