@@ -35,6 +35,7 @@ PYTEST_ARGS   ?=
 # The oldest one also runs the int8 actor runtime, and compares the loss scaler with torch's GradScaler and the
 # int8 runtime with torch's quantize_dynamic (torch has a CPU wheel here only for Python 3.11).
 CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py tests/kernels tests/test_package.py \
+                 tests/test_sharding.py tests/test_replay.py \
                  tests/agents/test_sac.py::test_fp16_with_methods_stays_finite_where_naive_fp16_does_not
 OLDEST_TESTS  := $(CORE_TESTS) tests/inference
 
