@@ -49,7 +49,7 @@ from lpjax.distributed import (
 from lpjax.distributed.backends import BACKENDS
 from lpjax.inference import RUNTIMES
 from lpjax.replay import ReplayBuffer, replay_add, replay_init
-from lpjax.sharding import constrain, learner_shardings, put_global, put_replicated, sample_replay
+from lpjax.sharding import DispatchWindow, constrain, learner_shardings, put_global, put_replicated, sample_replay
 
 
 class LearnerState(NamedTuple):
@@ -105,11 +105,14 @@ def _learn(state: LearnerState, strata: int, mesh: jax.sharding.Mesh | None) -> 
 class D4PGLearner:
     """The learner side of :class:`lpjax.distributed.ActorLearner` for D4PG, on one device (``mesh=None``) or
     data parallel on ``mesh`` with a replay buffer of ``strata`` strata (:func:`lpjax.sharding.sample_replay`).
-    A state given on one device is placed on the mesh."""
+    A state given on one device is placed on the mesh. The coordinator calls :meth:`update` without reading its
+    metrics (except every ``log_every``), so on a mesh a :class:`lpjax.sharding.DispatchWindow` keeps the host
+    at most 8 updates ahead of the devices."""
 
     def __init__(self, state: LearnerState, runtime: str, strata: int = 1, mesh: jax.sharding.Mesh | None = None):
         self.runtime, self.strata, self.mesh = runtime, strata, mesh
         self.state = state if mesh is None else put_global(state, learner_shardings(state, mesh))
+        self.window = DispatchWindow() if mesh is not None else None
 
     def insert(self, transitions: dict[str, np.ndarray]) -> None:
         if self.mesh is not None:
@@ -118,6 +121,8 @@ class D4PGLearner:
 
     def update(self) -> dict[str, Any]:
         self.state, metrics = _learn(self.state, self.strata, self.mesh)
+        if self.window is not None:
+            self.window.push(metrics)
         return metrics
 
     def policy_blob(self) -> bytes:

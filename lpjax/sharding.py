@@ -29,6 +29,10 @@ value.
 ``config.replay_shards`` (default: the device count), and a 1-device run with the same ``replay_shards`` draws the
 same batches. Only the order of floating-point sums differs (the all-reduce adds per-device partial sums).
 
+**Dispatch.** A loop of sharded steps that never reads a result must bound how far it runs ahead of the devices
+(:class:`DispatchWindow`): on XLA:CPU with several devices (jaxlib 0.10), more than 32 launches in flight per
+device deadlock a collective, and the process aborts with "Termination timeout for all reduce".
+
 **Multi-process.** :func:`initialize_distributed` joins the processes (``jax.distributed.initialize``); every
 process then runs the same program on the global arrays. :func:`put_global` and :func:`global_batch` build global
 arrays from values every process holds in full.
@@ -36,6 +40,7 @@ arrays from values every process holds in full.
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -222,6 +227,38 @@ def global_batch(batch: Any, mesh: Mesh) -> Any:
     """A batch whose rows are split like :func:`batch_sharding` from each process's rows (in process order):
     ``jax.make_array_from_process_local_data``. With one process it is ``jax.device_put`` onto the mesh."""
     return jax.tree.map(lambda rows: jax.make_array_from_process_local_data(batch_sharding(mesh), rows), batch)
+
+
+class DispatchWindow:
+    """Keeps at most ``steps`` jitted steps in flight: :meth:`push` each step's (small) outputs, and once more than
+    ``steps`` are pending it blocks on the oldest. Never push a donated state (its buffers are reused).
+
+    Why: JAX dispatches asynchronously, so a loop that does not read its results runs ahead of the devices. In
+    jaxlib 0.10's XLA:CPU client, the launch of a multi-device program runs on the client's thread pool
+    (``max(cores, devices)`` threads) and waits there for a per-device limit of 32 executions in flight. Once the
+    host is more than 32 launches ahead, waiting launches hold the threads that the running program's collective
+    needs for all its participants: it never completes, and XLA aborts after
+    ``--xla_cpu_collective_call_terminate_timeout_seconds`` (raising it turns the abort into a hang, and
+    ``jax_cpu_enable_async_dispatch=False`` applies to single-device programs only). The default of 8 steps leaves
+    room for 4 multi-device programs per step. See ``docs/multi_device.md``.
+    """
+
+    def __init__(self, steps: int = 8):
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"DispatchWindow: steps must be a positive integer, got {steps!r}.")
+        self.steps = steps
+        self._pending: collections.deque = collections.deque()
+
+    def push(self, outputs: Any) -> None:
+        """Records a step's outputs; blocks on the oldest pending step's when more than ``steps`` are pending."""
+        self._pending.append(outputs)
+        if len(self._pending) > self.steps:
+            jax.block_until_ready(self._pending.popleft())
+
+    def drain(self) -> None:
+        """Blocks until every pending step is done."""
+        while self._pending:
+            jax.block_until_ready(self._pending.popleft())
 
 
 def initialize_distributed(

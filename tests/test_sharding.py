@@ -192,3 +192,49 @@ print(json.dumps({"leaves": leaves, "moved": moved, "spec": list(four[0]["w"].sh
         # the float16 parameters, the 8-bit codes and the keys bit for bit; the float32 block scales and loss scale
         # to float32 rounding (XLA fuses the two programs' moment updates differently)
         assert leaf["equal"] if leaf["exact"] else leaf["close"], result
+
+
+DISPATCH_LOOP = """
+import json
+import jax, jax.numpy as jnp
+from lpjax.sharding import DispatchWindow, batch_sharding, make_mesh, replicated
+
+mesh = make_mesh(data=4)
+w = jax.device_put(jnp.zeros((64, 64)), replicated(mesh))
+x = jax.device_put(jnp.ones((256, 64)), batch_sharding(mesh))
+
+def step(w, x):  # the gradient is an all-reduce over the 4 devices; isfinite is a global decision
+    value, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - 1.0) ** 2))(w)
+    return jnp.where(jnp.all(jnp.isfinite(grad)), w - 1e-2 * grad, w), value
+
+step = jax.jit(step, donate_argnums=0)
+window = DispatchWindow()
+for _ in range(300):  # never read: without the window the host runs 300 steps ahead
+    w, value = step(w, x)
+    window.push(value)
+window.drain()
+print(json.dumps({"loss": float(value), "pending": len(window._pending)}))
+"""
+
+
+def test_a_dispatch_window_keeps_an_unread_sharded_loop_from_deadlocking_its_collectives():
+    # on jaxlib 0.10.2 (make test-oldest) the same loop without the window aborts with "Termination timeout for
+    # all reduce" after 33 steps; short collective timeouts make a deadlock fail in seconds instead of minutes
+    timeouts = {
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
+        "--xla_cpu_collective_call_warn_stuck_timeout_seconds=5 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=15"
+    }
+    result = run_on_devices(DISPATCH_LOOP, devices=4, timeout=120, env=timeouts)
+    assert np.isfinite(result["loss"]) and result["pending"] == 0
+
+
+def test_a_dispatch_window_blocks_on_the_oldest_step_only_past_its_size():
+    window = sharding.DispatchWindow(steps=2)
+    for i in range(5):
+        window.push(jnp.asarray(i))
+        assert len(window._pending) == min(i + 1, 2)
+    window.drain()
+    assert not window._pending
+    with pytest.raises(ValueError, match="positive integer"):
+        sharding.DispatchWindow(steps=0)
