@@ -7,6 +7,8 @@ import pathlib
 import sys
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
     """The command that reproduces this run, for the json."""
@@ -27,3 +29,15 @@ def write_results(
         png_path = out_dir / f"{name}.png"
         plot(result, png_path)
         print(f"wrote {png_path}")
+
+
+def random_transitions(rng: np.random.Generator, rows: int, obs_dim: int, action_dim: int) -> dict[str, np.ndarray]:
+    """A batch of ``rows`` random float32 transitions (normal observations, uniform actions in [-1, 1] and rewards
+    in [0, 1), discount 1), shaped as the off-policy learners sample them: input for timing an update."""
+    return {
+        "obs": rng.standard_normal((rows, obs_dim), np.float32),
+        "action": rng.uniform(-1, 1, (rows, action_dim)).astype(np.float32),
+        "reward": rng.uniform(0, 1, rows).astype(np.float32),
+        "discount": np.ones(rows, np.float32),
+        "next_obs": rng.standard_normal((rows, obs_dim), np.float32),
+    }

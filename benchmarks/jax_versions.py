@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, random_transitions, write_results
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENVIRONMENTS = {"oldest": ".venv-oldest", "newest": ".venv"}
@@ -77,13 +77,7 @@ def worker(reps: int) -> dict:
 
     obs_dim, action_dim, batch_size = 5, 1, 256
     rng = np.random.default_rng(0)
-    batch = {
-        "obs": rng.standard_normal((batch_size, obs_dim), np.float32),
-        "action": rng.uniform(-1, 1, (batch_size, action_dim)).astype(np.float32),
-        "reward": rng.uniform(0, 1, batch_size).astype(np.float32),
-        "discount": np.ones(batch_size, np.float32),
-        "next_obs": rng.standard_normal((batch_size, obs_dim), np.float32),
-    }
+    batch = random_transitions(rng, batch_size, obs_dim, action_dim)
     batch = jax.tree.map(jnp.asarray, batch)
     configs = {
         "fp32": sac.SACConfig(policy="fp32", hidden_dims=(256, 256), batch_size=batch_size),

@@ -129,7 +129,8 @@ class D4PGLearner:
         return encode_policy(self.state.agent.actor.params, self.runtime)
 
 
-def _example_transition(obs: np.ndarray, action_dim: int) -> dict[str, np.ndarray]:
+def example_transition(obs: np.ndarray, action_dim: int) -> dict[str, np.ndarray]:
+    """One transition as the off-policy learners store it (float32), shaped like ``obs`` and ``action_dim``."""
     obs = np.asarray(obs, np.float32)
     return {
         "obs": obs,
@@ -145,7 +146,7 @@ def init_learner(config: ml_collections.ConfigDict, agent_config: d4pg.D4PGConfi
     obs = env.reset(seed=config.seed)
     key, init_key = jax.random.split(jax.random.key(config.seed))
     agent = d4pg.init(init_key, jnp.asarray(obs, jnp.float32), env.action_dim, agent_config)
-    return LearnerState(agent, replay_init(_example_transition(obs, env.action_dim), config.replay_capacity), key)
+    return LearnerState(agent, replay_init(example_transition(obs, env.action_dim), config.replay_capacity), key)
 
 
 def restore_learner(run_dir: str | pathlib.Path) -> tuple[ml_collections.ConfigDict, LearnerState]:
