@@ -65,6 +65,9 @@ def test_bare_config_names_resolve_and_unknown_ones_list_the_choices():
         (dict(total_steps=0), "total_steps"),
         (dict(replay_dtype="fp17"), "Unknown dtype name 'fp17'"),
         (dict(replay_dtype="fp8"), "replay_dtype must be a 16- or 32-bit float"),
+        (dict(mesh=dict(data=4, fsdp=1)), r"4 devices, but there are 1 .*xla_force_host_platform_device_count"),
+        (dict(replay_shards=3), r"replay_shards \(3\) must be a multiple"),
+        (dict(replay_shards=4, seed_steps=2), r"seed_steps must be >= replay_shards - 1 \(3\)"),
     ],
 )
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
