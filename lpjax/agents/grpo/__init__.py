@@ -9,7 +9,9 @@ sampling, sequence-level masked importance sampling, geometric-mean rejection), 
 The maths is model-agnostic: it sees per-token log-probabilities only (see :mod:`lpjax.agents.grpo.algorithm`).
 :class:`GRPOConfig` holds the hyper-parameters, the training precision and the rollout precision
 (:class:`RolloutConfig`, presets :data:`ROLLOUT_PRESETS`); :mod:`lpjax.agents.grpo.learner` runs the iterations
-(rollout, rewards, PPO epochs of minibatch updates, weight sync).
+(rollout, rewards, PPO epochs of minibatch updates, weight sync), on one device or on a ``("data", "fsdp")`` device
+mesh (:func:`place_state`, :func:`check_mesh`: the state split over ``"fsdp"``, the rollout and the update data
+parallel).
 """
 
 from lpjax.agents.grpo.algorithm import (
@@ -27,11 +29,16 @@ from lpjax.agents.grpo.algorithm import (
 from lpjax.agents.grpo.config import ROLLOUT_PRESETS, GRPOConfig, RolloutConfig
 from lpjax.agents.grpo.learner import (
     GRPOState,
+    check_mesh,
     init_state,
     iteration,
     minibatch_indices,
     optimizer,
+    place_state,
+    rows_sharding,
+    sample_on_mesh,
     train_step,
+    training_batch,
     transformer_models,
 )
 
@@ -46,14 +53,19 @@ __all__ = [
     "GRPOConfig",
     "GRPOState",
     "RolloutConfig",
+    "check_mesh",
     "group_advantages",
     "grpo_loss",
     "init_state",
     "iteration",
     "minibatch_indices",
     "optimizer",
+    "place_state",
+    "rows_sharding",
+    "sample_on_mesh",
     "sequence_logprobs",
     "tis_weights",
     "train_step",
+    "training_batch",
     "transformer_models",
 ]
