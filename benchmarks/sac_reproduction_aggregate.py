@@ -16,7 +16,7 @@ import io
 import json
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -261,18 +261,29 @@ def _pooled(recorded: dict, n: int, table: np.ndarray, steps: list) -> dict:
     }
 
 
-def _curves(task: str, config: str, seeds: Sequence[int], runs: dict, previous: dict | None = None) -> dict:
+def _curves(
+    task: str,
+    config: str,
+    seeds: Sequence[int],
+    runs: dict,
+    previous: dict | None = None,
+    previous_seeds: Collection[int] = (),
+) -> dict:
     """Mean +- std over finished seeds (on the evaluation steps they share), and the other seeds' own curves.
 
     Finished seeds recorded without their curve (an earlier aggregation's runs, see :func:`recorded_runs`) are
-    counted through ``previous``, that aggregation's curves of the cell, when it covered exactly them."""
+    counted through ``previous``, that aggregation's curves of the cell, when it pooled exactly the finished seeds
+    in ``previous_seeds`` (the seeds it recorded as final; their runs may be on disk again, or recorded with or
+    without their curve). The seeds finished since are pooled into it."""
     records = {s: runs[(config, task, s)] for s in seeds if (config, task, s) in runs}
-    finished = [r for r in records.values() if r["status"] == "finished"]
+    finished = {s: r for s, r in records.items() if r["status"] == "finished"}
     out: dict[str, Any] = {"finished": None, "diverged": {}, "partial": {}}
-    blind = [r for r in finished if "eval_steps" not in r]
+    blind = [r for r in finished.values() if "eval_steps" not in r]
     earlier = (previous or {}).get("finished")
-    if blind and earlier and earlier.get("n") == len(blind):
-        with_curves = [r for r in finished if "eval_steps" in r]
+    pooled_before = [s for s in finished if s in previous_seeds]
+    finished = list(finished.values())
+    if blind and earlier and earlier.get("n") == len(pooled_before):
+        with_curves = [r for s, r in records.items() if r["status"] == "finished" and s not in previous_seeds]
         if not with_curves:
             out["finished"] = earlier
         else:
@@ -408,7 +419,17 @@ def aggregate(
             or any((c, task, s) in runs and runs[(c, task, s)]["status"] != "missing" for s in seeds)
         ]
         results[task] = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
-        curves[task] = {c: _curves(task, c, seeds, runs, previous_curves.get(task, {}).get(c)) for c in configs}
+        curves[task] = {
+            c: _curves(
+                task,
+                c,
+                seeds,
+                runs,
+                previous_curves.get(task, {}).get(c),
+                {spec.seed for spec in recorded if (spec.config, spec.task) == (c, task)},
+            )
+            for c in configs
+        }
         cells = results[task]
         if "fp32" in cells and "fp16" in cells:
             fp16 = cells["fp16"]

@@ -282,9 +282,28 @@ def test_aggregation_keeps_recorded_runs_whose_directories_are_gone(tmp_path):
     again = agg.aggregate(tmp_path, scale, runs, [], recorded)
     for task, cells in recorded["results"].items():
         for config, cell in cells.items():
-            assert again["results"][task][config] == cell, (task, config)
-            assert again["curves"][task][config] == recorded["curves"][task][config], (task, config)
+            # a run still in progress when the result was written lives in its directory only: without it, its
+            # seed is missing again
+            unfinished = set(cell["incomplete_seeds"])
+            status = {s: "missing" if s in unfinished else v for s, v in cell["seed_status"].items()}
+            assert again["results"][task][config] == dict(cell, incomplete_seeds={}, seed_status=status), (task, config)
+            curves = recorded["curves"][task][config]
+            partial = {s: c for s, c in curves["partial"].items() if s not in unfinished}
+            assert again["curves"][task][config] == dict(curves, partial=partial), (task, config)
     assert again["ablation"] == recorded["ablation"]
     for task, entry in recorded["comparison"].items():
         assert again["comparison"][task]["ratio"] == entry["ratio"]
     assert not agg.aggregate(tmp_path, scale, runs, [], None)["results"]["walker-walk"]["fp32"]["mean"]
+
+
+def test_a_pooled_curve_counts_each_seed_once_whether_it_is_recorded_or_back_on_disk():
+    blind = {"status": "finished", "recorded": True}
+    on_disk = {"status": "finished", "eval_steps": [10, 20], "eval_returns": [4.0, 8.0]}
+    runs = {("fp16", "t", 0): blind, ("fp16", "t", 1): blind, ("fp16", "t", 2): on_disk}
+    earlier = {"finished": {"steps": [10, 20], "mean": [1.0, 2.0], "std": [0.0, 0.0], "n": 2}}
+    # seed 2 finished since the earlier result (which pooled seeds 0 and 1): it joins the pool
+    pooled = agg._curves("t", "fp16", [0, 1, 2], runs, earlier, previous_seeds={0, 1})["finished"]
+    assert pooled["n"] == 3 and pooled["mean"] == pytest.approx([2.0, 4.0])
+    # the earlier result already pooled seed 2 (its directory is back, or it is recorded with its curve): kept as is
+    again = {"finished": pooled}
+    assert agg._curves("t", "fp16", [0, 1, 2], runs, again, previous_seeds={0, 1, 2})["finished"] == pooled
