@@ -17,16 +17,12 @@ from ml_collections import config_dict
 
 from lpjax.sharding import check_replay_layout, initialize_distributed, mesh_from_config
 
-_joined = False
-
 
 def join_processes(config: Any) -> None:
-    """Joins the multi-process run the config (or the environment) describes, once per Python process."""
-    global _joined
-    if _joined:
-        return
-    distributed = dict(config.get("distributed") or {})
-    _joined = initialize_distributed(**distributed)
+    """Joins the multi-process run the config (or the environment) describes, unless this Python process has
+    joined one already (a second run in the same process, or a caller that initialized ``jax.distributed``)."""
+    if not jax.distributed.is_initialized():
+        initialize_distributed(**dict(config.get("distributed") or {}))
 
 
 def learner_mesh(config: Any) -> Mesh | None:
