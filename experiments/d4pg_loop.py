@@ -15,7 +15,8 @@ On a mesh (``config.mesh``, see :mod:`lpjax.sharding`) the learner is data paral
 replicated (split over ``"fsdp"`` with ``mesh.fsdp > 1``), the replay buffer's ``config.replay_shards`` strata
 (default: the device count) are spread over the devices, and each device samples and trains on its share of every
 batch. The actors are unchanged: they pull the policy from the parameter server and hand their chunks to the
-learner, which inserts them into the sharded buffer.
+learner, which inserts them into the sharded buffer. The run stays in one process (several are refused): the
+actors report to it in an order set by timing, which other processes could not follow.
 """
 
 from __future__ import annotations
@@ -313,6 +314,16 @@ def train(
     agent_config = validate(config)
     check_resumable("D4PG run", config, resume)
     mesh = learner_mesh(config)
+    check_config(
+        "D4PG run",
+        [
+            (
+                jax.process_count() == 1,
+                "the actors feed one learner process; run the learner on that process's devices (a mesh of its local "
+                "devices) rather than across processes",
+            )
+        ],
+    )
     if not resume:  # a resumed run's strata come from its checkpoint
         strata = replay_strata(config, mesh, agent_config.batch_size)
         check_config("D4PG run", [(config.min_replay_size >= strata, "min_replay_size must be >= replay_shards")])
