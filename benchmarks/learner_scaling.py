@@ -34,7 +34,7 @@ float16, which would only add conversion time) at a size that runs in seconds (:
 data-parallel meshes (1, 1), (2, 1), (4, 1), and GRPO's ``train_step(..., mesh=mesh)`` (fp32, a small
 transformer; on a mesh it gathers the parameters for the forward pass and constrains the state to its layout) on
 the FSDP meshes (1, 1), (1, 2), (1, 4). Each device count is its own worker process with that many forced host
-devices. The state is placed with ``put_global(state, state_shardings(state, mesh))``, a fixed random batch with
+devices. The state is placed with ``lpjax.sharding.place(state, mesh)``, a fixed random batch with
 ``batch_sharding``; every step is blocked on (``jax.block_until_ready``: XLA:CPU's collectives can time out
 under deep asynchronous dispatch). After ``--warmup`` steps (and more while a step still compiles, see below)
 ``--reps`` steps are timed one by one; a worker reports their median (and min, max). ``--rounds`` rounds run the
@@ -458,7 +458,7 @@ def _sac_step(devices: int, sizes: dict, warmup: int, reps: int, counter: Compil
 
     from experiments.configs.sac import fp32
     from lpjax.agents import sac
-    from lpjax.sharding import batch_sharding, make_mesh, put_global, state_shardings
+    from lpjax.sharding import batch_sharding, make_mesh, place
 
     mesh = make_mesh(devices, 1)
     agent = fp32.get_config().agent.to_dict()
@@ -467,7 +467,7 @@ def _sac_step(devices: int, sizes: dict, warmup: int, reps: int, counter: Compil
     state = jax.jit(sac.init, static_argnums=(2, 3))(
         jax.random.key(0), jnp.zeros(STEP_OBS_DIM), STEP_ACTION_DIM, config
     )
-    state = put_global(state, state_shardings(state, mesh))
+    state = place(state, mesh)
     rng, rows = np.random.default_rng(0), config.batch_size
     batch = random_transitions(rng, rows, STEP_OBS_DIM, STEP_ACTION_DIM)
     batch = jax.device_put(batch, batch_sharding(mesh))
@@ -481,7 +481,7 @@ def _grpo_step(devices: int, sizes: dict, warmup: int, reps: int, counter: Compi
 
     from experiments.configs.grpo import fp32
     from lpjax.agents.grpo import GRPOConfig, init_state, train_step, transformer_models
-    from lpjax.sharding import batch_sharding, make_mesh, put_global, state_shardings
+    from lpjax.sharding import batch_sharding, make_mesh, place
     from lpjax.tasks.synthetic import make_task
 
     mesh = make_mesh(1, devices)
@@ -492,7 +492,7 @@ def _grpo_step(devices: int, sizes: dict, warmup: int, reps: int, counter: Compi
     model, _ = transformer_models(lm, config)
     params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, task.seq_len), jnp.int32))
     state = init_state(params, config)
-    state = put_global(state, state_shardings(state, mesh))
+    state = place(state, mesh)
     rng, rows, length = np.random.default_rng(0), config.batch_size, task.seq_len
     mask = np.zeros((rows, length), np.float32)
     mask[:, task.prompt_len :] = 1.0

@@ -50,7 +50,7 @@ from lpjax.distributed import (
 from lpjax.distributed.backends import BACKENDS
 from lpjax.inference import RUNTIMES
 from lpjax.replay import ReplayBuffer, replay_add, replay_init
-from lpjax.sharding import DispatchWindow, constrain, learner_shardings, put_global, put_replicated, sample_replay
+from lpjax.sharding import DispatchWindow, constrain, place, put_replicated, sample_replay
 
 
 class LearnerState(NamedTuple):
@@ -112,12 +112,11 @@ class D4PGLearner:
 
     def __init__(self, state: LearnerState, runtime: str, strata: int = 1, mesh: jax.sharding.Mesh | None = None):
         self.runtime, self.strata, self.mesh = runtime, strata, mesh
-        self.state = state if mesh is None else put_global(state, learner_shardings(state, mesh))
+        self.state = place(state, mesh)
         self.window = DispatchWindow() if mesh is not None else None
 
     def insert(self, transitions: dict[str, np.ndarray]) -> None:
-        if self.mesh is not None:
-            transitions = put_replicated(transitions, self.mesh)
+        transitions = put_replicated(transitions, self.mesh)
         self.state = self.state._replace(replay=_insert(self.state.replay, transitions, self.strata, self.mesh))
 
     def update(self) -> dict[str, Any]:

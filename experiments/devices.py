@@ -25,16 +25,19 @@ def join_processes(config: Any) -> None:
         initialize_distributed(**dict(config.get("distributed") or {}))
 
 
+def mesh_devices(config: Any) -> int:
+    """The number of devices ``config.mesh`` asks for, ``data * fsdp`` (1 for a config without a mesh)."""
+    mesh = config.get("mesh") or {}
+    return mesh.get("data", 1) * mesh.get("fsdp", 1)
+
+
 def learner_mesh(config: Any) -> Mesh | None:
     """The learner's mesh, after :func:`join_processes`: ``None`` (plain single-device arrays, as before meshes
     existed) for a 1 x 1 mesh of a single process, else :func:`lpjax.sharding.mesh_from_config`. Raises
     ``ValueError`` (one line) for a mesh the devices cannot form."""
     join_processes(config)
-    mesh = dict(config.get("mesh") or {})
-    if mesh.get("data", 1) * mesh.get("fsdp", 1) == 1 and jax.process_count() == 1:
-        mesh_from_config(mesh)  # checks the fields
-        return None
-    return mesh_from_config(mesh)
+    mesh = mesh_from_config(config.get("mesh"))  # checks the fields
+    return None if mesh_devices(config) == 1 and jax.process_count() == 1 else mesh
 
 
 def mesh_config_fields(config: Any) -> None:

@@ -11,7 +11,7 @@ measure the training model's greedy accuracy on a fixed set of held-out prompts.
 
 ``config.mesh`` (``data`` x ``fsdp`` devices, :func:`experiments.devices.learner_mesh`) runs the learner on a
 device mesh, across processes with ``config.distributed``: the training state is split over ``"fsdp"``
-(:func:`lpjax.agents.grpo.place_state`), the rollout engine runs those sharded parameters, and the rollouts, the
+(:func:`lpjax.sharding.place`), the rollout engine runs those sharded parameters, and the rollouts, the
 update and the evaluations are data parallel over all devices (see :mod:`lpjax.agents.grpo.learner`). The warm
 start runs on each process's first device (every process computes the same parameters) and is then placed on the
 mesh. Every process draws the same prompts and keys and runs the same program on the global arrays. A checkpoint
@@ -41,7 +41,6 @@ from lpjax.agents.grpo import (
     check_mesh,
     init_state,
     iteration,
-    place_state,
     rows_sharding,
     sample_on_mesh,
     transformer_models,
@@ -49,7 +48,7 @@ from lpjax.agents.grpo import (
 from lpjax.checkpoint import Checkpointer
 from lpjax.nn.causal_lm import transformer_causal_lm
 from lpjax.rollout import RolloutEngine, SamplingSettings, sample
-from lpjax.sharding import put_global, replicated
+from lpjax.sharding import place, put_global, replicated
 from lpjax.tasks.synthetic import TASKS, make_task, warm_start
 
 EOS_ID = 2
@@ -115,7 +114,7 @@ class GRPOLearner:
     iteration calibrated on its own rollout tokens: a resumed run samples with exactly the scales an uninterrupted
     one would have.
 
-    With a ``mesh`` the state lives on it as :func:`lpjax.agents.grpo.place_state` lays it out, the held-out
+    With a ``mesh`` the state lives on it as :func:`lpjax.sharding.place` lays it out, the held-out
     prompts' rows are split over the devices (replicated when the device count does not divide them), and a
     checkpoint is restored onto this layout: the restore target is the current state, whose leaves carry the
     current mesh's shardings (the KV scales are replicated).
@@ -126,7 +125,7 @@ class GRPOLearner:
         self.warm_model, self.train_model, rollout_model = _models(config, agent, task)
         self.init_tokens = jnp.zeros((1, task.seq_len), jnp.int32)
         self.params = self.warm_model.init(jax.random.key(config.seed), self.init_tokens)
-        self.state = place_state(init_state(_cast_like(self.params, self.train_model, self.init_tokens), agent), mesh)
+        self.state = place(init_state(_cast_like(self.params, self.train_model, self.init_tokens), agent), mesh)
         prompts = task.sample_prompts(np.random.default_rng(EVAL_SEED), config.eval_prompts)
         self.eval_prompts = self._place_rows(prompts)
         self.calibration_tokens = self._place_rows(prompts[:CALIBRATION_PROMPTS])
@@ -154,9 +153,7 @@ class GRPOLearner:
             seed=self.config.seed,
             target_accuracy=self.config.warm_start_target,
         )
-        self.state = place_state(
-            init_state(_cast_like(params, self.train_model, self.init_tokens), self.agent), self.mesh
-        )
+        self.state = place(init_state(_cast_like(params, self.train_model, self.init_tokens), self.agent), self.mesh)
         context.logger.log(
             0,
             {"accuracy": self._accuracy(), "warm_start_steps": float(curve.step[-1]) if len(curve.step) else 0.0},

@@ -51,6 +51,7 @@ import ml_collections
 import numpy as np
 
 import lpjax.envs
+from experiments.devices import mesh_devices
 from experiments.run import Diverged, check_config, check_resumable, run
 from experiments.sac_loop import run_spec
 from lpjax.agents import sac
@@ -142,8 +143,7 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
             "replay_dtype is implemented by the dm_control loop only; leave it unset for brax and MJX envs",
         ),
         (
-            (config.get("mesh") or {}).get("data", 1) * (config.get("mesh") or {}).get("fsdp", 1) == 1
-            and config.get("replay_shards") in (None, 1),
+            mesh_devices(config) == 1 and config.get("replay_shards") in (None, 1),
             "mesh and replay_shards are implemented by the dm_control loop (experiments.sac_loop); the jitted brax "
             "and MJX loop runs on one device",
         ),

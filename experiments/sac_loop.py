@@ -41,7 +41,7 @@ from lpjax.methods import nest_method_fields
 from lpjax.precision import dtype_of
 from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, with_float_dtype
 from lpjax.run_logging import CONFIG_FILE
-from lpjax.sharding import constrain, learner_shardings, put_global, put_replicated, sample_replay
+from lpjax.sharding import constrain, place, put_replicated, sample_replay
 
 EPISODE_SEED_STRIDE = 1_000_003
 
@@ -200,9 +200,7 @@ class HostLearner:
         self.config, self.mesh = config, mesh
         self.strata = replay_strata(config, mesh, agent_config.batch_size)
         self.env, self.eval_env = make_envs(config)
-        self.loop = init_loop(config, agent_config, self.env)
-        if mesh is not None:
-            self.loop = put_global(self.loop, learner_shardings(self.loop, mesh))
+        self.loop = place(init_loop(config, agent_config, self.env), mesh)
         self.step = 0  # host mirror of loop.env_steps (record_and_learn adds exactly 1): no device read per step
         self.obs = None  # the observation of the episode in progress (None between episodes)
         self.episode_return = 0.0
@@ -250,8 +248,7 @@ class HostLearner:
                 "next_obs": next_obs,
             }
             learn = self.step + 1 > config.seed_steps
-            if self.mesh is not None:  # one global (replicated) transition, fed by every process
-                transition = put_replicated(transition, self.mesh)
+            transition = put_replicated(transition, self.mesh)  # on a mesh: one global transition, fed by every process
             loop, metrics = record_and_learn(loop, transition, learn, config.updates_per_step, self.strata, self.mesh)
             self.updates_done += config.updates_per_step if learn else 0
             self.obs, self.episode_return = next_obs, self.episode_return + reward

@@ -209,10 +209,16 @@ def put_global(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(put, tree, shardings)
 
 
-def put_replicated(tree: Any, mesh: Mesh) -> Any:
+def place(tree: Any, mesh: Mesh | None) -> Any:
+    """A learner's state (values every process holds in full, e.g. freshly initialized) as global arrays laid out
+    by :func:`learner_shardings` on ``mesh`` (``mesh=None``: unchanged)."""
+    return tree if mesh is None else put_global(tree, learner_shardings(tree, mesh))
+
+
+def put_replicated(tree: Any, mesh: Mesh | None) -> Any:
     """:func:`put_global` with every leaf replicated: a value every process holds (a transition, a chunk of them)
-    as one global array."""
-    return put_global(tree, jax.tree.map(lambda _: replicated(mesh), tree))
+    as one global array (``mesh=None``: unchanged)."""
+    return tree if mesh is None else put_global(tree, jax.tree.map(lambda _: replicated(mesh), tree))
 
 
 def sample_replay(buffer: ReplayBuffer, key: jax.Array, batch_size: int, strata: int, mesh: Mesh | None) -> Any:

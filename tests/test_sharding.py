@@ -238,3 +238,12 @@ def test_a_dispatch_window_blocks_on_the_oldest_step_only_past_its_size():
     assert not window._pending
     with pytest.raises(ValueError, match="positive integer"):
         sharding.DispatchWindow(steps=0)
+
+
+def test_without_a_mesh_placing_and_replicating_leave_values_as_they_are():
+    tree = {"w": np.ones((2, 3), np.float32)}
+    assert sharding.place(tree, None) is tree
+    assert sharding.put_replicated(tree, None) is tree
+    placed = sharding.place(tree, sharding.make_mesh())
+    np.testing.assert_array_equal(placed["w"], tree["w"])
+    assert placed["w"].sharding.spec == P()

@@ -10,7 +10,7 @@ The maths is model-agnostic: it sees per-token log-probabilities only (see :mod:
 :class:`GRPOConfig` holds the hyper-parameters, the training precision and the rollout precision
 (:class:`RolloutConfig`, presets :data:`ROLLOUT_PRESETS`); :mod:`lpjax.agents.grpo.learner` runs the iterations
 (rollout, rewards, PPO epochs of minibatch updates, weight sync), on one device or on a ``("data", "fsdp")`` device
-mesh (:func:`place_state`, :func:`check_mesh`: the state split over ``"fsdp"``, the rollout and the update data
+mesh (:func:`lpjax.sharding.place`, :func:`check_mesh`: the state split over ``"fsdp"``, the rollout and the update data
 parallel).
 """
 
@@ -34,7 +34,6 @@ from lpjax.agents.grpo.learner import (
     iteration,
     minibatch_indices,
     optimizer,
-    place_state,
     rows_sharding,
     sample_on_mesh,
     train_step,
@@ -60,7 +59,6 @@ __all__ = [
     "iteration",
     "minibatch_indices",
     "optimizer",
-    "place_state",
     "rows_sharding",
     "sample_on_mesh",
     "sequence_logprobs",

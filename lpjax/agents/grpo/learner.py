@@ -27,7 +27,7 @@ pass suffices.
 **On a device mesh** (``mesh``, a :class:`jax.sharding.Mesh` with the axes ``("data", "fsdp")`` of
 :mod:`lpjax.sharding`; ``None`` runs on one device with plain arrays):
 
-* **State (FSDP).** :func:`place_state` splits every parameter with two or more axes over ``"fsdp"``, and every
+* **State (FSDP).** :func:`lpjax.sharding.place` splits every parameter with two or more axes over ``"fsdp"``, and every
   optimizer leaf shaped like it (Adam's or hAdam's moments, the Kahan compensation) the same way
   (:func:`lpjax.sharding.state_shardings`); vectors, scalars, the loss scaler's state and PRNG keys are
   replicated. So the stored state per device is about ``1 / fsdp`` of the whole. A forward pass gathers the
@@ -69,7 +69,7 @@ from lpjax.agents.training import Trainable, gradient_step, network_optimizer, t
 from lpjax.nn.causal_lm import CausalLM, transformer_causal_lm
 from lpjax.optim import loss_scale_or_one
 from lpjax.rollout import SamplingSettings, sample
-from lpjax.sharding import batch_sharding, constrain, put_global, replicated, state_shardings
+from lpjax.sharding import batch_sharding, constrain, put_global, put_replicated, replicated
 
 
 class GRPOState(NamedTuple):
@@ -140,12 +140,6 @@ def check_mesh(config: GRPOConfig, mesh: Mesh | None) -> None:
             "GRPO on a mesh needs jax_threefry_partitionable=True (JAX's default): otherwise random draws depend on "
             "the mesh."
         )
-
-
-def place_state(state: Any, mesh: Mesh | None) -> Any:
-    """``state`` (values every process holds in full, e.g. :func:`init_state`'s) as global arrays laid out by
-    :func:`lpjax.sharding.state_shardings` on ``mesh``; ``mesh=None`` returns it unchanged."""
-    return state if mesh is None else put_global(state, state_shardings(state, mesh))
 
 
 def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
@@ -259,9 +253,9 @@ def train_step(
     ``num_minibatches > 1``. Returns the new state and, per gradient step in order, :func:`grpo_loss`'s metrics
     and ``loss``: arrays of shape ``(ppo_epochs * num_minibatches,)``.
 
-    On a ``mesh`` (see the module docstring) ``state`` is laid out by :func:`place_state`, the batch's rows (and
-    ``key``, replicated) are global arrays on it; the batch and every minibatch are constrained to rows split over
-    the devices, and the state, after every gradient step and on return, to :func:`place_state`'s layout.
+    On a ``mesh`` (see the module docstring) ``state`` is laid out by :func:`lpjax.sharding.place`, the batch's
+    rows (and ``key``, replicated) are global arrays on it; the batch and every minibatch are constrained to rows
+    split over the devices, and the state, after every gradient step and on return, to that layout.
     """
     tx = optimizer(config)
 
@@ -328,7 +322,7 @@ def iteration(
     ``methods.loss_scaling``), the mean ``reward`` and ``response_length``.
 
     On a ``mesh`` (see the module docstring; :func:`check_mesh` first) ``state`` is laid out by
-    :func:`place_state` and ``engine`` holds its parameters (as synced): the prompts' rows are split over the
+    :func:`lpjax.sharding.place` and ``engine`` holds its parameters (as synced): the prompts' rows are split over the
     devices, the rollout and the batch are one SPMD program (:func:`sample_on_mesh`, :func:`training_batch`), and
     the iteration waits for the new state and KV scales before it returns.
     """
@@ -341,7 +335,7 @@ def iteration(
         check_mesh(config, mesh)
         if engine.params is None:
             raise RuntimeError("RolloutEngine.rollout before the first sync: call sync(params, ...) first.")
-        sample_key, shuffle_key = (put_global(k, replicated(mesh)) for k in (sample_key, shuffle_key))
+        sample_key, shuffle_key = put_replicated((sample_key, shuffle_key), mesh)
         batch = _rollout_on_mesh(
             engine.model,
             engine.settings,
