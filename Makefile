@@ -30,6 +30,7 @@ STAMP         := $(VENV)/.installed
 STAMP_NEWEST  := $(VENV_NEWEST)/.installed
 STAMP_OLDEST  := $(VENV_OLDEST)/.installed
 PYTEST_ARGS   ?=
+PY_GPU        ?= python3
 # The short tiers: the numerics, precision policies, optimizers, kernels (interpret mode), one SAC update, and the
 # package (every module imports without the extras; the wheel). They need no extra: no matplotlib, no tensorboardX.
 # The oldest one also runs the int8 actor runtime, and compares the loss scaler with torch's GradScaler and the
@@ -40,7 +41,7 @@ CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py test
 OLDEST_TESTS  := $(CORE_TESTS) tests/inference
 
 .PHONY: python venv venv-newest venv-oldest lint demo numerics-demo test test-newest test-oldest test-notebooks notebooks \
-        test-slow bench clean
+        test-slow test-gpu bench clean
 
 python:
 	@echo "full tier: $(PYTHON)"; echo "newest:    $(PYTHON_NEWEST)"; echo "oldest:    $(PYTHON_OLDEST)"
@@ -88,13 +89,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks and not gpu" $(PYTEST_ARGS)
 
 test-newest: $(STAMP_NEWEST)
-	$(PY_NEWEST) -m pytest -n 2 --dist loadgroup -m "not slow and not torch" $(CORE_TESTS) $(PYTEST_ARGS)
+	$(PY_NEWEST) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not gpu" $(CORE_TESTS) $(PYTEST_ARGS)
 
 test-oldest: $(STAMP_OLDEST)
-	$(PY_OLDEST) -m pytest -n 2 --dist loadgroup -m "not slow" $(OLDEST_TESTS) $(PYTEST_ARGS)
+	$(PY_OLDEST) -m pytest -n 2 --dist loadgroup -m "not slow and not gpu" $(OLDEST_TESTS) $(PYTEST_ARGS)
 
 # Every notebook installs lpjax into one fresh virtualenv with its own first cell: one at a time, no -n.
 test-notebooks: $(STAMP)
@@ -103,6 +104,11 @@ test-notebooks: $(STAMP)
 # Re-runs the notebooks at full size and saves them with their outputs (needed after any code-cell edit).
 notebooks: $(STAMP)
 	$(PY) colab/execute.py
+
+# On a GPU machine, with a Python whose jax has the CUDA plugin and lpjax installed in it (`pip install -e .`):
+# every kernel test compiled on the GPU instead of interpreted, and the full-size ones (marker gpu).
+test-gpu:
+	$(PY_GPU) -m pytest -m "not slow" tests/kernels $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)

@@ -62,6 +62,9 @@ MAX_K = (2**31 - 1) // 127**2
 """Largest contraction size whose int32 accumulation cannot overflow (133143)."""
 
 MIN_BLOCK = 16
+
+MIN_BLOCK_K = 32
+"""Smallest K slice of an int8 kernel: the K step of an 8-bit tensor-core MMA (Triton's and ``wgmma``'s)."""
 """Smallest block size: Triton's ``tl.dot`` needs every tile dimension >= 16."""
 
 
@@ -90,8 +93,9 @@ def int8_matmul(
         ``"reference"``; see :mod:`lpjax.kernels._common`.
       interpret: Pallas interpret mode; ``None`` picks it on a CPU backend. Ignored by the reference.
       block_m, block_n, block_k: kernel tile sizes, powers of two >= 16. ``block_m`` is reduced to the smallest
-        power of two >= max(M, 16) when M is small. Mosaic GPU raises ``block_m`` to at least 64 and ``block_k``
-        to at least 32 (a warpgroup's 8-bit ``wgmma``) and needs ``block_n <= 256``.
+        power of two >= max(M, 16) when M is small. ``block_k`` is raised to at least 32, the K step of an 8-bit
+        tensor-core MMA. Mosaic GPU raises ``block_m`` to at least 64 (a warpgroup's ``wgmma``) and needs
+        ``block_n <= 256``.
 
     Returns:
       ``(M, N)`` array of ``out_dtype``. Not differentiable (inference only).
@@ -203,6 +207,8 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
     m = qx.shape[0]
     n = qw.shape[1]
     block_m = fit_block(block_m, m, MIN_BLOCK)
+    # An 8-bit MMA step has K = 32: a 16-wide K slice is counted twice on a GPU (the interpreter cannot tell).
+    block_k = max(block_k, MIN_BLOCK_K)
     # Zero codes in the padding add nothing to the int32 sums; padded rows / columns are sliced off.
     qx = pad_to(qx, (block_m, block_k))
     sx = pad_to(sx, (block_m, 1))

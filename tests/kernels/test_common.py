@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from lpjax.kernels import _common
 from lpjax.kernels._common import GPU_TARGETS, abstract_gpu, is_hopper, select_backend, target_device_kind
+from tests.kernels.helpers import ON_GPU
+
+HERE = jax.devices()[0].device_kind if ON_GPU else None
+"""The target device kind without an abstract GPU: this machine's GPU, or ``None`` on a CPU."""
 
 
 def _select(impl, interpret=False):
@@ -33,18 +38,19 @@ def test_is_hopper(kind, hopper):
 
 
 def test_abstract_gpu_sets_the_target_device():
-    assert target_device_kind() is None  # this machine has no GPU
+    assert target_device_kind() == HERE
     for arch, (kind, _) in GPU_TARGETS.items():
         with abstract_gpu(arch):
             assert target_device_kind() == kind
-    assert target_device_kind() is None
+    assert target_device_kind() == HERE
     with pytest.raises(ValueError, match="arch must be one of"):
         abstract_gpu("sm_75")
 
 
 def test_default_backend_follows_the_target_gpu(monkeypatch):
     monkeypatch.setattr(_common, "TRITON_AVAILABLE", True)
-    assert _select("pallas", interpret=True) == "triton"  # a CPU: Triton's kernel, in interpret mode
+    # Here: on a CPU Triton's kernel (in interpret mode), on a GPU the one that suits it.
+    assert _select("pallas", interpret=True) == ("mosaic_gpu" if is_hopper(HERE) else "triton")
     with abstract_gpu("sm_90"):
         assert _select("pallas") == "mosaic_gpu"
         assert _select("triton") == "triton"

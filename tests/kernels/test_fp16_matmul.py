@@ -1,5 +1,6 @@
-"""lpjax.kernels.fp16_matmul: the Triton and Mosaic GPU kernels (interpret mode) against the jnp reference and float64,
-the custom VJP against float32 autodiff, the CUDA lowering of both backends for abstract GPUs, and argument checks.
+"""lpjax.kernels.fp16_matmul: the Triton and Mosaic GPU kernels (interpret mode on a CPU, compiled on a GPU)
+against the jnp reference and float64, the custom VJP against float32 autodiff, the CUDA lowering of both backends
+for abstract GPUs, and argument checks.
 
 Error bounds are elementwise and derived from the maths (``u = eps / 2`` is a dtype's unit roundoff):
 
@@ -27,7 +28,7 @@ import numpy as np
 import pytest
 
 from lpjax.kernels.fp16_matmul import ACTIVATIONS, fp16_matmul
-from tests.kernels.helpers import backend_params, lowered, wgmma
+from tests.kernels.helpers import INTERPRET, backend_params, lowered, wgmma
 
 F16, BF16, F32 = jnp.float16, jnp.bfloat16, jnp.float32
 EPS32 = float(jnp.finfo(F32).eps)
@@ -101,7 +102,7 @@ def test_pallas_matches_reference_and_float64(impl, shape, dtype, activation, ou
     m, k, n = shape
     x, w, b = _inputs(m, k, n, dtype, bias_dtype)
     kw = {"activation": activation, "out_dtype": out_dtype, "block_m": block, "block_n": block, "block_k": block}
-    y = fp16_matmul(x, w, b, impl=impl, interpret=True, **kw)
+    y = fp16_matmul(x, w, b, impl=impl, interpret=INTERPRET, **kw)
     y_ref = fp16_matmul(x, w, b, impl="reference", **kw)
     out = np.dtype(dtype if out_dtype is None else out_dtype)
     assert y.shape == y_ref.shape == (m, n) and y.dtype == y_ref.dtype == out
@@ -146,7 +147,7 @@ def test_gradients_match_float32_autodiff(impl, activation, dtype, out_dtype, bi
     c = jnp.asarray(np.random.default_rng(2).normal(size=(m, n)), F32)
 
     def loss(impl, x, w, b):
-        y = fp16_matmul(x, w, b, activation=activation, out_dtype=out_dtype, impl=impl, interpret=True)
+        y = fp16_matmul(x, w, b, activation=activation, out_dtype=out_dtype, impl=impl, interpret=INTERPRET)
         return jnp.sum(c * y.astype(F32))
 
     def loss32(x, w, b):  # the float32 computation on the same (rounded) inputs, differentiated by JAX
@@ -189,7 +190,7 @@ def test_backward_runs_the_kernel_on_half_precision_operands(impl):
     x, w, b = _inputs(3, 20, 5, F16, F32)
 
     def grad_jaxpr(impl):
-        f = lambda x, w, b: fp16_matmul(x, w, b, activation="tanh", impl=impl, interpret=True).astype(F32).sum()
+        f = lambda x, w, b: fp16_matmul(x, w, b, activation="tanh", impl=impl, interpret=INTERPRET).astype(F32).sum()
         return jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(x, w, b)
 
     assert str(grad_jaxpr(impl)).count("pallas_call[") == 3
@@ -244,8 +245,8 @@ def test_jit_default_interpret_leading_axes_and_empty_operands():
     np.testing.assert_array_equal(np.asarray(y3.reshape(6, 10)), np.asarray(y2))
     assert fp16_matmul(x[0], w, b, impl="reference").shape == (10,)
     # Empty operands: no kernel launch; K = 0 gives act(b).
-    assert fp16_matmul(x[:0], w, b, interpret=True).shape == (0, 10)
-    y0 = fp16_matmul(x[:, :0], w[:0], b, activation="relu", out_dtype=F32, interpret=True)
+    assert fp16_matmul(x[:0], w, b, interpret=INTERPRET).shape == (0, 10)
+    y0 = fp16_matmul(x[:, :0], w[:0], b, activation="relu", out_dtype=F32, interpret=INTERPRET)
     np.testing.assert_array_equal(np.asarray(y0), np.broadcast_to(np.maximum(np.asarray(b), 0), (6, 10)))
 
 

@@ -1,5 +1,5 @@
-"""lpjax.kernels.int8_matmul: the Triton and Mosaic GPU kernels (interpret mode) vs the jnp reference, exact int32 sums,
-error bounds, and the CUDA lowering of both backends for abstract GPUs.
+"""lpjax.kernels.int8_matmul: the Triton and Mosaic GPU kernels (interpret mode on a CPU, compiled on a GPU) vs
+the jnp reference, exact int32 sums, error bounds, and the CUDA lowering of both backends for abstract GPUs.
 
 Bounds asserted:
 
@@ -26,7 +26,7 @@ import pytest
 from lpjax import quant
 from lpjax.kernels._common import lower_for_cuda
 from lpjax.kernels.int8_matmul import MAX_K, int8_matmul
-from tests.kernels.helpers import backend_params, lowered, wgmma
+from tests.kernels.helpers import INTERPRET, backend_params, lowered, wgmma
 
 run = jax.jit(int8_matmul, static_argnames=("out_dtype", "impl", "interpret", "block_m", "block_n", "block_k"))
 
@@ -60,7 +60,7 @@ def _rel(a, b):
 def test_pallas_matches_reference_and_error_bounds(impl, m, k, n, dtype, out_dtype, with_bias, blocks):
     x, w, b = _operands(m, k, n, dtype)
     bias = b if with_bias else None
-    out = run(x, w, bias=bias, out_dtype=out_dtype, impl=impl, interpret=True, **blocks)
+    out = run(x, w, bias=bias, out_dtype=out_dtype, impl=impl, interpret=INTERPRET, **blocks)
     ref = run(x, w, bias=bias, out_dtype=out_dtype, impl="reference")
     assert out.shape == ref.shape == (m, n) and out.dtype == ref.dtype == out_dtype
     eps = max(float(jnp.finfo(out_dtype).eps), 1e-6)
@@ -103,7 +103,7 @@ def test_int32_accumulation_is_exact(impl, blocks):
         (jnp.asarray(qx), jnp.ones((m, 1))),
         quant.Int8Weight(jnp.asarray(qw), jnp.ones((n,))),
         impl=impl,
-        interpret=True,
+        interpret=INTERPRET,
         **blocks,
     )
     np.testing.assert_array_equal(np.asarray(out).astype(np.int64), exact)
@@ -114,8 +114,8 @@ def test_pre_quantized_operands_give_the_same_result():
     qx, sx = quant.quantize_int8_per_token(x)
     qw = quant.quantize_int8_weight(w)
     for impl in ("reference", "pallas"):
-        a = run(x, w, bias=b, impl=impl, interpret=True)
-        c = run((qx, sx), qw, bias=b, impl=impl, interpret=True)
+        a = run(x, w, bias=b, impl=impl, interpret=INTERPRET)
+        c = run((qx, sx), qw, bias=b, impl=impl, interpret=INTERPRET)
         np.testing.assert_array_equal(a, c)
     np.testing.assert_array_equal(
         run((qx, sx[:, 0]), qw, bias=b, impl="reference"), run(x, w, bias=b, impl="reference")
