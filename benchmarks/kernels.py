@@ -16,10 +16,9 @@ For each kernel (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmu
 It also lowers each kernel for ``platforms=["cuda"]`` with :mod:`jax.export` at each shape, for every
 (backend, architecture) pair of :data:`LOWERING_TARGETS` (Mosaic GPU for an abstract H100; Triton for an
 abstract H100, L4 and A100), and records which (kernel, backend, architecture) triples lower, with the
-``wgmma`` instructions of the Mosaic GPU kernels or the error. With a GPU (``jax.devices()[0].platform ==
-"gpu"``) it times each Pallas backend that runs on it against ``jnp.dot`` in the same dtype and records TFLOP/s.
-On a CPU those timings are recorded as missing (``null``): XLA:CPU emulates bf16/fp8 and Pallas runs only in
-interpret mode, so no CPU number says anything about a GPU.
+``wgmma`` instructions of the Mosaic GPU kernels or the error. The kernels' GPU timings are
+:mod:`benchmarks.kernels_gpu`'s, taken on a GPU; no CPU number says anything about a GPU (XLA:CPU emulates bf16
+and fp8, and Pallas runs only in interpret mode there).
 What a CPU does measure is recorded separately: the XLA-compiled reference implementations' latency next to an
 fp32 ``jnp.dot`` at the SAC and decode shapes (emulation cost, not kernel speed).
 
@@ -44,12 +43,9 @@ from benchmarks.common import command_line, write_results
 from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
 from lpjax.kernels._common import (
     GPU_TARGETS,
-    TRITON_AVAILABLE,
     describe_lowering,
-    is_hopper,
     lower_for_cuda,
     round_up,
-    target_device_kind,
 )
 
 SHAPES = {"sac": (1024, 1024, 1024), "llm_prefill": (4096, 4096, 4096), "llm_decode": (16, 4096, 4096)}
@@ -65,6 +61,11 @@ FP8_BLOCK = 128
 
 LOWERING_TARGETS = (("mosaic_gpu", "sm_90"), ("triton", "sm_90"), ("triton", "sm_89"), ("triton", "sm_80"))
 """(backend, abstract GPU of :data:`lpjax.kernels._common.GPU_TARGETS`) pairs each kernel is lowered for."""
+
+GPU_TIMINGS = (
+    "measured on a GPU by benchmarks/kernels_gpu.py (benchmarks/results/kernels_gpu.json): CUPTI kernel times "
+    "beside this model's rooflines; this model and the lowerings need no GPU."
+)
 
 LOWERING_NOTES = (
     "'lowers' means jax.export lowered the kernel for platforms=['cuda'] under an abstract GPU (no GPU, no CUDA "
@@ -223,29 +224,6 @@ def lowering_triples(lowered: dict[str, dict[str, dict[str, Any]]]) -> list[dict
     return rows
 
 
-def gpu_backends() -> list[str]:
-    """The Pallas backends that run on this machine's GPU: Mosaic GPU on a Hopper one, Triton while jax ships it."""
-    return (["mosaic_gpu"] if is_hopper(target_device_kind()) else []) + (["triton"] if TRITON_AVAILABLE else [])
-
-
-def gpu_timings(name: str, shape: tuple[int, int, int], repeats: int) -> dict[str, Any]:
-    """Each Pallas backend of :func:`gpu_backends` vs ``jnp.dot`` in the same dtype on a GPU: seconds and
-    TFLOP/s, and each backend's speedup over ``jnp.dot``."""
-    m, k, n = shape
-    x, w = _operands(m, k, n, KERNELS[name]["dtype"])
-    calls = {f"kernel[{backend}]": jax.jit(KERNELS[name]["fn"](backend)) for backend in gpu_backends()}
-    calls["jnp_dot"] = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
-    flops = 2.0 * m * n * k
-    result = {}
-    for label, fn in calls.items():
-        seconds = _time(lambda: fn(x, w), repeats)
-        result[label] = {"seconds": seconds, "tflops": flops / seconds / 1e12}
-    for label in calls:
-        if label != "jnp_dot":
-            result[label]["speedup_vs_jnp_dot"] = result["jnp_dot"]["seconds"] / result[label]["seconds"]
-    return result
-
-
 def cpu_reference_latency(shape: tuple[int, int, int], repeats: int) -> dict[str, float]:
     """Milliseconds per call on this CPU of the XLA-compiled references next to an fp32 ``jnp.dot``."""
     m, k, n = shape
@@ -323,7 +301,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--name", default="kernels", help="basename of the json/png")
     args = parser.parse_args(argv)
-    on_gpu = jax.devices()[0].platform == "gpu"
     result: dict[str, Any] = {
         "command": command_line("benchmarks.kernels", argv),
         "platform": platform.platform(),
@@ -346,16 +323,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         }
         result["lowering_triples"] = lowering_triples(result["lowers_for_cuda"])
         result["lowering_notes"] = list(LOWERING_NOTES)
-    if on_gpu:
-        result["gpu_timings"] = {
-            name: {s: gpu_timings(name, shape, args.repeats) for s, shape in SHAPES.items()} for name in KERNELS
-        }
-    else:
-        result["gpu_timings"] = None
-        result["gpu_timings_missing"] = (
-            "No GPU here: kernel vs jnp.dot timings and TFLOP/s are not measured. "
-            "Run this benchmark on a GPU machine to fill them in."
-        )
+    result["gpu_timings"] = GPU_TIMINGS
     if not args.no_cpu_latency:
         result["cpu_reference_latency_ms"] = {
             s: cpu_reference_latency(SHAPES[s], args.repeats) for s in ("sac", "llm_decode")
@@ -380,8 +348,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"lowers for CUDA: {row['kernel']:22s} {row['backend']:10s} {row['arch']:6s} {row['lowers']!s:5s} "
             + (" ".join(row["wgmma"]) or (row["error"] or ""))
         )
-    if result["gpu_timings"] is None:
-        lines.append(result["gpu_timings_missing"])
+    lines.append(f"GPU timings: {GPU_TIMINGS}")
     for s, latencies in result.get("cpu_reference_latency_ms", {}).items():
         lines.append(f"CPU latency at {s}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in latencies.items()))
     write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
