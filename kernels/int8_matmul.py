@@ -62,10 +62,10 @@ MAX_K = (2**31 - 1) // 127**2
 """Largest contraction size whose int32 accumulation cannot overflow (133143)."""
 
 MIN_BLOCK = 16
+"""Smallest block size: Triton's ``tl.dot`` needs every tile dimension >= 16."""
 
 MIN_BLOCK_K = 32
 """Smallest K slice of an int8 kernel: the K step of an 8-bit tensor-core MMA (Triton's and ``wgmma``'s)."""
-"""Smallest block size: Triton's ``tl.dot`` needs every tile dimension >= 16."""
 
 
 def int8_matmul(
