@@ -3,16 +3,15 @@
 Only final runs count: ``final_return_per_seed`` holds finished runs' last evaluation (at ``--steps``), ``null``
 for diverged seeds; partial runs are listed apart with their step and last evaluation and marked ``incomplete``.
 Per cell (task, config): mean and (population) std over finished seeds, ``seeds_final`` / ``seeds_planned``,
-``seeds_diverged``, status ``complete`` / ``diverged`` / ``incomplete`` / ``missing``. Per task: ``ratio`` = fp16
-mean / fp32 mean against :data:`TARGET_RATIO`, ``final`` only when both cells are complete; ``naive_failed`` when
-a naive seed diverged or returned non-finite values, or its mean is below :data:`NAIVE_FAR_LOWER` x fp32's.
+``seeds_diverged``, status ``complete`` / ``diverged`` / ``incomplete`` / ``missing``, and each final seed's
+numerical ``evidence`` (:mod:`benchmarks.run_evidence`). Per task: ``ratio`` = fp16 mean / fp32 mean against
+:data:`TARGET_RATIO`, ``final`` only when both cells are complete; ``naive_failed`` when a naive seed diverged or
+returned non-finite values, or its mean is below :data:`NAIVE_FAR_LOWER` x fp32's.
 Ablation table: each variant's mean and its ratio to fp16 with all methods (also on the variant's own seeds).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import pathlib
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import run_farm
+from benchmarks import run_evidence, run_farm
 from benchmarks.common import command_line
 from benchmarks.sac_reproduction_plan import (
     ABLATION_CONFIGS,
@@ -105,45 +104,9 @@ def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[
     return diffs
 
 
-def _logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | None]]:
-    """Steps and values of the rows of ``metrics.csv`` that logged ``column`` (``None`` for a non-finite value).
-
-    Read from the file directly: a row logged the column when its cell is not empty
-    (``lpjax.run_logging.read_metrics`` reads empty and non-finite cells both as nan)."""
-    path = run_dir / "metrics.csv"
-    if not path.exists():
-        return [], []
-    text = path.read_text()
-    if not text.endswith("\n"):  # a partial last line left by a crash
-        text = text[: text.rfind("\n") + 1]
-    rows = list(csv.reader(io.StringIO(text)))
-    if not rows or column not in rows[0]:
-        return [], []
-    step_col, value_col = rows[0].index("step"), rows[0].index(column)
-    steps, values = [], []
-    for row in rows[1:]:
-        if len(row) > value_col and row[value_col] != "":
-            value = float(row[value_col])
-            steps.append(int(float(row[step_col])))
-            values.append(value if math.isfinite(value) else None)
-    return steps, values
-
-
 def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
     """Steps and returns of the logged evaluations (``None`` for a non-finite return)."""
-    return _logged(run_dir, "eval/return")
-
-
-def _nonfinite_losses_since(run_dir: pathlib.Path) -> int | None:
-    """The first logged step from which every logged critic loss is non-finite (``None``: the last is finite).
-
-    The loss scaler skips every such step, so the networks stop learning while actions stay finite: such a run
-    finishes, with the return of a frozen policy."""
-    steps, losses = _logged(run_dir, "train/critic_loss")
-    if not losses or losses[-1] is not None:
-        return None
-    finite = [i for i, loss in enumerate(losses) if loss is not None]
-    return steps[finite[-1] + 1 if finite else 0]
+    return run_evidence.logged(run_dir, "eval/return")
 
 
 def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check_lock: bool = True) -> dict:
@@ -175,8 +138,10 @@ def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check
             record.update(status="config_mismatch", config_differences=diffs)
             return record
     record.update(run_farm.run_state(run_dir, scale.steps, check_lock=check_lock))
+    if record["final"]:
+        record["evidence"] = run_evidence.evidence(run_dir)
     if record["status"] == "finished":
-        record["nonfinite_losses_since"] = _nonfinite_losses_since(run_dir)
+        record["nonfinite_losses_since"] = run_evidence.nonfinite_losses_since(run_dir)
         if steps and steps[-1] == scale.steps and returns[-1] is not None:
             record["final_return"] = returns[-1]
         elif steps and steps[-1] == scale.steps:
@@ -239,6 +204,7 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
             for s, r in sorted(final.items())
             if r.get("nonfinite_losses_since") is not None
         },
+        "evidence": {str(s): r["evidence"] for s, r in sorted(final.items()) if r.get("evidence")},
     }
 
 
@@ -571,6 +537,9 @@ def aggregate(
             "diverged fp16 seed fails the target, and so does one whose losses stayed non-finite.",
             "nonfinite_losses_since (per seed): a finished run whose logged critic losses are non-finite from that "
             "step to the end; the loss scaler skipped every update, so its final return is a frozen policy's.",
+            "evidence (per seed, runs on disk at aggregation): each loss scaler's final scale and skipped steps "
+            "over the whole run, read from the last checkpoint, and the last logged loss scales, entropy (SAC's "
+            "target: -action_dim) and alpha; a config that misses its target is read against it.",
             "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
             "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
         ],

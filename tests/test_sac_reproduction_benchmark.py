@@ -148,6 +148,15 @@ def test_first_session_trains_and_aggregates(first):
         (value,) = cell["final_return_per_seed"].values()
         assert np.isfinite(value) and cell["mean"] == pytest.approx(value) and cell["std"] == 0.0
         assert data["curves"][TASK][config]["finished"]["steps"] == [200, 400]
+    # Each final seed's numerical evidence: fp16's two loss scalers, read from its last checkpoint; fp32 has none
+    # (and logs a loss scale of 1).
+    (fp16_evidence,) = data["results"][TASK]["fp16"]["evidence"].values()
+    assert set(fp16_evidence["loss_scalers"]) == {"agent.critic", "agent.actor"}
+    for scaler in fp16_evidence["loss_scalers"].values():
+        assert scaler["scale"] > 0 and 0 <= scaler["skipped_steps"] <= 300  # 400 steps, 100 of them seed steps
+    (fp32_evidence,) = data["results"][TASK]["fp32"]["evidence"].values()
+    assert fp32_evidence["loss_scalers"] == {} and fp32_evidence["last_logged"]["critic_loss_scale"] == 1.0
+    assert np.isfinite(fp16_evidence["last_logged"]["entropy"]) and fp16_evidence["last_logged"]["alpha"] > 0
     comparison = data["comparison"][TASK]
     assert comparison["final"] and comparison["target_ratio"] == 0.95
     assert comparison["ratio"] == pytest.approx(comparison["fp16_mean"] / comparison["fp32_mean"])
@@ -249,27 +258,6 @@ def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():
     }
     assert agg._same_seeds_reference(one_seed, None)["ratio_to_fp16_same_seeds"] is None
     assert agg._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
-
-
-def test_nonfinite_losses_since_finds_where_the_losses_stayed_nan(tmp_path):
-    header = "step,train/critic_loss,eval/return\n"
-    rows = [
-        "1000,1.5,\n",
-        "2000,nan,\n",
-        "2000,,20.0\n",
-        "3000,2.0,\n",
-        "4000,nan,\n",
-        "5000,inf,\n",
-        "5000,,22.9\n",
-        "6000,nan,\n",
-    ]
-    (tmp_path / "metrics.csv").write_text(header + "".join(rows))
-    assert agg._nonfinite_losses_since(tmp_path) == 4000  # the nan at 2000 recovered; from 4000 it did not
-    assert agg._eval_curve(tmp_path) == ([2000, 5000], [20.0, 22.9])
-    (tmp_path / "metrics.csv").write_text(header + "".join(rows[:4]))
-    assert agg._nonfinite_losses_since(tmp_path) is None  # the last logged loss is finite
-    (tmp_path / "metrics.csv").write_text(header + "1000,nan,\n2000,nan,\n")
-    assert agg._nonfinite_losses_since(tmp_path) == 1000  # never finite
 
 
 def test_aggregation_keeps_recorded_runs_whose_directories_are_gone(tmp_path):
