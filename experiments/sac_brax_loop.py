@@ -462,6 +462,7 @@ class JittedLearner:
         postfix = dict(env_sps=f"{values['env_steps_per_s']:.0f}", upd_s=f"{values['updates_per_s']:.0f}")
         if out.learning_iterations:
             postfix["scale"] = f"{values['critic_loss_scale']:.0f}"
+            postfix["skips"] = f"{values['critic_skipped_steps']:.0f}"
             if not math.isfinite(values["critic_loss"]):
                 context.write(f"warning: non-finite critic loss at step {step}")
         context.bar.set_postfix(postfix, refresh=False)

@@ -278,6 +278,7 @@ class HostLearner:
             env_sps=f"{values['env_steps_per_s']:.0f}",
             upd_s=f"{values['updates_per_s']:.0f}",
             scale=f"{values['critic_loss_scale']:.0f}",
+            skips=f"{values['critic_skipped_steps']:.0f}",
             refresh=False,
         )
         if not math.isfinite(values["critic_loss"]):

@@ -28,7 +28,7 @@ from lpjax.optim.loss_scaling import (
     rescale_moments,
 )
 from lpjax.optim.quantized_moments import BlockQuantized
-from lpjax.optim.scaled_grad import loss_scale, loss_scale_or_one, scaled_value_and_grad
+from lpjax.optim.scaled_grad import loss_scale, loss_scale_or_one, scaled_value_and_grad, skipped_steps
 from lpjax.optim.stochastic_rounding import (
     StochasticRoundingPolyak,
     StochasticRoundingState,
@@ -68,4 +68,5 @@ __all__ = [
     "rescale_moments",
     "scale_by_hadam",
     "scaled_value_and_grad",
+    "skipped_steps",
 ]

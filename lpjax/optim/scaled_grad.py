@@ -1,4 +1,4 @@
-"""The loss scale of any optimizer state, and the gradients of a loss scaled by it.
+"""The loss scale of any optimizer state, the gradients of a loss scaled by it, and the updates it skipped.
 
 :func:`loss_scale` finds the :class:`lpjax.optim.CompoundLossScalingState` in whatever holds it: a raw optax state,
 ``optax.chain``, ``optax.MultiSteps``, ``optax.inject_hyperparams``, an ``optax.multi_transform`` branch, a flax
@@ -9,6 +9,8 @@ optimizer, so the train step is the usual two lines::
 
     loss, grads = lpjax.optim.scaled_value_and_grad(loss_fn)(state.opt_state, state.params, batch)
     state = state.apply_gradients(grads=grads)
+
+and :func:`skipped_steps` reads how many updates the scaler has skipped, the number to log beside the scale.
 
 The scale is a float32 value that may exceed float16's range (2^16 is inf in float16): it multiplies the loss in
 float32, and the cotangent that enters a float16 computation is the scale divided by whatever the loss's
@@ -93,9 +95,30 @@ def _scalers(holder) -> list[tuple[Any, CompoundLossScalingState]]:
     return [(path, node) for path, node in flat if _is_scaler(node)]
 
 
-def _value(x) -> chex.Array:
+def _value(x, dtype=jnp.float32) -> chex.Array:
     """The array behind a leaf (an ``nnx`` variable holds it as ``get_value()``)."""
-    return jnp.asarray(x.get_value() if hasattr(x, "get_value") else x, jnp.float32)
+    return jnp.asarray(x.get_value() if hasattr(x, "get_value") else x, dtype)
+
+
+def _find_scaler(opt_state, label: str | None, caller: str) -> tuple[Any, CompoundLossScalingState]:
+    """The one ``(path, scaler state)`` of ``opt_state`` (of its ``label`` branch); raises unless exactly one."""
+    found = _scalers(opt_state)
+    if label is not None:
+        matching = [(path, node) for path, node in found if label in _labels(path)]
+        if len(matching) != 1:
+            available = sorted({str(lab) for path, _ in found for lab in _labels(path)})
+            raise ValueError(
+                f"{caller}(label={label!r}) matches {len(matching)} loss scalers; labels of the "
+                f"scalers found: {available or 'none'}."
+            )
+        found = matching
+    if len(found) != 1:
+        where = ", ".join(jax.tree_util.keystr(path) or "<root>" for path, _ in found)
+        raise ValueError(
+            f"{caller} expects exactly one CompoundLossScalingState in opt_state, found {len(found)}"
+            + (f" (at {where}); pass label= to pick a multi_transform branch." if found else ".")
+        )
+    return found[0]
 
 
 def loss_scale(opt_state, label: str | None = None) -> chex.Array:
@@ -112,23 +135,7 @@ def loss_scale(opt_state, label: str | None = None) -> chex.Array:
       ValueError: no scaler, an ambiguous or unlabelled one, or a placement that cannot be correct (see the module
         docstring); the message says what to do.
     """
-    found = _scalers(opt_state)
-    if label is not None:
-        matching = [(path, node) for path, node in found if label in _labels(path)]
-        if len(matching) != 1:
-            available = sorted({str(lab) for path, _ in found for lab in _labels(path)})
-            raise ValueError(
-                f"loss_scale(label={label!r}) matches {len(matching)} loss scalers; labels of the "
-                f"scalers found: {available or 'none'}."
-            )
-        found = matching
-    if len(found) != 1:
-        where = ", ".join(jax.tree_util.keystr(path) or "<root>" for path, _ in found)
-        raise ValueError(
-            f"loss_scale expects exactly one CompoundLossScalingState in opt_state, found {len(found)}"
-            + (f" (at {where}); pass label= to pick a multi_transform branch." if found else ".")
-        )
-    path, node = found[0]
+    path, node = _find_scaler(opt_state, label, "loss_scale")
     if _check_placement(opt_state, path) and label is None:
         raise ValueError(
             f"The loss scaler sits in multi_transform branch {_labels(path)}: only that branch's gradients may carry "
@@ -142,6 +149,21 @@ def loss_scale_or_one(opt_state, label: str | None = None) -> chex.Array:
     """:func:`loss_scale` if ``opt_state`` holds a loss scaler, else float32 1: code that may or may not be
     loss-scaled (an ablation switch) multiplies its loss by this."""
     return loss_scale(opt_state, label) if _scalers(opt_state) else jnp.ones([], jnp.float32)
+
+
+def skipped_steps(opt_state, label: str | None = None) -> chex.Array:
+    """The number of updates (int32) the loss scaler in ``opt_state`` has skipped for non-finite gradients, over
+    its whole life (the count is part of the state, so it survives checkpoints); 0 where ``opt_state`` holds no
+    scaler, which skips nothing.
+
+    A skipped update leaves the parameters where they were, so a run whose count keeps rising has stopped
+    learning even though its losses may look merely noisy: learners log it beside the loss scale. The scaler is
+    found as :func:`loss_scale` finds it (``label`` picks a ``multi_transform`` branch).
+    """
+    if not _scalers(opt_state):
+        return jnp.zeros([], jnp.int32)
+    _, node = _find_scaler(opt_state, label, "skipped_steps")
+    return _value(node.skipped_steps, jnp.int32)
 
 
 def scaled_value_and_grad(

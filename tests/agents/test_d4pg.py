@@ -64,6 +64,8 @@ def test_fp16_with_methods_keeps_shapes_and_dtypes_and_stays_finite():
         "target_q_mean",
         "critic_loss_scale",
         "actor_loss_scale",
+        "critic_skipped_steps",
+        "actor_skipped_steps",
     }
     assert all(v.dtype == jnp.float32 and v.shape == () for v in metrics.values())
     assert int(state.step) == 1
@@ -73,6 +75,7 @@ def test_fp16_with_methods_keeps_shapes_and_dtypes_and_stays_finite():
         history.append({k: float(v) for k, v in metrics.items()})
     assert all(np.isfinite(v) for h in history for v in h.values())
     assert history[-1]["critic_loss_scale"] == 1e4 and history[-1]["actor_loss_scale"] == 1e4
+    assert history[-1]["critic_skipped_steps"] == history[-1]["actor_skipped_steps"] == 0
 
 
 def _one_step_problem():

@@ -90,7 +90,22 @@ def test_fp16_with_methods_stays_finite_where_naive_fp16_does_not():
     _, naive = _train(sac.SACConfig(policy="fp16", **small), 20)
     assert all(np.isfinite(h["critic_loss"]) and np.isfinite(h["actor_loss"]) for h in fixed)
     assert fixed[-1]["critic_loss_scale"] == 1e4
+    assert fixed[-1]["critic_skipped_steps"] == fixed[-1]["actor_skipped_steps"] == 0
     assert not all(np.isfinite(h["critic_loss"]) for h in naive)
+    assert {h["critic_skipped_steps"] for h in naive} == {0.0}  # no loss scaler: nothing is skipped, nan or not
+
+
+def test_skipped_steps_are_logged_and_each_halved_the_scale():
+    """A loss scale of 2^40 overflows fp16's gradients: the scalers skip and halve until the gradients fit."""
+    config = sac.SACConfig(
+        policy="fp16", hidden_dims=(32, 32), batch_size=16, methods=dataclasses.replace(METHODS, init_scale=2.0**40)
+    )
+    _, history = _train(config, 40)
+    for name in ("critic", "actor"):
+        skipped = [h[f"{name}_skipped_steps"] for h in history]
+        assert skipped == sorted(skipped) and 0 < skipped[-1] < 40
+        scales = np.array([h[f"{name}_loss_scale"] for h in history])
+        np.testing.assert_array_equal(np.log2(2.0**40 / scales), skipped)  # no growth in 40 steps: one halving each
 
 
 def test_fp16_state_dtypes_follow_the_policy_and_survive_updates():

@@ -1,5 +1,5 @@
-"""loss_scale / scaled_value_and_grad: finding the scale in any holder, scaling in float32, refusing placements
-that cannot be correct."""
+"""loss_scale / scaled_value_and_grad / skipped_steps: finding the scaler in any holder, scaling in float32,
+counting skipped updates, refusing placements that cannot be correct."""
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +115,49 @@ def test_two_scalers_in_a_multi_transform_are_told_apart_by_label():
         optim.loss_scale(state, label="temperature")
     _, grads = optim.scaled_value_and_grad(lambda p: jnp.sum(p["critic"]), label="critic")(state, params)
     np.testing.assert_array_equal(np.asarray(grads["critic"]), 32.0)
+
+
+@pytest.mark.parametrize("holder", ["raw", "chain", "multi_transform", "train_state"])
+def test_skipped_steps_counts_the_updates_the_scaler_skipped(holder):
+    params = {"actor": jnp.ones((3,), jnp.float16), "critic": jnp.ones((2,), jnp.float16)}
+    tx = {
+        "raw": lambda: _scaler(),
+        "chain": lambda: optax.chain(_scaler(), optim.kahan_summation()),
+        "multi_transform": lambda: optax.multi_transform(
+            {"actor": _scaler(), "critic": optax.sgd(1e-2)}, {"actor": "actor", "critic": "critic"}
+        ),
+        "train_state": lambda: _scaler(),
+    }[holder]()
+    label = "actor" if holder == "multi_transform" else None
+    state = (
+        train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+        if holder == "train_state"
+        else tx.init(params)
+    )
+
+    @jax.jit
+    def step(state, value):  # the gradient is a runtime value: inf or nan makes the scaler skip
+        grads = jax.tree.map(lambda p: jnp.full_like(p, value), params)
+        if holder == "train_state":
+            return state.apply_gradients(grads=grads)
+        return tx.update(grads, state, params)[1]
+
+    counts = []
+    for value in (1.0, jnp.inf, 1.0, jnp.nan, -jnp.inf, 1.0):
+        state = step(state, jnp.float16(value))
+        counts.append(optim.skipped_steps(state, label=label))
+    assert all(c.dtype == jnp.int32 and c.shape == () for c in counts)
+    assert [int(c) for c in counts] == [0, 1, 1, 2, 3, 3]
+    assert float(optim.loss_scale(state, label=label)) == 64.0 / 8  # each skip halved the scale
+
+
+def test_skipped_steps_without_a_scaler_is_zero_and_two_need_a_label():
+    assert int(optim.skipped_steps(optax.adam(1e-3).init(jnp.ones(2)))) == 0  # nothing skips without a scaler
+    params = {"actor": jnp.ones((3,)), "critic": jnp.ones((2,))}
+    tx = optax.multi_transform({"actor": _scaler(), "critic": _scaler()}, {"actor": "actor", "critic": "critic"})
+    with pytest.raises(ValueError, match="^skipped_steps expects exactly one .*found 2.*label="):
+        optim.skipped_steps(tx.init(params))
+    assert int(optim.skipped_steps(tx.init(params), label="critic")) == 0
 
 
 def test_one_scaler_in_a_multi_transform_branch_needs_its_label():

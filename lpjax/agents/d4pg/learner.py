@@ -40,7 +40,7 @@ from lpjax.agents.training import (
     trainable_init,
 )
 from lpjax.nn import CategoricalCritic, DeterministicActor
-from lpjax.optim import loss_scale_or_one
+from lpjax.optim import loss_scale_or_one, skipped_steps
 
 
 @flax.struct.dataclass
@@ -172,7 +172,10 @@ def _update(state: D4PGState, batch: dict) -> tuple[D4PGState, dict]:
     metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, **critic_aux}
     if config.methods.loss_scaling:
         metrics.update(
-            critic_loss_scale=loss_scale_or_one(critic.opt_state), actor_loss_scale=loss_scale_or_one(actor.opt_state)
+            critic_loss_scale=loss_scale_or_one(critic.opt_state),
+            actor_loss_scale=loss_scale_or_one(actor.opt_state),
+            critic_skipped_steps=skipped_steps(critic.opt_state).astype(jnp.float32),
+            actor_skipped_steps=skipped_steps(actor.opt_state).astype(jnp.float32),
         )
     return state.replace(
         step=state.step + 1,
@@ -191,7 +194,8 @@ reward sum), ``discount`` (the bootstrap multiplier: ``gamma^n`` times the envir
 terminal) and ``next_obs`` (the observation ``n`` steps later), as :class:`lpjax.nstep.NStepAccumulator` emits
 them. Metrics are float32 scalars: ``critic_loss`` (cross-entropy), ``actor_loss`` (``-Q``), ``q_mean`` (the
 critic's expected value at the batch's actions), ``target_q_mean`` (of the projected targets), and
-``critic_loss_scale``/``actor_loss_scale`` with ``methods.loss_scaling``."""
+``critic_loss_scale``/``actor_loss_scale`` and ``critic_skipped_steps``/``actor_skipped_steps`` (the updates each
+loss scaler has skipped so far) with ``methods.loss_scaling``."""
 
 
 @functools.partial(jax.jit, static_argnames=("config", "action_dim"))

@@ -67,7 +67,7 @@ from lpjax.agents.grpo.algorithm import group_advantages, grpo_loss, sequence_lo
 from lpjax.agents.grpo.config import GRPOConfig
 from lpjax.agents.training import Trainable, gradient_step, network_optimizer, trainable_init
 from lpjax.nn.causal_lm import CausalLM, transformer_causal_lm
-from lpjax.optim import loss_scale_or_one
+from lpjax.optim import loss_scale_or_one, skipped_steps
 from lpjax.rollout import SamplingSettings, sample
 from lpjax.sharding import batch_sharding, constrain, put_global, put_replicated, replicated
 
@@ -318,8 +318,9 @@ def iteration(
     ``rng`` draws the prompts; ``key`` is split into the sampling key and the minibatch shuffles' key. The
     metrics are the means over the update's gradient steps of :func:`train_step`'s (``loss``, ``pg_loss``,
     ``ppo_clip_frac``, ``ratio_mean``, the TIS and mismatch metrics, ...), ``ppo_clip_frac_last`` (at the last
-    gradient step: how far the epochs moved the policy), ``loss_scale`` (after the update, with
-    ``methods.loss_scaling``), the mean ``reward`` and ``response_length``.
+    gradient step: how far the epochs moved the policy), ``loss_scale`` and ``skipped_steps`` (after the update,
+    with ``methods.loss_scaling``: the scale and the gradient steps the scaler has skipped so far), the mean
+    ``reward`` and ``response_length``.
 
     On a ``mesh`` (see the module docstring; :func:`check_mesh` first) ``state`` is laid out by
     :func:`lpjax.sharding.place` and ``engine`` holds its parameters (as synced): the prompts' rows are split over the
@@ -365,5 +366,6 @@ def iteration(
     out["ppo_clip_frac_last"] = float(metrics["ppo_clip_frac"][-1])
     if config.methods.loss_scaling:
         out["loss_scale"] = float(loss_scale_or_one(state.trainable.opt_state))
+        out["skipped_steps"] = float(skipped_steps(state.trainable.opt_state))
     out.update(reward=float(batch["reward"]), response_length=float(batch["response_length"]))
     return state, out

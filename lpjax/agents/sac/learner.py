@@ -36,7 +36,7 @@ from lpjax.agents.training import (
     trainable_init,
 )
 from lpjax.nn import DoubleCritic, PixelEncoder, TanhGaussianActor
-from lpjax.optim import loss_scale_or_one
+from lpjax.optim import loss_scale_or_one, skipped_steps
 
 
 class SACCritic(nn.Module):
@@ -286,6 +286,8 @@ def _update(state: SACState, batch: dict) -> tuple[SACState, dict]:
         "target_q": critic_metrics["target_q"],
         "critic_loss_scale": loss_scale_or_one(state.critic.opt_state),
         "actor_loss_scale": loss_scale_or_one(state.actor.opt_state),
+        "critic_skipped_steps": skipped_steps(state.critic.opt_state).astype(jnp.float32),
+        "actor_skipped_steps": skipped_steps(state.actor.opt_state).astype(jnp.float32),
     }
     return state.replace(step=state.step + 1, key=key), metrics
 
@@ -295,7 +297,9 @@ update.__doc__ = """``update(state, batch) -> (state, metrics)``: one SAC gradie
 
 ``batch`` is a dict of arrays with a leading batch axis: ``obs``, ``action``, ``reward``, ``discount`` (0 at a
 true terminal, 1 otherwise) and ``next_obs``. Metrics are float32 scalars (``actor_loss``, ``temperature_loss``
-and ``entropy`` are nan on steps without an actor update)."""
+and ``entropy`` are nan on steps without an actor update). ``critic_loss_scale``/``actor_loss_scale`` are the
+loss scales (1 without loss scaling) and ``critic_skipped_steps``/``actor_skipped_steps`` the updates each loss
+scaler has skipped so far (:func:`lpjax.optim.skipped_steps`; 0 without loss scaling)."""
 
 
 @functools.partial(jax.jit, static_argnames="deterministic")
