@@ -116,7 +116,7 @@ def last_logged(run_dir: pathlib.Path, columns=LOGGED) -> dict[str, float | None
     out = {}
     for column in columns:
         _, values = logged(run_dir, column)
-        finite = [v for v in values if v is not None and math.isfinite(v)]
+        finite = [v for v in values if v is not None]  # logged() reads non-finite values as None
         out[column.removeprefix("train/")] = finite[-1] if finite else None
     return out
 
