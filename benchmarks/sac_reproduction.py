@@ -44,6 +44,11 @@ time (``--workers 2``: two ``python -m experiments.sac`` subprocesses, logging t
 XLA already uses every core, so expect less than 2x), then aggregates. Ctrl-C stops cleanly: rerun the same
 command to continue.
 
+**The rounding study** (``--rounding_task walker-walk``; not in the default plan) separates the two updates
+that ``fp16_sr`` rounds stochastically: ``fp16_sr_params`` rounds only the parameter updates (Kahan for the
+target), ``fp16_sr_target`` only the target updates (Kahan for the parameters). With ``fp16`` (Kahan for both)
+and ``fp16_sr`` (stochastic rounding for both) they are the json's ``rounding`` rows.
+
 **Aggregate** (``--aggregate_only``: no training) reads every run of the scale that exists, planned or not, and
 writes ``<results_dir>/sac_reproduction.json`` (:mod:`benchmarks.sac_reproduction_aggregate`: only final runs
 count) and ``.png`` (:mod:`benchmarks.sac_reproduction_plot`).
@@ -124,6 +129,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "why: see the module docstring)",
     )
     plan.add_argument(
+        "--rounding_task",
+        type=_csv(str),
+        default=[],
+        help="task(s) of the rounding study (default: none; e.g. walker-walk): fp16 with stochastic rounding for "
+        "the parameter updates only (fp16_sr_params) and for the target updates only (fp16_sr_target), beside fp16 "
+        "and fp16_sr",
+    )
+    plan.add_argument(
         "--num_seeds",
         type=int,
         default=DEFAULT_NUM_SEEDS,
@@ -134,7 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--configs",
         type=_csv(str),
         default=None,
-        help=f"only these configs (comma-separated; groups: main, beyond, ablation). Valid: {', '.join(ALL_CONFIGS)}",
+        help=f"only these configs (comma-separated; groups: {', '.join(CONFIG_GROUPS)}). "
+        f"Valid: {', '.join(ALL_CONFIGS)}",
     )
     plan.add_argument(
         "--only",
@@ -188,7 +202,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not ok:
             parser.error(message)
 
-    for task in [*(args.tasks or []), *args.ablation_task]:
+    for task in [*(args.tasks or []), *args.ablation_task, *args.rounding_task]:
         try:
             lpjax.envs.parse_task(task)
         except ValueError as error:
@@ -197,7 +211,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in args.configs or []:
         check(
             name in ALL_CONFIGS or name in CONFIG_GROUPS,
-            f"unknown config {name!r}; valid: {', '.join(ALL_CONFIGS)} (or main, beyond, ablation)",
+            f"unknown config {name!r}; valid: {', '.join(ALL_CONFIGS)} (or {', '.join(CONFIG_GROUPS)})",
         )
         configs.extend(CONFIG_GROUPS.get(name, (name,)))
     args.configs = configs or None
@@ -229,7 +243,7 @@ def _scale(args: argparse.Namespace) -> Scale:
 
 def _plan(args: argparse.Namespace, runs_dir: pathlib.Path, scale: Scale) -> list[RunSpec]:
     tasks = list(dict.fromkeys([*DEFAULT_TASKS, *(args.tasks or [])]))
-    return build_plan(tasks, range(args.num_seeds), args.ablation_task)
+    return build_plan(tasks, range(args.num_seeds), args.ablation_task, args.rounding_task)
 
 
 def select(plan: Sequence[RunSpec], args: argparse.Namespace) -> list[RunSpec]:

@@ -27,6 +27,8 @@ from benchmarks.sac_reproduction_plan import (
     ALL_CONFIGS,
     BEYOND_CONFIGS,
     MAIN_CONFIGS,
+    ROUNDING_CONFIGS,
+    ROUNDING_ROWS,
     RunSpec,
     Scale,
     discover_runs,
@@ -311,6 +313,31 @@ def _same_seeds_reference(cell: dict, reference: dict | None) -> dict:
     }
 
 
+def _rounding_rows(cells: dict) -> list[dict]:
+    """The rounding study's rows on one task: how each config updates the parameters and the target, and its
+    return against fp32 and against fp16 (Kahan for both) on its own seeds."""
+    rows = []
+    for config, (parameter_update, target_update) in ROUNDING_ROWS.items():
+        if config not in cells:
+            continue
+        cell = cells[config]
+        rows.append(
+            {
+                "variant": config,
+                "parameter_update": parameter_update,
+                "target_update": target_update,
+                "final_return_per_seed": cell["final_return_per_seed"],
+                "mean": cell["mean"],
+                "std": cell["std"],
+                "seeds_final": cell["seeds_final"],
+                "status": cell["status"],
+                "ratio_to_fp32": _ratio(cell, cells["fp32"]) if "fp32" in cells else None,
+                **_same_seeds_reference(cell, cells.get("fp16")),
+            }
+        )
+    return rows
+
+
 def _ratio(num: dict, den: dict) -> float | None:
     if num["mean"] is None or den["mean"] is None or den["mean"] == 0:
         return None
@@ -376,7 +403,7 @@ def aggregate(
         planned.setdefault((spec.config, spec.task), []).append(spec.seed)
     tasks = list(dict.fromkeys(s.task for s in [*plan, *specs]))
     seeds = sorted({s.seed for s in specs})
-    results, curves, comparison, ablation = {}, {}, {}, {}
+    results, curves, comparison, ablation, rounding = {}, {}, {}, {}, {}
     for task in tasks:
         configs = [
             c
@@ -481,6 +508,8 @@ def aggregate(
                     }
                 )
             ablation[task] = rows
+        if any(c in cells for c in ROUNDING_CONFIGS):
+            rounding[task] = _rounding_rows(cells)
     statuses = [r["status"] for r in runs.values()]
     final_runs = [r for r in runs.values() if r["final"]]
     planned_records = [runs[(s.config, s.task, s.seed)] for s in plan]
@@ -525,6 +554,7 @@ def aggregate(
         "results": results,
         "comparison": comparison,
         "ablation": ablation,
+        "rounding": rounding,
         "curves": curves,
         "runs": [{"run": f"{c}/{t}/seed{s}", **r} for (c, t, s), r in runs.items()],
         "reference_returns_pytorch_sac_500k_1m": {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS},
@@ -540,6 +570,9 @@ def aggregate(
             "evidence (per seed, runs on disk at aggregation): each loss scaler's final scale and skipped steps "
             "over the whole run, read from the last checkpoint, and the last logged loss scales, entropy (SAC's "
             "target: -action_dim) and alpha; a config that misses its target is read against it.",
+            "rounding (the rounding study, --rounding_task): each of the parameter and target updates either "
+            "Kahan-compensated or stochastically rounded; ratio_to_fp32 and, on the row's own seeds, "
+            "ratio_to_fp16_same_seeds (fp16: Kahan for both).",
             "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
             "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
         ],

@@ -1,10 +1,11 @@
 """What the SAC reproduction trains: its configs, the scale, the plan of (config, task, seed) runs, and each run's
 config, directory and command line.
 
-Configs: ``fp32``, ``fp16`` (the paper's methods on), ``fp16_naive`` (none) from ``experiments/configs/sac/``, and
-for each method of :data:`METHODS` an ablation ``fp16_no_<method>``: ``fp16`` with ``agent.methods.<method>``
-off. A run's config is its config file's with :func:`overrides` applied; :func:`make_config` builds it in this
-process and :func:`command` is the ``python -m experiments.sac`` command line that builds the same config.
+Configs: ``fp32``, ``fp16`` (the paper's methods on), ``fp16_naive`` (none) and the :data:`BEYOND_CONFIGS` and
+:data:`ROUNDING_CONFIGS` from ``experiments/configs/sac/``, and for each method of :data:`METHODS` an ablation
+``fp16_no_<method>``: ``fp16`` with ``agent.methods.<method>`` off. A run's config is its config file's with
+:func:`overrides` applied; :func:`make_config` builds it in this process and :func:`command` is the
+``python -m experiments.sac`` command line that builds the same config.
 """
 
 from __future__ import annotations
@@ -30,8 +31,24 @@ METHODS = tuple(name for name in PrecisionMethods.switches() if getattr(Precisio
 ablation row. A switch the paper's agent leaves off (``stochastic_rounding``) has none."""
 ABLATION_PREFIX = "fp16_no_"
 ABLATION_CONFIGS = tuple(ABLATION_PREFIX + method for method in METHODS)
-ALL_CONFIGS = MAIN_CONFIGS + BEYOND_CONFIGS + ABLATION_CONFIGS
-CONFIG_GROUPS = {"main": MAIN_CONFIGS, "beyond": BEYOND_CONFIGS, "ablation": ABLATION_CONFIGS}
+ROUNDING_CONFIGS = ("fp16_sr_params", "fp16_sr_target")
+"""The rounding study, on ``--rounding_task`` only: fp16 with stochastic rounding for one of the two updates and
+the Kahan buffer for the other (parameters / target). Between ``fp16`` (Kahan for both) and ``fp16_sr``
+(stochastic rounding for both) they tell which update's rounding noise costs return."""
+ROUNDING_ROWS = {
+    "fp16": ("kahan", "kahan"),
+    "fp16_sr_target": ("kahan", "stochastic"),
+    "fp16_sr_params": ("stochastic", "kahan"),
+    "fp16_sr": ("stochastic", "stochastic"),
+}
+"""The rounding study's rows: (parameter update, target update) of each config."""
+ALL_CONFIGS = MAIN_CONFIGS + BEYOND_CONFIGS + ABLATION_CONFIGS + ROUNDING_CONFIGS
+CONFIG_GROUPS = {
+    "main": MAIN_CONFIGS,
+    "beyond": BEYOND_CONFIGS,
+    "ablation": ABLATION_CONFIGS,
+    "rounding": ROUNDING_CONFIGS,
+}
 DEFAULT_TASKS = ("cartpole-swingup", "reacher-easy", "walker-walk")
 DEFAULT_ABLATION_TASK = "walker-walk"
 DEFAULT_NUM_SEEDS = 3
@@ -154,16 +171,22 @@ def command(spec: RunSpec, scale: Scale, run_dir: pathlib.Path, resume: bool) ->
     return run_farm.python_module("experiments.sac", *flags)
 
 
-def build_plan(tasks: Sequence[str], seeds: Sequence[int], ablation_tasks: Sequence[str]) -> list[RunSpec]:
-    """All runs, in the order a session takes them: seed by seed, task by task, main configs then ablations."""
+def build_plan(
+    tasks: Sequence[str], seeds: Sequence[int], ablation_tasks: Sequence[str], rounding_tasks: Sequence[str] = ()
+) -> list[RunSpec]:
+    """All runs, in the order a session takes them: seed by seed, task by task, main configs, then ablations, then
+    the rounding study."""
     plan = []
     for seed in seeds:
-        for task in dict.fromkeys([*tasks, *ablation_tasks]):
-            configs = (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ()) + (
-                ABLATION_CONFIGS if task in ablation_tasks else ()
+        for task in dict.fromkeys([*tasks, *ablation_tasks, *rounding_tasks]):
+            configs = (
+                (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ())
+                + (ABLATION_CONFIGS if task in ablation_tasks else ())
+                + (ROUNDING_CONFIGS if task in rounding_tasks else ())
             )
-            if task in ablation_tasks and task not in tasks:
-                configs = ("fp16",) + configs  # the ablation's reference
+            if task not in tasks:  # the references: fp16 for an ablation, fp16 and fp16_sr for the rounding study
+                references = ("fp16",) + (("fp16_sr",) if task in rounding_tasks else ())
+                configs = references + configs
             plan.extend(RunSpec(config, task, seed) for config in configs)
     return plan
 

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 
 from benchmarks.sac_reproduction_aggregate import cell_done
-from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX
+from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX, ROUNDING_CONFIGS
 
 COLORS = {
     "fp32": "tab:blue",
@@ -17,6 +17,8 @@ COLORS = {
     "fp8": "black",
     "fp16_sr": "darkgoldenrod",
     "fp16_sr_8bit": "darkviolet",
+    "fp16_sr_params": "teal",
+    "fp16_sr_target": "sandybrown",
 }
 
 
@@ -44,7 +46,8 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
                 steps_at = ", ".join(str(v) for v in cell["diverged_at_step"].values())
                 label += f", {len(cell['seeds_diverged'])} diverged at step {steps_at}"
             label += ", INCOMPLETE)" if cell["status"] in ("incomplete", "missing") else ")"
-            ablated = config in ABLATION_CONFIGS  # thinner, no band: the bar chart is their summary
+            # thinner, no band: the ablation's bar chart and the json's rounding rows are their summaries
+            ablated = config in ABLATION_CONFIGS + ROUNDING_CONFIGS
             drawn = False
             if curve["finished"] and curve["finished"]["steps"]:
                 steps = np.asarray(curve["finished"]["steps"])

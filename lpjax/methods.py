@@ -9,8 +9,8 @@ hadam                hAdam instead of Adam (:func:`lpjax.optim.hadam`)          
 loss_scaling         compound loss scaling (init_scale, growth_interval)        ``method_optimizer``
 kahan_gradients      Kahan-compensated parameter updates                        ``method_optimizer``
 moment_dtype         the moments' dtype (None: the params'; 8-bit: blockwise)   ``method_optimizer``
-stochastic_rounding  stochastically rounded parameter and target updates        ``method_optimizer``,
-                                                                                ``target_updater``
+stochastic_rounding  stochastically rounded parameter and target updates, each  ``method_optimizer``,
+                     one that no Kahan buffer compensates                       ``target_updater``
 kahan_momentum       Kahan-compensated target (Polyak) updates                  ``target_updater``
 softplus_fix         the fp16-safe softplus of the policy's standard deviation  :mod:`lpjax.agents.sac`
 normal_fix           the fp16-safe Gaussian log-density                         :mod:`lpjax.agents.sac`
@@ -53,8 +53,10 @@ class PrecisionMethods:
         moments, or ``None`` for the parameters' dtype. An 8-bit name (``int8``, ``fp8``/``e4m3``, ``e5m2``)
         stores hAdam's moments blockwise-quantized (:mod:`lpjax.optim.quantized_moments`); it needs ``hadam``.
       moment_block_size: elements per quantization block of 8-bit moments (each block has a float32 scale).
-      stochastic_rounding: round each parameter and target update stochastically to the parameters' dtype, an
-        alternative to the Kahan buffers.
+      stochastic_rounding: round the parameter and target updates stochastically to the parameters' dtype, an
+        alternative to the Kahan buffers, update by update: the parameter update is rounded when
+        ``kahan_gradients`` is off, the target update when ``kahan_momentum`` is off. With both Kahan switches
+        on it would round nothing, which raises.
     """
 
     hadam: bool = False
@@ -88,8 +90,9 @@ class PrecisionMethods:
             (concrete.get("kahan_momentum_scale", 1) > 0, "kahan_momentum_scale must be > 0"),
             (concrete.get("moment_block_size", 1) >= 1, "moment_block_size must be >= 1"),
             (
-                not (self.stochastic_rounding and (self.kahan_gradients or self.kahan_momentum)),
-                "stochastic_rounding replaces the Kahan buffers: turn kahan_gradients and kahan_momentum off",
+                not (self.stochastic_rounding and self.kahan_gradients and self.kahan_momentum),
+                "stochastic_rounding replaces a Kahan buffer, but kahan_gradients and kahan_momentum are both on: "
+                "turn off the one whose update it should round",
             ),
         ]:
             if not ok:

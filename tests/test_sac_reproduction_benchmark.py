@@ -79,6 +79,7 @@ def test_help_is_fast_and_lists_the_flags():
     for flag in (
         "--only",
         "--tasks",
+        "--rounding_task",
         "--seeds",
         "--configs",
         "--max_runs",
@@ -116,7 +117,55 @@ def test_plan_and_ablation_configs():
     assert config.total_steps == 100_000 and config.env == "dmc:reacher-easy"
 
 
-@pytest.mark.parametrize("name", ["fp32", "fp16_naive", "fp16_no_hadam", "fp16_no_normal_fix"])
+def test_rounding_study_is_planned_only_on_its_tasks_and_rounds_one_update_each():
+    default = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
+    assert not any(s.config in plan.ROUNDING_CONFIGS for s in default)
+    runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK], ["walker-walk"])
+    added = [s for s in runs if s not in default]
+    assert sorted(added) == sorted(plan.RunSpec(c, "walker-walk", k) for c in plan.ROUNDING_CONFIGS for k in range(3))
+    # On a task outside the main ones, the study brings its references, fp16 and fp16_sr, once each.
+    alone = plan.build_plan([], [0], [], ["hopper-stand"])
+    assert [s.config for s in alone] == ["fp16", "fp16_sr", *plan.ROUNDING_CONFIGS]
+    scale = plan.Scale()
+    for config, (parameter_update, target_update) in plan.ROUNDING_ROWS.items():
+        methods = plan.make_config(plan.RunSpec(config, "walker-walk", 0), scale).agent.methods
+        # Each update is compensated by its Kahan buffer or else rounded stochastically: never both, never neither.
+        assert methods.kahan_gradients == (parameter_update == "kahan")
+        assert methods.kahan_momentum == (target_update == "kahan")
+        assert methods.stochastic_rounding == ("stochastic" in (parameter_update, target_update))
+        assert {m: methods[m] for m in plan.METHODS if "kahan" not in m} == dict.fromkeys(
+            [m for m in plan.METHODS if "kahan" not in m], True
+        )
+    assert set(plan.ROUNDING_CONFIGS) < set(plan.ROUNDING_ROWS) and plan.CONFIG_GROUPS["rounding"]
+
+
+def test_rounding_rows_compare_each_mix_with_fp32_and_with_fp16_on_its_seeds():
+    def cell(*returns):
+        values = {str(k): r for k, r in enumerate(returns)}
+        return {
+            "final_return_per_seed": values,
+            "mean": float(np.mean(returns)),
+            "std": 0.0,
+            "seeds_final": len(returns),
+            "status": "complete",
+        }
+
+    cells = {
+        "fp32": cell(300.0, 300.0, 300.0),
+        "fp16": cell(400.0, 200.0, 300.0),
+        "fp16_sr": cell(150.0, 150.0, 150.0),
+        "fp16_sr_params": cell(150.0, 100.0),
+    }
+    rows = agg._rounding_rows(cells)
+    assert [r["variant"] for r in rows] == ["fp16", "fp16_sr_params", "fp16_sr"]  # fp16_sr_target: no runs
+    params = rows[1]
+    assert (params["parameter_update"], params["target_update"]) == ("stochastic", "kahan")
+    assert params["ratio_to_fp32"] == pytest.approx(125.0 / 300.0)
+    assert params["fp16_same_seeds"] == [0, 1] and params["ratio_to_fp16_same_seeds"] == pytest.approx(250 / 600)
+    assert rows[0]["ratio_to_fp16_same_seeds"] == 1.0 and rows[2]["ratio_to_fp32"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16_naive", "fp16_no_hadam", "fp16_no_normal_fix", "fp16_sr_params"])
 def test_worker_command_builds_the_same_config(name):
     """A --workers subprocess runs ``python -m experiments.sac`` with overrides: its flags give make_config's."""
     spec = plan.RunSpec(name, "walker-walk", 1)

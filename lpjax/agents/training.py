@@ -122,7 +122,7 @@ def target_updater(config: OffPolicyConfig) -> TargetUpdater:
 
         tau < 1:  t <- t + tau (p - t)   (optax.incremental_update; Kahan-compensated, scaled by
                                           kahan_momentum_scale, with methods.kahan_momentum: lpjax.optim.kahan_polyak;
-                                          rounded stochastically with methods.stochastic_rounding:
+                                          else rounded stochastically with methods.stochastic_rounding:
                                           lpjax.optim.stochastic_rounding_polyak, seeded with TARGET_ROUNDING_SEED)
         tau = 1:  t <- p                 (a hard copy, as Acme's DQN/D4PG targets; no compensation is kept)
 

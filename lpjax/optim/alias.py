@@ -73,7 +73,7 @@ def method_optimizer(
                   hadam | adam (b1, b2, eps, moment_dtype),          methods.hadam (8-bit moments: hadam)
                   add_decayed_weights(weight_decay) * -lr))          weight_decay (AdamW's decoupled decay)
         then kahan_summation()                                       methods.kahan_gradients
-          or stochastic_rounding(rounding_seed)                      methods.stochastic_rounding
+          or else stochastic_rounding(rounding_seed)                 methods.stochastic_rounding
 
     With loss scaling and clipping, the scaler gives the clip the true (unscaled) gradients; without clipping,
     hAdam (or the injected Adam) receives the scaled gradients and the scaler takes the paper's compound path

@@ -12,6 +12,8 @@ from lpjax.agents.sac import SACConfig
 from lpjax.agents.training import TARGET_ROUNDING_SEED, target_updater
 from lpjax.methods import PrecisionMethods
 from lpjax.optim import (
+    KahanPolyakState,
+    KahanSummationState,
     StochasticRoundingState,
     method_optimizer,
     stochastic_round,
@@ -256,3 +258,32 @@ def test_method_optimizer_and_target_updater_use_it():
     moved, new_state = updater.update(online, params, target_state, jnp.asarray(0))
     assert np.all(np.asarray(moved["w"], np.float32) > 1.0)
     assert not np.array_equal(np.asarray(new_state.key), np.asarray(target_state.key))
+
+
+@pytest.mark.parametrize("kahan", ["kahan_gradients", "kahan_momentum"])
+def test_with_one_kahan_switch_it_rounds_the_other_update(kahan):
+    """Stochastic rounding takes the update that no Kahan buffer compensates; the Kahan one keeps its buffer.
+
+    The target side is checked by what it does: with tau = 0.005 and p = 1.0625, a target update moves an fp16
+    target at 1.0 by at most 3.1e-4, under half its ulp (4.9e-4): round to nearest stalls, while Kahan and
+    stochastic rounding (on average over 4096 elements; its noise there is ~1e-4) follow the float64 recursion
+    to 1.0396 in 200 updates."""
+    methods = PrecisionMethods(hadam=True, loss_scaling=True, stochastic_rounding=True, **{kahan: True})
+    params = {"w": jnp.ones((4096,), jnp.float16)}
+    opt_state = method_optimizer(1e-3, methods).init(params)
+    rounding = StochasticRoundingState if kahan == "kahan_momentum" else KahanSummationState
+    assert isinstance(opt_state[-1], rounding)
+    assert not any(isinstance(s, (StochasticRoundingState, KahanSummationState)) for s in opt_state[:-1])
+    updater = target_updater(SACConfig(methods=methods, tau=0.005, target_update_period=1))
+    target_state = updater.init(params)
+    assert isinstance(target_state, KahanPolyakState if kahan == "kahan_momentum" else StochasticRoundingState)
+
+    online = {"w": jnp.full((4096,), 1.0625, jnp.float16)}
+    step = jax.jit(lambda t, c: updater.update(online, t, c, jnp.asarray(0)))
+    target, exact, naive = params, 1.0, np.float16(1.0)
+    for _ in range(200):
+        target, target_state = step(target, target_state)
+        exact += 0.005 * (1.0625 - exact)
+        naive = np.float16(naive + np.float16(0.005) * (np.float16(1.0625) - naive))
+    assert naive == 1.0 and exact > 1.039
+    assert abs(np.asarray(target["w"], np.float64).mean() - exact) < 5e-4
