@@ -1,0 +1,392 @@
+"""What each way of landing an update on float16 weights does to them: round-to-nearest, Kahan summation and
+stochastic rounding, on the parameter update and on the Polyak target update, side by side against float64.
+
+**The weights** are one 256x256 layer (``--size``) drawn as Flax initializes it (LeCun normal: std 1/16), stored in
+float16. **The parameter updates** stand in for Adam's: ``u_k = lr (s d + z_k) / sqrt(1 + s^2)``, a fixed
+direction ``d = +-1`` per weight with share ``s`` (``--drift``) plus standard normal noise ``z_k`` (minibatch
+noise), cast to float16 as a float16 optimizer emits them. The default ``lr`` is below Adam's learning rate (1e-4)
+because a trained critic's Adam steps are: with noisy gradients ``|m| / sqrt(v)`` is well below 1. ``--runs``
+records the lag of real SAC runs' target critics (``real_target_lags``) to set it against. The same updates land
+on three copies of the weights:
+
+* ``round_to_nearest``: ``optax.apply_updates`` in float16;
+* ``kahan``: ``optax.chain(lpjax.optim.kahan_summation())`` first;
+* ``stochastic``: ``lpjax.optim.stochastic_rounding()`` first.
+
+**The target** follows the Kahan copy of the online weights (the most exact one) with ``t <- t + tau (p - t)``
+every ``--target_period`` parameter updates (``tau`` 0.005 and 2, SAC's defaults), by ``optax.incremental_update``
+in float16, ``lpjax.optim.kahan_polyak`` and ``lpjax.optim.stochastic_rounding_polyak``.
+
+**The reference** is float64: the float64 sum of the same float16 updates, and the float64 Polyak recursion over
+the same online weights. Every ``--log_every`` updates the benchmark records, per method, the median ``|error|``
+in units of each weight's float16 ulp, and the median bias along ``d``; and the signal each error competes with:
+how far the weights moved, and how far the target lags the online weights (``p - t``, by which the critic's
+bootstrap target differs from the online critic).
+
+**What to expect** (the json's ``theory``). Stochastic rounding's error per update has mean 0 and variance
+``f (1 - f) <= 1/4`` ulp^2 for a fractional part ``f`` of the update in ulps (``1/6`` on average over a uniform
+``f``). On the parameters these errors add up, a random walk: at most ``sqrt(k / 4)`` ulp rms after ``k`` updates.
+On the target the recursion forgets them at rate ``tau``: at most ``sqrt((1/4) / (1 - (1 - tau)^2))`` ulp rms in
+the steady state. Their sum is normal, so the median ``|error|`` is 0.674 of the rms. Round-to-nearest loses
+every update below half an ulp; Kahan summation carries the residual, so its error stays below an ulp.
+
+Run ``python -m benchmarks.rounding_noise --runs <SAC run dirs>`` (writes
+``benchmarks/results/rounding_noise.{json,png}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks.common import command_line, write_results
+from lpjax.optim import kahan_polyak, kahan_summation, stochastic_rounding, stochastic_rounding_polyak
+
+RESULT_NAME = "rounding_noise"
+METHODS = ("round_to_nearest", "kahan", "stochastic")
+DEFAULT_RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+
+
+MEDIAN_OF_NORMAL = 0.6744897501960817
+"""The median of ``|x|`` for a standard normal ``x``: a sum of many independent rounding errors is normal."""
+
+
+def theory(tau: float, steps: int) -> dict:
+    """Stochastic rounding's error, in ulps: root mean square for a uniform fractional part of the update
+    (variance 1/6 per update) and its bound (1/4), and the median ``|error|`` of the bound."""
+    target = 1.0 / (1.0 - (1.0 - tau) ** 2)
+    return {
+        "stochastic_parameter_rms_ulp_uniform": math.sqrt(steps / 6.0),
+        "stochastic_parameter_median_ulp_bound": MEDIAN_OF_NORMAL * math.sqrt(steps / 4.0),
+        "stochastic_target_rms_ulp_uniform": math.sqrt(target / 6.0),
+        "stochastic_target_median_ulp_bound": MEDIAN_OF_NORMAL * math.sqrt(target / 4.0),
+    }
+
+
+def _ulp(x: jax.Array) -> jax.Array:
+    """The float16 ulp at each element of float64 ``x``: the gap to the next float16 away from zero."""
+    h = jnp.abs(x).astype(jnp.float16)
+    return (jnp.nextafter(h, jnp.asarray(jnp.inf, jnp.float16)) - h).astype(jnp.float64)
+
+
+def _in_ulps(got: jax.Array, exact: jax.Array) -> jax.Array:
+    return (got.astype(jnp.float64) - exact) / _ulp(exact)
+
+
+def _errors(got: jax.Array, exact: jax.Array, direction: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The median of ``|got - exact|`` and the median of ``(got - exact) * direction`` (the bias along the updates'
+    persistent direction: negative when updates are lost), in units of the float16 ulp at ``exact``.
+
+    Medians, because an ulp-relative mean is dominated by the few weights nearest zero, whose ulps are tiny."""
+    e = _in_ulps(got, exact)
+    return jnp.median(jnp.abs(e)), jnp.median(e * direction)
+
+
+def simulate(
+    size: int, steps: int, log_every: int, lr: float, tau: float, period: int, drift: float, seed: int
+) -> dict:
+    """Runs all methods on the same updates (see the module docstring); returns the logged curves."""
+    if steps % log_every or log_every % period:
+        raise ValueError(f"steps ({steps}) must be a multiple of log_every ({log_every}), and it of period ({period}).")
+    with jax.enable_x64(True):
+        init_key, direction_key, noise_key = jax.random.split(jax.random.key(seed), 3)
+        p0 = (jax.random.truncated_normal(init_key, -2.0, 2.0, (size,)) / 16.0 / 0.87962566).astype(jnp.float16)
+        direction = jnp.where(jax.random.bernoulli(direction_key, 0.5, (size,)), 1.0, -1.0)
+        kahan = optax.chain(kahan_summation())
+        rounding = stochastic_rounding(seed)
+        kahan_target = kahan_polyak(tau)
+        rounding_target = stochastic_rounding_polyak(tau, seed + 1)
+
+        def step(carry, keys):
+            """``period`` parameter updates, then one target update."""
+            params, kahan_state, rounding_state, targets, kahan_target_state, rounding_target_state, exact = carry
+            nearest, compensated, rounded, exact_p = (
+                params["round_to_nearest"],
+                params["kahan"],
+                params["stochastic"],
+                exact["params"],
+            )
+            for key in keys:
+                noise = jax.random.normal(key, (size,))
+                u = (lr * (drift * direction + noise) / math.sqrt(1.0 + drift**2)).astype(jnp.float16)
+                nearest = optax.apply_updates(nearest, u)
+                d, kahan_state = kahan.update(u, kahan_state, compensated)
+                compensated = optax.apply_updates(compensated, d)
+                d, rounding_state = rounding.update(u, rounding_state, rounded)
+                rounded = optax.apply_updates(rounded, d)
+                exact_p = exact_p + u.astype(jnp.float64)
+            online = compensated  # the target follows the most exact online weights
+            exact_t = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
+            new_targets = {
+                "round_to_nearest": optax.incremental_update(online, targets["round_to_nearest"], tau),
+                "kahan": None,
+                "stochastic": None,
+            }
+            new_targets["kahan"], kahan_target_state = kahan_target.update(online, targets["kahan"], kahan_target_state)
+            new_targets["stochastic"], rounding_target_state = rounding_target.update(
+                online, targets["stochastic"], rounding_target_state
+            )
+            new_params = {"round_to_nearest": nearest, "kahan": compensated, "stochastic": rounded}
+            return (
+                new_params,
+                kahan_state,
+                rounding_state,
+                new_targets,
+                kahan_target_state,
+                rounding_target_state,
+                {"params": exact_p, "target": exact_t},
+            ), None
+
+        def measure(carry):
+            params, _, _, targets, _, _, exact = carry
+            out = {}
+            for method in METHODS:
+                p_error, p_bias = _errors(params[method], exact["params"], direction)
+                t_error, t_bias = _errors(targets[method], exact["target"], direction)
+                out[method] = {"param": p_error, "param_bias": p_bias, "target": t_error, "target_bias": t_bias}
+            out["signal"] = {
+                "param_moved": jnp.median(jnp.abs(_in_ulps(p0, exact["params"]))),
+                "target_lag": jnp.median(jnp.abs(_in_ulps(params["kahan"], exact["target"]))),
+            }
+            return out
+
+        @jax.jit
+        def segment(carry, keys):
+            carry, _ = jax.lax.scan(step, carry, keys)
+            return carry, measure(carry)
+
+        copies = dict.fromkeys(METHODS, p0)
+        exact0 = p0.astype(jnp.float64)
+        carry = (
+            copies,
+            kahan.init(p0),
+            rounding.init(p0),
+            copies,
+            kahan_target.init(p0),
+            rounding_target.init(p0),
+            {"params": exact0, "target": exact0},
+        )
+        keys = jax.random.split(noise_key, steps).reshape(steps // log_every, log_every // period, period)
+        logged = []
+        for segment_keys in keys:
+            carry, measured = segment(carry, segment_keys)
+            logged.append(jax.tree.map(float, measured))
+    curves = {
+        method: {name: [row[method][name] for row in logged] for name in logged[0][method]}
+        for method in (*METHODS, "signal")
+    }
+    return {"steps": [log_every * (i + 1) for i in range(len(logged))], "curves": curves}
+
+
+def summarize(simulated: dict, tau: float) -> dict:
+    """The final errors per method, and how large each is against its signal."""
+    curves = simulated["curves"]
+    signal = {name: values[-1] for name, values in curves["signal"].items()}
+    final = {
+        method: {name: values[-1] for name, values in curves[method].items()}
+        | {
+            "param_over_moved": curves[method]["param"][-1] / signal["param_moved"],
+            "target_over_lag": curves[method]["target"][-1] / signal["target_lag"],
+        }
+        for method in METHODS
+    }
+    half = len(simulated["steps"]) // 2  # the target's steady state: the mean over the logged second half
+    steady = {method: float(np.mean(curves[method]["target"][half:])) for method in METHODS}
+    return {"final": final, "signal": signal, "target_steady_state": steady}
+
+
+def real_lags(run_dirs: Sequence[pathlib.Path]) -> dict:
+    """The median ``|p - t|`` in float16 ulps of ``t`` between each online critic matrix and its target in the last
+    checkpoint of each SAC run: the lag that a rounding error of the target competes with in training."""
+    import warnings
+
+    from lpjax.checkpoint import Checkpointer
+
+    def leaves(tree, path=()):
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                yield from leaves(value, (*path, str(key)))
+        else:
+            yield path, tree
+
+    out = {}
+    for run_dir in run_dirs:
+        directory = pathlib.Path(run_dir) / "checkpoints"
+        if not directory.is_dir():  # checked first: a Checkpointer would create it
+            raise ValueError(f"{run_dir}: no checkpoints directory; --runs takes SAC run directories.")
+        checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                state, _ = checkpointer.restore()
+        finally:
+            checkpointer.close()
+        online, target = {}, {}
+        for path, leaf in leaves(state):
+            if getattr(leaf, "ndim", 0) != 2 or min(leaf.shape) < 2:
+                continue
+            if "params" not in path:
+                continue
+            name = path[len(path) - path[::-1].index("params") :]  # the layer's path below its last "params"
+            if "target_critic" in path:
+                target[name] = leaf
+            elif "critic" in path:
+                online[name] = leaf
+        lags = {}
+        for name, t in sorted(target.items()):
+            if name not in online:
+                raise ValueError(f"{run_dir}: the target critic's {'/'.join(name)} has no online counterpart.")
+            t64 = np.asarray(t, np.float64)
+            ulp = np.spacing(np.abs(t64).astype(np.float16)).astype(np.float64)
+            lags["/".join(name)] = float(np.median(np.abs(np.asarray(online[name], np.float64) - t64) / ulp))
+        if not lags:
+            raise ValueError(f"{run_dir}: no critic and target_critic matrices in the last checkpoint.")
+        out[str(run_dir)] = lags
+    return out
+
+
+def format_table(result: dict) -> str:
+    s = result["summary"]
+    lines = [
+        f"after {result['steps'][-1]} updates of {result['config']['size']} float16 weights "
+        "(median |error| and median bias in float16 ulps, against float64)",
+        f"{'method':<18} {'param':>9} {'bias':>8} {'/ moved':>9} {'target':>9} {'bias':>8} {'/ lag':>8} {'steady':>8}",
+    ]
+    for method in METHODS:
+        f = s["final"][method]
+        lines.append(
+            f"{method:<18} {f['param']:>9.2f} {f['param_bias']:>8.2f} {f['param_over_moved']:>9.4f} "
+            f"{f['target']:>9.2f} {f['target_bias']:>8.2f} {f['target_over_lag']:>8.4f} "
+            f"{s['target_steady_state'][method]:>8.2f}"
+        )
+    t = result["theory"]
+    lines.append(
+        f"signal: the weights moved {s['signal']['param_moved']:.1f} ulp, the target lags "
+        f"{s['signal']['target_lag']:.1f} ulp (medians); stochastic rounding's theory (median |error|): parameters <= "
+        f"{t['stochastic_parameter_median_ulp_bound']:.1f} ulp, target <= {t['stochastic_target_median_ulp_bound']:.2f}"
+        " ulp"
+    )
+    for run, lags in result["real_target_lags"].items():
+        lines.append(f"real lag in {run}: " + ", ".join(f"{k} {v:.1f}" for k, v in lags.items()))
+    return "\n".join(lines)
+
+
+def plot(result: dict, out_png: pathlib.Path) -> None:
+    """Median error against float64 over the updates, parameters (left) and target (right), log scale."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.2), dpi=110)
+    FigureCanvasAgg(figure)
+    steps = np.asarray(result["steps"])
+    colors = {"round_to_nearest": "tab:red", "kahan": "tab:green", "stochastic": "darkgoldenrod"}
+    for col, (side, signal, title) in enumerate(
+        (
+            ("param", "param_moved", "parameters"),
+            ("target", "target_lag", f"Polyak target, tau {result['config']['tau']}"),
+        )
+    ):
+        axes = figure.add_subplot(1, 2, col + 1)
+        for method in METHODS:
+            axes.plot(steps, result["curves"][method][side], color=colors[method], label=method)
+        axes.plot(steps, result["curves"]["signal"][signal], "k:", label=signal.replace("_", " "))
+        if side == "param":
+            bound = MEDIAN_OF_NORMAL * np.sqrt(steps / 4.0)
+            axes.plot(steps, bound, "--", color="gray", label="stochastic: theory's bound")
+        else:
+            level = result["theory"]["stochastic_target_median_ulp_bound"]
+            axes.axhline(level, linestyle="--", color="gray", label="stochastic: theory's bound")
+        axes.set_yscale("log")
+        axes.set_xlabel("updates")
+        axes.set_ylabel("median |error| vs float64 (float16 ulps)")
+        axes.set_title(title, fontsize="medium")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(out_png)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rounding_noise",
+        description="Round-to-nearest, Kahan summation and stochastic rounding landing the same updates on float16 "
+        "weights and on their Polyak target, against float64.",
+    )
+    parser.add_argument("--size", type=int, default=65_536, help="weights (default: one 256x256 layer)")
+    parser.add_argument("--steps", type=int, default=20_000, help="updates")
+    parser.add_argument("--log_every", type=int, default=500, help="record the errors every N updates")
+    parser.add_argument(
+        "--lr", type=float, default=3e-5, help="update size: the rms of a weight's step (see the module docstring)"
+    )
+    parser.add_argument("--tau", type=float, default=0.005, help="Polyak step size of the target")
+    parser.add_argument(
+        "--target_period", type=int, default=2, help="parameter updates per target update (SAC's default: 2)"
+    )
+    parser.add_argument(
+        "--drift", type=float, default=0.0, help="the persistent direction's share of an update, against noise 1"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--runs",
+        type=pathlib.Path,
+        nargs="*",
+        default=[],
+        help="SAC run directories whose last checkpoint's target lag (critic vs target critic) to record",
+    )
+    parser.add_argument("--results_dir", type=pathlib.Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument(
+        "--quick", action="store_true", help="4096 weights, 2000 updates: a smoke test, not a measurement"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size, args.steps, args.log_every = 4096, 2000, 500
+    if min(args.size, args.steps, args.log_every, args.target_period) < 1:
+        parser.error("--size, --steps, --log_every and --target_period must be >= 1")
+    if args.steps % args.log_every or args.log_every % args.target_period:
+        parser.error("--steps must be a multiple of --log_every, and --log_every of --target_period")
+    if not 0.0 < args.tau <= 1.0:
+        parser.error(f"--tau must be in (0, 1], got {args.tau}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    simulated = simulate(
+        args.size, args.steps, args.log_every, args.lr, args.tau, args.target_period, args.drift, args.seed
+    )
+    result = {
+        "benchmark": RESULT_NAME,
+        "command": command_line(f"benchmarks.{RESULT_NAME}", argv),
+        "jax_version": jax.__version__,
+        "config": {k: v for k, v in vars(args).items() if k not in ("results_dir", "runs", "quick")},
+        **simulated,
+        "theory": theory(args.tau, args.steps),
+        "real_target_lags": real_lags(args.runs),
+        "notes": [
+            "Errors are in units of each weight's float16 ulp at the float64 reference: the median of |error| "
+            "and the median of error x direction (bias: negative where updates are lost) over the weights. The "
+            "parameters' reference is the float64 sum of the same float16 updates, the target's the float64 Polyak "
+            "recursion over the same online weights (the Kahan copy).",
+            "signal: param_moved is how far the weights moved, target_lag how far the target lags the online "
+            "weights (medians, in ulps); *_over_* say how large an error is against them. real_target_lags: the "
+            "same lag in the last checkpoints of real SAC runs (--runs), per critic matrix.",
+            "Synthetic updates (a fixed direction plus normal noise, at Adam's step size): the rounding errors, "
+            "not any learning, are measured.",
+        ],
+    }
+    result["summary"] = summarize(simulated, args.tau)
+    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
