@@ -10,7 +10,7 @@ records the lag of real SAC runs' target critics (``real_target_lags``) to set i
 on three copies of the weights:
 
 * ``round_to_nearest``: ``optax.apply_updates`` in float16;
-* ``kahan``: ``optax.chain(lpjax.optim.kahan_summation())`` first;
+* ``kahan``: ``lpjax.optim.kahan_summation()`` first;
 * ``stochastic``: ``lpjax.optim.stochastic_rounding()`` first.
 
 **The target** follows the Kahan copy of the online weights (the most exact one) with ``t <- t + tau (p - t)``
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import run_evidence
 from benchmarks.common import command_line, write_results
 from lpjax.optim import kahan_polyak, kahan_summation, stochastic_rounding, stochastic_rounding_polyak
 
@@ -99,7 +100,7 @@ def simulate(
         init_key, direction_key, noise_key = jax.random.split(jax.random.key(seed), 3)
         p0 = (jax.random.truncated_normal(init_key, -2.0, 2.0, (size,)) / 16.0 / 0.87962566).astype(jnp.float16)
         direction = jnp.where(jax.random.bernoulli(direction_key, 0.5, (size,)), 1.0, -1.0)
-        kahan = optax.chain(kahan_summation())
+        kahan = kahan_summation()
         rounding = stochastic_rounding(seed)
         kahan_target = kahan_polyak(tau)
         rounding_target = stochastic_rounding_polyak(tau, seed + 1)
@@ -124,15 +125,12 @@ def simulate(
                 exact_p = exact_p + u.astype(jnp.float64)
             online = compensated  # the target follows the most exact online weights
             exact_t = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
-            new_targets = {
-                "round_to_nearest": optax.incremental_update(online, targets["round_to_nearest"], tau),
-                "kahan": None,
-                "stochastic": None,
-            }
-            new_targets["kahan"], kahan_target_state = kahan_target.update(online, targets["kahan"], kahan_target_state)
-            new_targets["stochastic"], rounding_target_state = rounding_target.update(
+            kahan_t, kahan_target_state = kahan_target.update(online, targets["kahan"], kahan_target_state)
+            rounded_t, rounding_target_state = rounding_target.update(
                 online, targets["stochastic"], rounding_target_state
             )
+            nearest_t = optax.incremental_update(online, targets["round_to_nearest"], tau)
+            new_targets = {"round_to_nearest": nearest_t, "kahan": kahan_t, "stochastic": rounded_t}
             new_params = {"round_to_nearest": nearest, "kahan": compensated, "stochastic": rounded}
             return (
                 new_params,
@@ -185,7 +183,7 @@ def simulate(
     return {"steps": [log_every * (i + 1) for i in range(len(logged))], "curves": curves}
 
 
-def summarize(simulated: dict, tau: float) -> dict:
+def summarize(simulated: dict) -> dict:
     """The final errors per method, and how large each is against its signal."""
     curves = simulated["curves"]
     signal = {name: values[-1] for name, values in curves["signal"].items()}
@@ -205,34 +203,18 @@ def summarize(simulated: dict, tau: float) -> dict:
 def real_lags(run_dirs: Sequence[pathlib.Path]) -> dict:
     """The median ``|p - t|`` in float16 ulps of ``t`` between each online critic matrix and its target in the last
     checkpoint of each SAC run: the lag that a rounding error of the target competes with in training."""
-    import warnings
-
-    from lpjax.checkpoint import Checkpointer
-
-    def leaves(tree, path=()):
-        if isinstance(tree, dict):
-            for key, value in tree.items():
-                yield from leaves(value, (*path, str(key)))
-        else:
-            yield path, tree
-
     out = {}
     for run_dir in run_dirs:
-        directory = pathlib.Path(run_dir) / "checkpoints"
-        if not directory.is_dir():  # checked first: a Checkpointer would create it
-            raise ValueError(f"{run_dir}: no checkpoints directory; --runs takes SAC run directories.")
-        checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                state, _ = checkpointer.restore()
-        finally:
-            checkpointer.close()
+        state = run_evidence.last_checkpoint(run_dir)
+        if state is None:
+            raise ValueError(
+                f"{run_dir}: no checkpoints directory or no readable checkpoint in it; --runs takes SAC run "
+                "directories."
+            )
         online, target = {}, {}
-        for path, leaf in leaves(state):
-            if getattr(leaf, "ndim", 0) != 2 or min(leaf.shape) < 2:
-                continue
-            if "params" not in path:
+        for keys, leaf in jax.tree_util.tree_leaves_with_path(state):
+            path = tuple(str(getattr(k, "key", k)) for k in keys)
+            if getattr(leaf, "ndim", 0) != 2 or min(leaf.shape) < 2 or "params" not in path:
                 continue
             name = path[len(path) - path[::-1].index("params") :]  # the layer's path below its last "params"
             if "target_critic" in path:
@@ -240,12 +222,12 @@ def real_lags(run_dirs: Sequence[pathlib.Path]) -> dict:
             elif "critic" in path:
                 online[name] = leaf
         lags = {}
-        for name, t in sorted(target.items()):
-            if name not in online:
-                raise ValueError(f"{run_dir}: the target critic's {'/'.join(name)} has no online counterpart.")
-            t64 = np.asarray(t, np.float64)
-            ulp = np.spacing(np.abs(t64).astype(np.float16)).astype(np.float64)
-            lags["/".join(name)] = float(np.median(np.abs(np.asarray(online[name], np.float64) - t64) / ulp))
+        with jax.enable_x64(True):
+            for name, t in sorted(target.items()):
+                if name not in online:
+                    raise ValueError(f"{run_dir}: the target critic's {'/'.join(name)} has no online counterpart.")
+                lag = _in_ulps(jnp.asarray(online[name]), jnp.asarray(t, jnp.float64))
+                lags["/".join(name)] = float(jnp.median(jnp.abs(lag)))
         if not lags:
             raise ValueError(f"{run_dir}: no critic and target_critic matrices in the last checkpoint.")
         out[str(run_dir)] = lags
@@ -360,6 +342,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
+    lags = real_lags(args.runs)  # first: a bad --runs fails before the simulation
     simulated = simulate(
         args.size, args.steps, args.log_every, args.lr, args.tau, args.target_period, args.drift, args.seed
     )
@@ -370,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "config": {k: v for k, v in vars(args).items() if k not in ("results_dir", "runs", "quick")},
         **simulated,
         "theory": theory(args.tau, args.steps),
-        "real_target_lags": real_lags(args.runs),
+        "real_target_lags": lags,
         "notes": [
             "Errors are in units of each weight's float16 ulp at the float64 reference: the median of |error| "
             "and the median of error x direction (bias: negative where updates are lost) over the weights. The "
@@ -379,11 +362,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "signal: param_moved is how far the weights moved, target_lag how far the target lags the online "
             "weights (medians, in ulps); *_over_* say how large an error is against them. real_target_lags: the "
             "same lag in the last checkpoints of real SAC runs (--runs), per critic matrix.",
-            "Synthetic updates (a fixed direction plus normal noise, at Adam's step size): the rounding errors, "
-            "not any learning, are measured.",
+            "Synthetic updates (a fixed direction plus normal noise, of rms --lr): the rounding errors, not any "
+            "learning, are measured.",
         ],
     }
-    result["summary"] = summarize(simulated, args.tau)
+    result["summary"] = summarize(simulated)
     write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
     return result
 

@@ -90,12 +90,13 @@ def _scalers(tree: Any) -> dict[str, dict]:
     }
 
 
-def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
-    """The loss scalers of the run's last checkpoint, by network (``None``: no readable checkpoint)."""
+def last_checkpoint(run_dir: pathlib.Path) -> Any | None:
+    """The raw state tree of the run's last checkpoint (NamedTuples as dicts), or ``None`` when the run has no
+    readable one. A missing ``checkpoints`` directory is not created."""
     from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 
     directory = pathlib.Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
+    if not directory.is_dir():  # checked first: a Checkpointer would create it
         return None
     checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
     try:
@@ -108,7 +109,13 @@ def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
         return None
     finally:
         checkpointer.close()
-    return _scalers(state)
+    return state
+
+
+def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
+    """The loss scalers of the run's last checkpoint, by network (``None``: no readable checkpoint)."""
+    state = last_checkpoint(run_dir)
+    return None if state is None else _scalers(state)
 
 
 def last_logged(run_dir: pathlib.Path, columns=LOGGED) -> dict[str, float | None]:

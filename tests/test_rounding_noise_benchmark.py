@@ -22,7 +22,7 @@ def simulated():
 
 
 def test_each_method_errs_as_its_rounding_predicts(simulated):
-    final = bench.summarize(simulated, tau=0.005)["final"]
+    final = bench.summarize(simulated)["final"]
     theory = bench.theory(0.005, STEPS)
     nearest, kahan, stochastic = (final[m] for m in bench.METHODS)
     # Kahan carries every residual: below an ulp on both updates.
