@@ -313,6 +313,23 @@ def _same_seeds_reference(cell: dict, reference: dict | None) -> dict:
     }
 
 
+def _time_remaining(runs: dict, remaining: Sequence[RunSpec], scale: Scale) -> dict:
+    """The median training speed of each config's runs (steps per second of training sessions, sessions summed)
+    and the hours the ``remaining`` runs' steps take at their config's speed, one run at a time (``None`` while a
+    remaining run's config has no timed run). Speeds differ by config: a diverged run stops at once, an fp8 one
+    emulates its casts on a CPU."""
+    rates: dict[str, list[float]] = {}
+    for (config, _, _), record in runs.items():
+        if record.get("steps_per_s"):
+            rates.setdefault(config, []).append(record["steps_per_s"])
+    medians = {config: float(np.median(r)) for config, r in sorted(rates.items())}
+    hours = None
+    if all(s.config in medians for s in remaining):
+        steps = [(s.config, scale.steps - runs[(s.config, s.task, s.seed)]["step"]) for s in remaining]
+        hours = round(sum(n / medians[config] for config, n in steps) / 3600, 2)
+    return {"median_steps_per_s": medians, "estimated_hours_remaining_one_worker": hours}
+
+
 def _rounding_rows(cells: dict) -> list[dict]:
     """The rounding study's rows on one task: how each config updates the parameters and the target, and its
     return against fp32 and against fp16 (Kahan for both) on its own seeds."""
@@ -512,11 +529,7 @@ def aggregate(
             rounding[task] = _rounding_rows(cells)
     statuses = [r["status"] for r in runs.values()]
     final_runs = [r for r in runs.values() if r["final"]]
-    planned_records = [runs[(s.config, s.task, s.seed)] for s in plan]
-    remaining = [r for r in planned_records if not r["final"]]
-    rates = [r["steps_per_s"] for r in runs.values() if r.get("steps_per_s")]
-    steps_per_s = float(np.median(rates)) if rates else None
-    remaining_steps = sum(scale.steps - r["step"] for r in remaining)
+    remaining = [s for s in plan if not runs[(s.config, s.task, s.seed)]["final"]]
     result = {
         "benchmark": RESULT_NAME,
         "command": command_line("benchmarks.sac_reproduction", argv),
@@ -544,10 +557,7 @@ def aggregate(
             "runs_final": len(final_runs),
             "runs_planned_remaining": len(remaining),
             "by_status": {s: statuses.count(s) for s in sorted(set(statuses))},
-            "median_steps_per_s": steps_per_s,
-            "estimated_hours_remaining_one_worker": (
-                round(remaining_steps / steps_per_s / 3600, 2) if steps_per_s else None
-            ),
+            **_time_remaining(runs, remaining, scale),
         },
         "target_ratio": TARGET_RATIO,
         "naive_far_lower_threshold": NAIVE_FAR_LOWER,

@@ -165,6 +165,25 @@ def test_rounding_rows_compare_each_mix_with_fp32_and_with_fp16_on_its_seeds():
     assert rows[0]["ratio_to_fp16_same_seeds"] == 1.0 and rows[2]["ratio_to_fp32"] == 0.5
 
 
+def test_time_remaining_runs_each_config_at_its_own_speed():
+    scale = plan.Scale(steps=100_000)
+    runs = {
+        ("fp16", TASK, 0): {"step": 100_000, "final": True, "steps_per_s": 100.0},
+        ("fp16", TASK, 1): {"step": 100_000, "final": True, "steps_per_s": 300.0},
+        ("fp16_naive", TASK, 0): {"step": 10, "final": True, "steps_per_s": 5000.0},  # diverged at once
+        ("fp8", TASK, 0): {"step": 100_000, "final": True, "steps_per_s": 20.0},
+        ("fp8", TASK, 1): {"step": 28_000, "final": False, "steps_per_s": None},  # partial, never timed
+        ("fp16", TASK, 2): {"step": 0, "final": False},
+    }
+    remaining = [plan.RunSpec("fp8", TASK, 1), plan.RunSpec("fp16", TASK, 2)]
+    out = agg._time_remaining(runs, remaining, scale)
+    assert out["median_steps_per_s"] == {"fp16": 200.0, "fp16_naive": 5000.0, "fp8": 20.0}
+    assert out["estimated_hours_remaining_one_worker"] == 1.14  # (72,000 / 20 + 100,000 / 200) seconds
+    # a remaining run of a config that was never timed leaves the estimate open
+    unknown = agg._time_remaining(runs, [*remaining, plan.RunSpec("fp16_sr", TASK, 0)], scale)
+    assert unknown["estimated_hours_remaining_one_worker"] is None
+
+
 @pytest.mark.parametrize("name", ["fp32", "fp16_naive", "fp16_no_hadam", "fp16_no_normal_fix", "fp16_sr_params"])
 def test_worker_command_builds_the_same_config(name):
     """A --workers subprocess runs ``python -m experiments.sac`` with overrides: its flags give make_config's."""
