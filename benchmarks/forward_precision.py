@@ -1,0 +1,209 @@
+"""What the forward pass's precision alone changes in a trained SAC agent: its float32 parameters evaluated with
+float32 activations and matmuls (the reference), with bfloat16 activations (``mixed_bf16``), and with bfloat16
+activations and blockwise W8A8 fp8 GEMMs (``fp8``, lpjax's fp8 policy), on transitions from the run's own replay
+buffer. It separates what the activation format costs from what the fp8 GEMM adds.
+
+For each run directory of ``--runs`` (a ``python -m experiments.sac`` run whose checkpoints hold the replay buffer,
+the default) its last checkpoint is restored and ``--samples`` transitions ``(s, a)`` are drawn from the replay
+buffer. For each policy ``p``, with the same parameters:
+
+* ``q_rms_error``: ``rms(Q_p(s, a) - Q_32(s, a))`` over the transitions and both Q-networks;
+* ``q_spread``: the std of ``Q_32(s, a)`` over the transitions, the scale of the differences the critic must
+  rank (the error's share of it is ``q_error_over_spread``);
+* ``action_grad_cosine``: the mean over states of ``cos(grad_a min_i Q_p(s, a), grad_a min_i Q_32(s, a))`` at the
+  policy's deterministic action ``a = tanh(mu_32(s))``, the direction in which the actor's update moves its
+  actions (through the fp8 GEMM's straight-through gradient, as in training);
+* ``action_l2``: the mean of ``||tanh(mu_p(s)) - tanh(mu_32(s))||_2``, the deterministic actions' distance.
+
+Beside them, ``td_error_rms`` is ``sqrt(L_Q / 2)`` of the run's last logged critic loss ``L_Q`` (the mean over
+the batch of the two Q-networks' summed squared TD errors): how far the critic still is from its targets when
+training ended. A forward error of that size would bury the TD signal; a small fraction of it cannot.
+
+The fp32 row is zero (and a cosine of 1) by construction. Nothing here is timed.
+
+Run ``python -m benchmarks.forward_precision --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import pathlib
+from collections.abc import Sequence
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import run_evidence
+from benchmarks.common import command_line, write_results
+
+RESULT_NAME = "forward_precision"
+DEFAULT_RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+POLICIES = ("fp32", "mixed_bf16", "fp8")
+"""The reference first: float32 everywhere; then bfloat16 activations; then bfloat16 activations and fp8 GEMMs."""
+
+
+def with_policy(agent, policy: str):
+    """The SAC state ``agent`` with its networks run under ``policy`` (the parameters unchanged)."""
+    return agent.replace(config=dataclasses.replace(agent.config, policy=policy))
+
+
+def _q(agent, obs, action):
+    from lpjax.agents import sac
+
+    return sac.SACCritic(agent.config).apply(agent.critic.params, obs, action).astype(jnp.float32)  # (2, B)
+
+
+def _action_gradients(agent, obs, action):
+    return jax.grad(lambda a: jnp.sum(jnp.min(_q(agent, obs, a), axis=0)))(action)
+
+
+def compare(agent, obs: jax.Array, action: jax.Array, policies: Sequence[str] = POLICIES) -> dict[str, dict]:
+    """The module docstring's measures of ``agent`` under each of ``policies`` against float32, on the states
+    ``obs`` and replayed actions ``action`` (each ``(B, ...)``)."""
+    from lpjax.agents import sac
+
+    reference = with_policy(agent, "fp32")
+    q_32 = _q(reference, obs, action)
+    mu_32 = sac.act(reference, obs, jax.random.PRNGKey(0), deterministic=True)
+    grad_32 = _action_gradients(reference, obs, mu_32)
+    spread = float(jnp.std(q_32))
+    out = {}
+    for policy in policies:
+        agent_p = with_policy(agent, policy)
+        q_error = float(jnp.sqrt(jnp.mean(jnp.square(_q(agent_p, obs, action) - q_32))))
+        mu_p = sac.act(agent_p, obs, jax.random.PRNGKey(0), deterministic=True)
+        grad_p = _action_gradients(agent_p, obs, mu_32)
+        cosine = jnp.sum(grad_p * grad_32, axis=-1) / (
+            jnp.linalg.norm(grad_p, axis=-1) * jnp.linalg.norm(grad_32, axis=-1)
+        )
+        out[policy] = {
+            "q_rms_error": q_error,
+            "q_spread": spread,
+            "q_error_over_spread": q_error / spread if spread > 0 else None,
+            "action_grad_cosine": float(jnp.mean(cosine)),
+            "action_l2": float(jnp.mean(jnp.linalg.norm(mu_p - mu_32, axis=-1))),
+        }
+    return out
+
+
+def measure_run(run_dir: pathlib.Path, samples: int, seed: int) -> dict:
+    """:func:`compare` on ``samples`` transitions of the run's replay buffer, with the run's own TD error."""
+    from experiments.sac_loop import load_run
+    from lpjax.replay import replay_sample
+
+    if not (run_dir / "checkpoints").is_dir():  # checked first: restoring would create the directory
+        raise FileNotFoundError(
+            f"{run_dir} has no checkpoints/: expected a run directory of `python -m experiments.sac`."
+        )
+    config, loop, step = load_run(run_dir)
+    if loop.replay is None:
+        raise ValueError(f"{run_dir} did not save its replay buffer (config.save_replay is False).")
+    batch = replay_sample(loop.replay, jax.random.PRNGKey(seed), samples)
+    _, losses = run_evidence.logged(run_dir, "train/critic_loss")
+    last_loss = next((loss for loss in reversed(losses) if loss is not None), None)
+    return {
+        "run_dir": str(run_dir),
+        "trained_policy": config.agent.policy,
+        "env": config.env,
+        "step": int(step),
+        "samples": samples,
+        "td_error_rms": math.sqrt(last_loss / 2) if last_loss is not None else None,
+        "policies": compare(loop.agent, batch["obs"], batch["action"]),
+    }
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(result: dict) -> str:
+    lines = []
+    for run in result["runs"]:
+        lines.append(
+            f"{run['run_dir']} (trained {run['trained_policy']}, step {run['step']}, "
+            f"{run['samples']} transitions, TD error rms {_number(run['td_error_rms'], '.3g')})"
+        )
+        lines.append(f"  {'policy':<11} {'Q rms error':>11} {'/ Q spread':>10} {'grad_a cos':>10} {'action L2':>10}")
+        for policy, row in run["policies"].items():
+            lines.append(
+                f"  {policy:<11} {row['q_rms_error']:>11.4g} {_number(row['q_error_over_spread'], '.4f'):>10} "
+                f"{row['action_grad_cosine']:>10.4f} {row['action_l2']:>10.4f}"
+            )
+    return "\n".join(lines)
+
+
+def plot(result: dict, out_png: pathlib.Path) -> None:
+    """Per run, the three measures of each policy as grouped bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = result["runs"]
+    panels = (
+        ("q_error_over_spread", "Q rms error / Q spread"),
+        ("action_grad_cosine", "cos(grad_a Q_p, grad_a Q_32)"),
+        ("action_l2", "deterministic action L2"),
+    )
+    figure = Figure(figsize=(4 * len(panels), 3.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(panels))
+    width = 0.8 / len(POLICIES)
+    names = ["/".join(pathlib.Path(run["run_dir"]).parts[-3:]) for run in runs]
+    for ax, (key, title) in zip(axes, panels):
+        for i, policy in enumerate(POLICIES):
+            values = [run["policies"][policy][key] or 0.0 for run in runs]
+            ax.bar(np.arange(len(runs)) + i * width, values, width, label=policy)
+        ax.set_xticks(np.arange(len(runs)) + width * (len(POLICIES) - 1) / 2, names, rotation=20, fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    figure.suptitle("Trained SAC parameters, forward pass in fp32, with bf16 activations, with bf16 + fp8 GEMMs")
+    figure.savefig(out_png)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{RESULT_NAME}",
+        description="A trained SAC agent's critic and actor evaluated with float32, bfloat16-activation and fp8-GEMM "
+        "forward passes on its own replay transitions: Q error, action-gradient direction, action distance.",
+    )
+    parser.add_argument("--runs", type=pathlib.Path, nargs="+", required=True, help="SAC run directories")
+    parser.add_argument("--samples", type=int, default=4096, help="replay transitions per run (default 4096)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the replay sample")
+    parser.add_argument("--results_dir", type=pathlib.Path, default=DEFAULT_RESULTS_DIR)
+    args = parser.parse_args(argv)
+    if args.samples < 2:
+        parser.error(f"--samples must be >= 2, got {args.samples}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    runs = [measure_run(run_dir.absolute(), args.samples, args.seed) for run_dir in args.runs]
+    result = {
+        "benchmark": RESULT_NAME,
+        "command": command_line(f"benchmarks.{RESULT_NAME}", argv),
+        "jax_version": jax.__version__,
+        "runs": runs,
+        "notes": [
+            "Each run's last checkpoint, evaluated with its float32 parameters under each policy: fp32 (the "
+            "reference), mixed_bf16 (bfloat16 activations, float32 matmuls), fp8 (bfloat16 activations, blockwise "
+            "W8A8 E4M3 GEMMs).",
+            "q_rms_error: rms of Q_p - Q_32 over the transitions and both Q-networks; q_spread: std of Q_32 over "
+            "the transitions; action_grad_cosine: mean cosine between grad_a min Q_p and grad_a min Q_32 at "
+            "tanh(mu_32(s)); action_l2: mean distance of the deterministic actions.",
+            "td_error_rms: sqrt(last logged critic loss / 2), the rms TD error of one Q-network when training "
+            "ended (the loss sums the two networks' squared errors).",
+        ],
+    }
+    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
