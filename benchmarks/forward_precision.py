@@ -17,7 +17,8 @@ buffer. For each policy ``p``, with the same parameters:
 
 Beside them, ``td_error_rms`` is ``sqrt(L_Q / 2)`` of the run's last logged critic loss ``L_Q`` (the mean over
 the batch of the two Q-networks' summed squared TD errors): how far the critic still is from its targets when
-training ended. A forward error of that size would bury the TD signal; a small fraction of it cannot.
+training ended. ``q_error_over_td_error`` is ``q_rms_error / td_error_rms``: a forward error of the TD error's size
+buries the signal the critic learns from; a small fraction of it cannot.
 
 The fp32 row is zero (and a cosine of 1) by construction. Nothing here is timed.
 
@@ -107,14 +108,18 @@ def measure_run(run_dir: pathlib.Path, samples: int, seed: int) -> dict:
     batch = replay_sample(loop.replay, jax.random.PRNGKey(seed), samples)
     _, losses = run_evidence.logged(run_dir, "train/critic_loss")
     last_loss = next((loss for loss in reversed(losses) if loss is not None), None)
+    td_error = math.sqrt(last_loss / 2) if last_loss is not None else None
+    rows = compare(loop.agent, batch["obs"], batch["action"])
+    for row in rows.values():
+        row["q_error_over_td_error"] = row["q_rms_error"] / td_error if td_error else None
     return {
         "run_dir": str(run_dir),
         "trained_policy": config.agent.policy,
         "env": config.env,
         "step": int(step),
         "samples": samples,
-        "td_error_rms": math.sqrt(last_loss / 2) if last_loss is not None else None,
-        "policies": compare(loop.agent, batch["obs"], batch["action"]),
+        "td_error_rms": td_error,
+        "policies": rows,
     }
 
 
@@ -129,11 +134,15 @@ def format_table(result: dict) -> str:
             f"{run['run_dir']} (trained {run['trained_policy']}, step {run['step']}, "
             f"{run['samples']} transitions, TD error rms {_number(run['td_error_rms'], '.3g')})"
         )
-        lines.append(f"  {'policy':<11} {'Q rms error':>11} {'/ Q spread':>10} {'grad_a cos':>10} {'action L2':>10}")
+        lines.append(
+            f"  {'policy':<11} {'Q rms error':>11} {'/ Q spread':>10} {'/ TD error':>10} {'grad_a cos':>10} "
+            f"{'action L2':>10}"
+        )
         for policy, row in run["policies"].items():
             lines.append(
                 f"  {policy:<11} {row['q_rms_error']:>11.4g} {_number(row['q_error_over_spread'], '.4f'):>10} "
-                f"{row['action_grad_cosine']:>10.4f} {row['action_l2']:>10.4f}"
+                f"{_number(row['q_error_over_td_error'], '.4f'):>10} {row['action_grad_cosine']:>10.4f} "
+                f"{row['action_l2']:>10.4f}"
             )
     return "\n".join(lines)
 
@@ -146,10 +155,11 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
     runs = result["runs"]
     panels = (
         ("q_error_over_spread", "Q rms error / Q spread"),
+        ("q_error_over_td_error", "Q rms error / the run's TD error rms"),
         ("action_grad_cosine", "cos(grad_a Q_p, grad_a Q_32)"),
         ("action_l2", "deterministic action L2"),
     )
-    figure = Figure(figsize=(4 * len(panels), 3.8), dpi=110, layout="constrained")
+    figure = Figure(figsize=(3.6 * len(panels), 3.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(panels))
     width = 0.8 / len(POLICIES)
@@ -198,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "the transitions; action_grad_cosine: mean cosine between grad_a min Q_p and grad_a min Q_32 at "
             "tanh(mu_32(s)); action_l2: mean distance of the deterministic actions.",
             "td_error_rms: sqrt(last logged critic loss / 2), the rms TD error of one Q-network when training "
-            "ended (the loss sums the two networks' squared errors).",
+            "ended (the loss sums the two networks' squared errors); q_error_over_td_error: q_rms_error over it.",
         ],
     }
     write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)

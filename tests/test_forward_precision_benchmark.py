@@ -47,7 +47,9 @@ def test_a_short_fp8_run_is_measured_on_its_own_replay(tmp_path):
     assert (tmp_path / "results" / "forward_precision.png").stat().st_size > 0
     (run,) = recorded["runs"]
     assert (run["trained_policy"], run["step"], run["samples"]) == ("fp8", 300, 64)
-    assert run["td_error_rms"] > 0 and run["policies"]["fp8"]["q_rms_error"] > 0
+    fp8 = run["policies"]["fp8"]
+    assert run["td_error_rms"] > 0 and fp8["q_rms_error"] > 0
+    assert fp8["q_error_over_td_error"] == pytest.approx(fp8["q_rms_error"] / run["td_error_rms"])
 
 
 def test_a_directory_without_checkpoints_is_an_error_and_stays_untouched(tmp_path, capsys):
