@@ -106,8 +106,7 @@ def measure_run(run_dir: pathlib.Path, samples: int, seed: int) -> dict:
     if loop.replay is None:
         raise ValueError(f"{run_dir} did not save its replay buffer (config.save_replay is False).")
     batch = replay_sample(loop.replay, jax.random.PRNGKey(seed), samples)
-    _, losses = run_evidence.logged(run_dir, "train/critic_loss")
-    last_loss = next((loss for loss in reversed(losses) if loss is not None), None)
+    last_loss = run_evidence.last_logged(run_dir, ("train/critic_loss",))["critic_loss"]
     td_error = math.sqrt(last_loss / 2) if last_loss is not None else None
     rows = compare(loop.agent, batch["obs"], batch["action"])
     for row in rows.values():
@@ -148,7 +147,7 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, out_png: pathlib.Path) -> None:
-    """Per run, the three measures of each policy as grouped bars."""
+    """Per run, the four measures of each policy as grouped bars."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
