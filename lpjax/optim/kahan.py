@@ -143,7 +143,15 @@ def kahan_polyak(tau: float, scale: float = 1e4) -> KahanPolyak:
     the target itself stays in its own dtype. Range guard: an element whose scaled increment ``Y`` or
     ``scale * d`` is not finite (``|p - t| > max / (scale tau)``, 1310 for float16 at the defaults) takes the plain
     Polyak step instead and its compensation is reset, so the update never produces inf or nan from finite
-    inputs. Use ``scale = 1e2`` for pixel encoders (paper, Table 9).
+    inputs (``p - t`` beyond the dtype's range included). Use ``scale = 1e2`` for pixel encoders (paper, Table 9).
+
+    Each operation is computed in float32 (or the target's dtype if wider) and rounded to the target's dtype
+    explicitly, with ``scale tau``, ``1 / scale``, ``scale`` and ``tau`` taken as values of that dtype. For float16,
+    bfloat16 and narrower targets every product is then of two values of at most 12 significant bits, exact in
+    float32, so a compiler that contracts ``a * b + c`` into a fused multiply-add (XLA:GPU, and XLA:CPU since
+    jax 0.12.0.1) computes the same bits as one that does not: ``jit`` and eager agree bit for bit, on any backend.
+    For float32 targets a contraction may change the last bit of a step; the compensation still accounts for
+    whatever the step applied.
 
     Args:
       tau: Polyak step size in (0, 1].
@@ -162,13 +170,24 @@ def kahan_polyak(tau: float, scale: float = 1e4) -> KahanPolyak:
 
     def step(p, t, comp):
         dtype = t.dtype
-        p = p.astype(dtype)
-        scaled = jnp.asarray(scale * tau, dtype) * (p - t) + comp
-        new_t = _round_to(t + scaled / jnp.asarray(scale, dtype), dtype)
-        applied = jnp.asarray(scale, dtype) * _round_to(new_t - t, dtype)
-        new_comp = scaled - applied
+        wide = jnp.promote_types(dtype, jnp.float32)
+
+        def times(constant, x):
+            return jnp.asarray(constant, dtype).astype(wide) * x.astype(wide)
+
+        def rounded(x):
+            return _round_to(x, dtype)
+
+        p, t_wide = p.astype(dtype).astype(wide), t.astype(wide)
+        diff = rounded(p - t_wide)
+        scaled = rounded(times(scale * tau, diff) + comp.astype(wide))
+        new_t = rounded(t_wide + times(1.0 / scale, scaled))
+        applied = rounded(times(scale, rounded(new_t.astype(wide) - t_wide)))
+        new_comp = rounded(scaled.astype(wide) - applied.astype(wide))
         ok = jnp.isfinite(scaled) & jnp.isfinite(applied) & jnp.isfinite(new_comp)
-        plain = t + jnp.asarray(tau, dtype) * (p - t)
+        # |p - t| beyond the dtype's range means |p|, |t| >= 16 (float16): halving them is exact, their gap is not.
+        half_diff = rounded(times(0.5, p) - times(0.5, t_wide))
+        plain = rounded(jnp.where(jnp.isfinite(diff), t_wide + times(tau, diff), t_wide + times(2 * tau, half_diff)))
         return jnp.where(ok, new_t, plain), jnp.where(ok, new_comp, jnp.zeros_like(new_comp))
 
     def update(online_params, target_params, state):

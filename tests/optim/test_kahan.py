@@ -155,6 +155,15 @@ def test_kahan_polyak_range_guard_never_produces_inf():
     assert float(state.compensation[0]) == 0.0
 
 
+def _any_values(dtype, n: int, seed: int, finite: bool = False) -> jax.Array:
+    """``n`` values of a 16-bit float dtype drawn uniformly over its bit patterns: subnormals, near-max values,
+    both zeros and (unless ``finite``) infinities and nans."""
+    values = np.random.default_rng(seed).integers(0, 2**16, size=4 * n, dtype=np.uint16).view(np.dtype(dtype))
+    if finite:
+        values = values[np.isfinite(values.astype(np.float32))]
+    return jnp.asarray(values[:n])
+
+
 def test_kahan_polyak_jit_matches_eager():
     online, target = random_tree(0, jnp.float16), random_tree(1, jnp.float16)
     polyak = optim.kahan_polyak(tau=0.01, scale=1e2)
@@ -163,6 +172,47 @@ def test_kahan_polyak_jit_matches_eager():
     jitted = jax.jit(polyak.update)(online, target, state)
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("tau, scale", [(0.005, 1e4), (0.01, 1e2), (0.3, 1.0)])
+def test_kahan_polyak_jit_matches_eager_over_the_whole_range(dtype, tau, scale):
+    # Eager runs each operation alone; jit fuses them, and XLA contracts a * b + c into a fused multiply-add. Both
+    # must give the same bits: every rounding of the compensation is kept, whatever the compiler fuses.
+    n = 4096
+    online, target = _any_values(dtype, n, seed=0), _any_values(dtype, n, seed=1)
+    compensation = (_any_values(dtype, n, seed=2, finite=True).astype(jnp.float32) * 1e-3).astype(dtype)
+    polyak = optim.kahan_polyak(tau=tau, scale=scale)
+    state = optim.KahanPolyakState(compensation)
+    eager = polyak.update(online, target, state)
+    jitted = jax.jit(polyak.update)(online, target, state)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_kahan_polyak_keeps_any_finite_target_finite(dtype):
+    # Finite online and target values anywhere in the range, |p - t| beyond the dtype's maximum included: the
+    # target stays finite and within [min(p, t), max(p, t)], and the compensation stays finite.
+    n = 4096
+    online, target = _any_values(dtype, n, seed=3, finite=True), _any_values(dtype, n, seed=4, finite=True)
+    polyak = optim.kahan_polyak(tau=0.005)
+    new_target, state = jax.jit(polyak.update)(online, target, polyak.init(target))
+    p, t, new = (np.asarray(x, np.float64) for x in (online, target, new_target))
+    assert np.all(np.isfinite(new)) and np.all(np.isfinite(np.asarray(state.compensation, np.float64)))
+    assert np.all((new >= np.minimum(p, t)) & (new <= np.maximum(p, t)))
+
+
+def test_kahan_polyak_steps_across_a_gap_wider_than_float16():
+    # p - t overflows float16 (max 65504): the plain step goes through p/2 - t/2, which does not.
+    online = jnp.asarray([60000.0, -65504.0, 40000.0], jnp.float16)
+    target = jnp.asarray([-60000.0, 65504.0, -30000.0], jnp.float16)
+    tau = 0.005
+    polyak = optim.kahan_polyak(tau=tau)
+    new_target, state = jax.jit(polyak.update)(online, target, polyak.init(target))
+    p, t = np.asarray(online, np.float64), np.asarray(target, np.float64)
+    np.testing.assert_allclose(np.asarray(new_target, np.float64), t + np.float64(np.float16(tau)) * (p - t), rtol=1e-3)
+    np.testing.assert_array_equal(np.asarray(state.compensation), 0.0)
 
 
 @pytest.mark.parametrize(
