@@ -139,8 +139,17 @@ def test_meshes_match_one_device_and_shard_the_state(mesh_runs):
     for mesh, fsdp in (("(2, 2)", 2), ("(1, 4)", 4)):
         got = result[mesh]
         assert got["reward"] == one["reward"], mesh  # the same prompts, random draws and completions
-        np.testing.assert_allclose(got["loss"], one["loss"], rtol=1e-4, atol=1e-7, err_msg=mesh)
-        np.testing.assert_allclose(got["mismatch_kl"], one["mismatch_kl"], rtol=1e-3, atol=1e-8, err_msg=mesh)
+        # The loss is a mean of O(1) terms whose group-centred advantages make it nearly cancel (|loss| ~ 1e-3): the
+        # parameters' float32 differences (above) move it by an absolute amount, not a relative one.
+        np.testing.assert_allclose(got["loss"], one["loss"], rtol=1e-4, atol=1e-5, err_msg=mesh)
+        # mismatch_kl ~ delta^2 / 2 for a per-token log-prob gap delta ~ 3e-3: a trainer log-prob moved by the
+        # parameters' differences moves it relatively by 2 (that move) / delta. Compared as rms delta, in nats.
+        np.testing.assert_allclose(
+            np.sqrt(2 * np.asarray(got["mismatch_kl"])),
+            np.sqrt(2 * np.asarray(one["mismatch_kl"])),
+            atol=3e-5,
+            err_msg=mesh,
+        )
         assert got["accuracy"] == one["accuracy"], mesh
         _assert_params_close(got["diffs"], mesh)
         # fc1's kernel (32, 64) and its Adam moments are split over "fsdp" along their 64 columns
