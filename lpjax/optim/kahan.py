@@ -12,9 +12,10 @@ adds it back on the next step:
 In exact arithmetic ``d = y`` and ``c = 0``, so this is plain summation. The compensation only works if the
 rounding of ``t`` really happens. XLA may skip intermediate roundings of low-precision values when
 ``xla_allow_excess_precision`` is on (its default; GPU fusions use it), which would make ``t - p == y`` and turn
-the compensation off. XLA:CPU keeps float16 roundings, but ``t`` is pinned to its dtype with
-:func:`lpjax.optim._rounding.round_to_nearest` (arithmetic that flag may not remove, subnormals included), and
-the tests compare ``jit`` against eager.
+the compensation off. ``t`` is therefore pinned to its dtype with :func:`lpjax.optim._rounding.round_to_nearest`
+(arithmetic that flag may not remove, subnormals included). Compilers may also contract ``a * b + c`` into one
+fused multiply-add, skipping the rounding of the product; the Kahan sum has no products, and the Polyak update
+makes all of its products exact (see :func:`kahan_polyak`). The tests compare ``jit`` against eager.
 """
 
 from __future__ import annotations
