@@ -5,11 +5,14 @@ choice between two neighbours that stochastic rounding makes.
 default; GPU fusions use it), and ``lax.reduce_precision``, which that flag does not remove, flushes the target's
 subnormals to zero (float16 values below ``2^-14``). :func:`round_to_nearest` combines the two: values in the
 target's normal range go through ``reduce_precision``; below it, the target's subnormals are the multiples of its
-smallest subnormal ``s``, so the rounding is ``round(x / s) * s``, computed exactly in ``x``'s dtype with powers of
-two (ties to even, as the cast). Both are arithmetic XLA must keep.
+smallest subnormal ``s``, so the rounding is ``round(x / s) * s``, computed exactly in ``x``'s dtype with a power
+of two (ties to even, as the cast). Both are arithmetic XLA must keep.
 
-bfloat16's subnormals are float32 subnormals, which XLA:CPU flushes to zero in float32 arithmetic; there they round
-to zero (float16's subnormals are normal float32 values and round exactly).
+A target with as many exponent bits as ``x``'s dtype (bfloat16 from float32) has ``x``'s own subnormals, which
+``reduce_precision`` rounds bit for bit: it alone is the rounding. (Its ``1 / s`` would not fit in ``x``'s dtype,
+and a product of two factors that do is folded by XLA into one that overflows.) XLA:CPU flushes float32
+subnormals to zero in arithmetic, so there bfloat16's subnormals usually end as zero (float16's subnormals are
+normal float32 values and round exactly).
 """
 
 from __future__ import annotations
@@ -21,17 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _power_of_two(exponent: int, dtype) -> list[jax.Array]:
-    """Factors, each a power of two representable in ``dtype``, whose product is ``2 ** exponent``."""
-    limit = jnp.finfo(dtype).maxexp - 1
-    factors, remaining = [], exponent
-    while remaining:
-        step = max(-limit, min(limit, remaining))
-        factors.append(jnp.asarray(2.0**step, dtype))
-        remaining -= step
-    return factors
-
-
 def round_to_nearest(x: jax.Array, dtype: Any) -> jax.Array:
     """``x`` rounded to nearest (ties to even) in ``dtype``, returned in ``x``'s dtype; a rounding XLA keeps.
 
@@ -41,14 +33,12 @@ def round_to_nearest(x: jax.Array, dtype: Any) -> jax.Array:
         return x
     finfo = jnp.finfo(np.dtype(dtype))
     normal = jax.lax.reduce_precision(x, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
+    if finfo.nexp >= jnp.finfo(x.dtype).nexp:
+        return normal
     small = jnp.abs(x) < jnp.asarray(finfo.smallest_normal, x.dtype)
     exponent = int(np.log2(float(finfo.smallest_subnormal)))
-    scaled = jnp.where(small, x, jnp.zeros_like(x))  # only the small values are scaled up: nothing overflows
-    for factor in _power_of_two(-exponent, x.dtype):
-        scaled = scaled * factor
-    subnormal = jnp.round(scaled)
-    for factor in _power_of_two(exponent, x.dtype):
-        subnormal = subnormal * factor
+    scaled = jnp.where(small, x, jnp.zeros_like(x)) * jnp.asarray(2.0**-exponent, x.dtype)  # only small values
+    subnormal = jnp.round(scaled) * jnp.asarray(2.0**exponent, x.dtype)
     return jnp.where(small, subnormal, normal)
 
 
