@@ -174,22 +174,23 @@ def kahan_polyak(tau: float, scale: float = 1e4) -> KahanPolyak:
         wide = jnp.promote_types(dtype, jnp.float32)
 
         def times(constant, x):
-            return jnp.asarray(constant, dtype).astype(wide) * x.astype(wide)
+            return jnp.asarray(constant, dtype).astype(wide) * x
 
-        def rounded(x):
-            return _round_to(x, dtype)
+        def rounded(x):  # stays in `wide`, holding a value of `dtype`: one conversion per output, at the end
+            return round_to_nearest(x, dtype)
 
-        p, t_wide = p.astype(dtype).astype(wide), t.astype(wide)
-        diff = rounded(p - t_wide)
-        scaled = rounded(times(scale * tau, diff) + comp.astype(wide))
-        new_t = rounded(t_wide + times(1.0 / scale, scaled))
-        applied = rounded(times(scale, rounded(new_t.astype(wide) - t_wide)))
-        new_comp = rounded(scaled.astype(wide) - applied.astype(wide))
+        p, t, comp = p.astype(dtype).astype(wide), t.astype(wide), comp.astype(wide)
+        diff = rounded(p - t)
+        scaled = rounded(times(scale * tau, diff) + comp)
+        new_t = rounded(t + times(1.0 / scale, scaled))
+        applied = rounded(times(scale, rounded(new_t - t)))
+        new_comp = rounded(scaled - applied)
         ok = jnp.isfinite(scaled) & jnp.isfinite(applied) & jnp.isfinite(new_comp)
         # |p - t| beyond the dtype's range means |p|, |t| >= 16 (float16): halving them is exact, their gap is not.
-        half_diff = rounded(times(0.5, p) - times(0.5, t_wide))
-        plain = rounded(jnp.where(jnp.isfinite(diff), t_wide + times(tau, diff), t_wide + times(2 * tau, half_diff)))
-        return jnp.where(ok, new_t, plain), jnp.where(ok, new_comp, jnp.zeros_like(new_comp))
+        half_diff = rounded(times(0.5, p) - times(0.5, t))
+        plain = rounded(jnp.where(jnp.isfinite(diff), t + times(tau, diff), t + times(2 * tau, half_diff)))
+        new_t = jnp.where(ok, new_t, plain).astype(dtype)
+        return new_t, jnp.where(ok, new_comp, jnp.zeros_like(new_comp)).astype(dtype)
 
     def update(online_params, target_params, state):
         new_target, compensation = _map_pair(step, online_params, target_params, state.compensation)
