@@ -10,9 +10,9 @@ of two (ties to even, as the cast). Both are arithmetic XLA must keep.
 
 A target with as many exponent bits as ``x``'s dtype (bfloat16 from float32) has ``x``'s own subnormals, which
 ``reduce_precision`` rounds bit for bit: it alone is the rounding. (Its ``1 / s`` would not fit in ``x``'s dtype,
-and a product of two factors that do is folded by XLA into one that overflows.) XLA:CPU flushes float32
-subnormals to zero in arithmetic, so there bfloat16's subnormals usually end as zero (float16's subnormals are
-normal float32 values and round exactly).
+and a product of two factors that do is folded by XLA into one that overflows.) Arithmetic on the result may still
+flush them (XLA:CPU flushes float32 subnormals to zero); float16's subnormals are normal float32 values and are
+kept.
 """
 
 from __future__ import annotations
