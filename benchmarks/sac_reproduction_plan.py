@@ -23,7 +23,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
 
 MAIN_CONFIGS = ("fp32", "fp16", "fp16_naive")
-BEYOND_CONFIGS = ("fp8", "fp16_sr", "fp16_sr_8bit")
+BEYOND_CONFIGS = ("fp8", "fp16_sr", "fp16_sr_8bit", "fp8_bf16_ends")
 """Beyond the paper, compared with ``fp32`` on the main tasks: the W8A8 fp8 GEMM agent, and fp16 with stochastic
 rounding instead of the Kahan buffers (with hAdam's moments in float16, or blockwise 8-bit)."""
 METHODS = tuple(name for name in PrecisionMethods.switches() if getattr(PrecisionMethods.paper(), name))

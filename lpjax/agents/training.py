@@ -216,7 +216,9 @@ class OffPolicyConfig(LearnerConfig):
     """The fields SAC and D4PG share, with the same defaults (Björck et al., 2021, Table 4), and their checks.
 
     ``gamma``; ``tau`` (target Polyak step); ``actor_lr`` and ``critic_lr``; ``matmul_impl`` (see
-    :class:`lpjax.nn.Dense`). Subclasses declare ``batch_size`` and ``target_update_period``, and call
+    :class:`lpjax.nn.Dense`); ``high_precision_ends`` (the first and last layer of every MLP multiply in the
+    policy's compute dtype, not its matmul dtype: an fp8 policy's GEMMs on the hidden layers only, see
+    :class:`lpjax.nn.MLP`). Subclasses declare ``batch_size`` and ``target_update_period``, and call
     :meth:`validate` at the end of ``__post_init__``.
     """
 
@@ -225,6 +227,7 @@ class OffPolicyConfig(LearnerConfig):
     actor_lr: float = 1e-4
     critic_lr: float = 1e-4
     matmul_impl: str = "xla"
+    high_precision_ends: bool = False
 
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
         """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.

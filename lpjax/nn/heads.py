@@ -24,6 +24,7 @@ class TanhGaussianActor(nn.Module):
       log_std_bounds: ``(lo, hi)``.
       policy: precision policy of the MLP; outputs are in its compute dtype.
       impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
+      high_precision_ends: the MLP's first and last layers multiply in the compute dtype (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
@@ -31,10 +32,17 @@ class TanhGaussianActor(nn.Module):
     log_std_bounds: tuple[float, float] = (-5.0, 2.0)
     policy: Policy | str = "fp32"
     impl: str = "xla"
+    high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out = MLP(self.hidden_dims, 2 * self.action_dim, self.policy, impl=self.impl)(obs)
+        out = MLP(
+            self.hidden_dims,
+            2 * self.action_dim,
+            self.policy,
+            impl=self.impl,
+            high_precision_ends=self.high_precision_ends,
+        )(obs)
         mean, raw = jnp.split(out, 2, axis=-1)
         lo, hi = self.log_std_bounds
         log_std = lo + 0.5 * (hi - lo) * (jnp.tanh(raw) + 1.0)
@@ -44,19 +52,24 @@ class TanhGaussianActor(nn.Module):
 class DoubleCritic(nn.Module):
     """Two independent Q-networks ``Q_i(s, a)`` on the concatenation of observation and action.
 
-    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype. ``impl`` is the
-    matmul implementation of the MLPs' layers (see :class:`lpjax.nn.Dense`).
+    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype. ``impl`` and
+    ``high_precision_ends`` are the MLPs' (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     policy: Policy | str = "fp32"
     impl: str = "xla"
+    high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
-        q1 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q1")(x)
-        q2 = MLP(self.hidden_dims, 1, self.policy, impl=self.impl, name="q2")(x)
+        q1 = MLP(
+            self.hidden_dims, 1, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends, name="q1"
+        )(x)
+        q2 = MLP(
+            self.hidden_dims, 1, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends, name="q2"
+        )(x)
         return jnp.stack([q1[..., 0], q2[..., 0]])
 
 
@@ -72,16 +85,20 @@ class DeterministicActor(nn.Module):
       action_dim: number of action dimensions.
       policy: precision policy of the MLP.
       impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
+      high_precision_ends: the MLP's first and last layers multiply in the compute dtype (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     action_dim: int
     policy: Policy | str = "fp32"
     impl: str = "xla"
+    high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        mlp = MLP(self.hidden_dims, self.action_dim, self.policy, impl=self.impl)
+        mlp = MLP(
+            self.hidden_dims, self.action_dim, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends
+        )
         nn.share_scope(self, mlp)
         return jnp.tanh(mlp(obs))
 
@@ -91,15 +108,18 @@ class CategoricalCritic(nn.Module):
 
     One MLP on the concatenation of observation and action (as :class:`DoubleCritic`); returns ``(..., num_atoms)``
     logits in the policy's compute dtype. The atoms' values are the learner's business
-    (:mod:`lpjax.agents.d4pg`).
+    (:mod:`lpjax.agents.d4pg`). ``impl`` and ``high_precision_ends`` are the MLP's (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     num_atoms: int
     policy: Policy | str = "fp32"
     impl: str = "xla"
+    high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
-        return MLP(self.hidden_dims, self.num_atoms, self.policy, impl=self.impl)(x)
+        return MLP(
+            self.hidden_dims, self.num_atoms, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends
+        )(x)

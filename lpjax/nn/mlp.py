@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
@@ -25,6 +26,10 @@ class MLP(nn.Module):
       activation: applied after each hidden layer: a name from :data:`lpjax.nn.dense.ACTIVATIONS` (fused into
         the kernel's epilogue when there is one) or any callable.
       impl: matmul implementation of every layer (``"xla"``, ``"pallas"`` or ``"reference"``).
+      high_precision_ends: the first and the last layer multiply in ``policy.compute_dtype`` instead of
+        ``policy.matmul_dtype``, as FP8 recipes keep the embedding and the output head in high precision; only the
+        layers between them take the low-precision GEMM. Changes nothing when the two dtypes are equal, and the
+        parameters are the same either way.
     """
 
     hidden_dims: Sequence[int]
@@ -32,14 +37,20 @@ class MLP(nn.Module):
     policy: Policy | str = "fp32"
     activation: str | Callable[[jax.Array], jax.Array] = "relu"
     impl: str = "xla"
+    high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         policy = get_policy(self.policy)
+        end_policy, end_impl = policy, self.impl
+        if self.high_precision_ends and policy.matmul_dtype != policy.compute_dtype:
+            end_policy = dataclasses.replace(policy, matmul_dtype=policy.compute_dtype)
+            end_impl = self.impl if policy.compute_dtype.itemsize == 2 else "xla"  # kernels are 16-bit or fp8
         x = policy.cast_to_compute(x)
-        for width in self.hidden_dims:
+        for index, width in enumerate(self.hidden_dims):
+            layer = (end_policy, end_impl) if index == 0 else (policy, self.impl)
             if isinstance(self.activation, str):
-                x = Dense(width, policy, self.impl, activation=self.activation)(x)
+                x = Dense(width, *layer, activation=self.activation)(x)
             else:
-                x = self.activation(Dense(width, policy, self.impl)(x))
-        return Dense(self.output_dim, policy, self.impl)(x)
+                x = self.activation(Dense(width, *layer)(x))
+        return Dense(self.output_dim, end_policy, end_impl)(x)

@@ -57,7 +57,7 @@ class SACCritic(nn.Module):
             if cfg.pixels
             else None
         )
-        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy, cfg.matmul_impl)
+        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy, cfg.matmul_impl, cfg.high_precision_ends)
 
     def encode(self, obs: jax.Array) -> jax.Array:
         return self.encoder(obs) if self.encoder is not None else self.config.precision.cast_to_compute(obs)
@@ -98,7 +98,14 @@ class SACState:
 
 
 def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
-    actor = TanhGaussianActor(config.hidden_dims, action_dim, config.log_std_bounds, config.policy, config.matmul_impl)
+    actor = TanhGaussianActor(
+        config.hidden_dims,
+        action_dim,
+        config.log_std_bounds,
+        config.policy,
+        config.matmul_impl,
+        config.high_precision_ends,
+    )
     return actor, SACCritic(config)
 
 
