@@ -53,6 +53,7 @@ REFERENCE_RETURNS = {  # pytorch_sac fp32 at 500k / 1M steps: docs/design.md ("R
 CONFIG_FIELDS_IGNORED = ("checkpoint_every",)
 CONFIG_FIELDS_ADDED = {
     "agent.matmul_impl": "xla",
+    "agent.high_precision_ends": False,
     "agent.methods.moment_dtype": None,
     "agent.methods.stochastic_rounding": False,
     "agent.methods.moment_block_size": 256,  # read only with 8-bit moments
