@@ -18,10 +18,11 @@ Every kernel in :mod:`kernels` has one signature and four implementations, picke
   :func:`lower_for_cuda`), and JAX's default device otherwise.
 
 Compiled Pallas kernels need a GPU. On a CPU they run in interpret mode (``interpret=None`` picks it when JAX's
-default backend is the CPU), which is slow and meant for tests: Triton kernels in Pallas' generic interpreter,
-Mosaic GPU kernels in Mosaic GPU's interpreter, which simulates the warpgroup, shared memory, TMA copies,
-barriers and ``wgmma``. Interpret mode does not change the backend choice: on a plain CPU ``"pallas"`` runs the
-Triton kernel, under an abstract Hopper GPU the Mosaic GPU one.
+default backend is the CPU and no abstract GPU is the target), which is slow and meant for tests: Triton kernels
+in Pallas' generic interpreter, Mosaic GPU kernels in Mosaic GPU's interpreter, which simulates the warpgroup,
+shared memory, TMA copies, barriers and ``wgmma``. Interpret mode does not change the backend choice: on a plain
+CPU ``"pallas"`` runs the Triton kernel, under an abstract Hopper GPU the Mosaic GPU one (compiled: lowering
+for an abstract GPU is lowering for that GPU).
 
 Operands whose shapes are not multiples of the block sizes are zero-padded by the wrappers (:func:`pad_to`) and
 the result is sliced back, so a kernel never reads out of bounds on a GPU. Block sizes must be powers of two
@@ -130,9 +131,12 @@ def select_backend(impl: str, *, kernel: str, interpret: bool) -> str:
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """``interpret=None`` means: interpret mode when JAX's default backend is the CPU, compiled otherwise."""
+    """``interpret=None`` means: compiled when the target is a GPU (:func:`target_device_kind`: the abstract GPU
+    of an ahead-of-time lowering such as :func:`lower_for_cuda`, or JAX's default device), else interpret mode when
+    JAX's default backend is the CPU, compiled otherwise. So a model that calls the kernels with their default
+    ``interpret`` (:class:`lpjax.nn.Dense`) lowers for an abstract GPU as it would compile on one."""
     if interpret is None:
-        return jax.default_backend() == "cpu"
+        return target_device_kind() is None and jax.default_backend() == "cpu"
     return bool(interpret)
 
 

@@ -14,13 +14,20 @@ float8_e4m3fn       the jnp reference of    :func:`lpjax.kernels.fp8_blockwise_m
                     the fp8 GEMM            blocks, 1x128 activation groups, fp32 promotion per slice
 ==================  =====================  ========================================================
 
+``impl="auto"`` (the default) picks ``"xla"`` or ``"pallas"`` per device, matmul dtype and GEMM shape from the
+GPU measurements of :mod:`lpjax.nn.matmul_choice`: ``"xla"`` on a CPU or TPU, for float32 and on GPUs nobody
+measured; on Hopper ``"xla"`` for float16/bfloat16 (XLA's dot is faster at every measured shape) and ``"pallas"``
+for fp8 (the kernel is faster than the GEMM's XLA reference).
+
 ``impl="xla"`` with a float16/bfloat16/float32 matmul is exactly what ``flax.linen.Dense(dtype=compute_dtype)``
-computes, so swapping Flax's layer for :class:`Dense` changes nothing until a kernel is asked for. On a CPU,
-``"pallas"`` runs in Pallas' interpret mode (slow; for tests). Outputs are in ``policy.compute_dtype``.
+computes, so swapping Flax's layer for :class:`Dense` changes nothing until a kernel is asked for (or ``"auto"``
+picks one: fp8 on a Hopper GPU). On a CPU, ``"pallas"`` runs in Pallas' interpret mode (slow; for tests). Outputs
+are in ``policy.compute_dtype``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul
+from lpjax.nn.matmul_choice import AUTO, resolve_impl
 from lpjax.precision import Policy, get_policy
 
-IMPLS = ("xla", "pallas", "reference")
-"""Valid matmul implementations of :class:`Dense`."""
+IMPLS = (AUTO, "xla", "pallas", "reference")
+"""Valid matmul implementations of :class:`Dense` (``"auto"``: :func:`lpjax.nn.matmul_choice.resolve_impl`)."""
 
 
 @jax.custom_vjp
@@ -87,7 +95,7 @@ def check_dense_options(policy: Policy, impl: str, activation: str) -> None:
         raise ValueError(
             f"No dense matmul for matmul_dtype={matmul.name}; use float64, float32, float16, bfloat16 or float8_e4m3fn."
         )
-    if impl != "xla" and matmul not in _HALF + (_FP8,):
+    if impl not in (AUTO, "xla") and matmul not in _HALF + (_FP8,):
         raise ValueError(
             f"impl={impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
             f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use impl='xla'."
@@ -100,7 +108,7 @@ def policy_dense(
     bias: jax.Array | None,
     *,
     policy: Policy | str,
-    impl: str = "xla",
+    impl: str = AUTO,
     activation: str = "none",
 ) -> jax.Array:
     """``act(x @ kernel + bias)`` with the matmul implementation chosen by ``policy`` and ``impl``.
@@ -110,7 +118,7 @@ def policy_dense(
       kernel: weights ``(K, N)`` in any float dtype (the parameter dtype).
       bias: ``(N,)`` or ``None``.
       policy: precision policy; its ``matmul_dtype`` picks the GEMM, its ``compute_dtype`` the output dtype.
-      impl: ``"xla"``, ``"pallas"`` or ``"reference"`` (see the module docstring).
+      impl: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"`` (see the module docstring).
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``; fused into the fp16 kernel's epilogue.
 
     Returns:
@@ -119,6 +127,7 @@ def policy_dense(
     policy = get_policy(policy)
     check_dense_options(policy, impl, activation)
     compute, matmul = policy.compute_dtype, policy.matmul_dtype
+    impl = resolve_impl(impl, matmul, (math.prod(x.shape[:-1]) or 1, kernel.shape[0], kernel.shape[1]))
     if matmul == _FP8:
         y = _flat(
             x,
@@ -156,7 +165,8 @@ class Dense(nn.Module):
     Attributes:
       features: output width ``N``.
       policy: a :class:`lpjax.precision.Policy` or a name for :func:`lpjax.precision.get_policy`.
-      impl: ``"xla"`` (default; the only sensible choice on a CPU), ``"pallas"`` or ``"reference"``.
+      impl: ``"auto"`` (default: the implementation measured fastest for this device, dtype and shape; ``"xla"``
+        on a CPU), ``"xla"``, ``"pallas"`` or ``"reference"``.
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``.
       use_bias: whether to add a bias.
       kernel_init, bias_init: initializers (Flax's defaults).
@@ -164,7 +174,7 @@ class Dense(nn.Module):
 
     features: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = AUTO
     activation: str = "none"
     use_bias: bool = True
     kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()

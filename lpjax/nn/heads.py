@@ -31,7 +31,7 @@ class TanhGaussianActor(nn.Module):
     action_dim: int
     log_std_bounds: tuple[float, float] = (-5.0, 2.0)
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
@@ -58,7 +58,7 @@ class DoubleCritic(nn.Module):
 
     hidden_dims: Sequence[int]
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
@@ -91,7 +91,7 @@ class DeterministicActor(nn.Module):
     hidden_dims: Sequence[int]
     action_dim: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
@@ -114,7 +114,7 @@ class CategoricalCritic(nn.Module):
     hidden_dims: Sequence[int]
     num_atoms: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact

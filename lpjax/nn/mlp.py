@@ -25,7 +25,7 @@ class MLP(nn.Module):
       policy: a :class:`lpjax.precision.Policy` or a name for :func:`lpjax.precision.get_policy`.
       activation: applied after each hidden layer: a name from :data:`lpjax.nn.dense.ACTIVATIONS` (fused into
         the kernel's epilogue when there is one) or any callable.
-      impl: matmul implementation of every layer (``"xla"``, ``"pallas"`` or ``"reference"``).
+      impl: matmul implementation of every layer (``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"``).
       high_precision_ends: the first and the last layer multiply in ``policy.compute_dtype`` instead of
         ``policy.matmul_dtype``, as FP8 recipes keep the embedding and the output head in high precision; only the
         layers between them take the low-precision GEMM. Changes nothing when the two dtypes are equal, and the
@@ -36,7 +36,7 @@ class MLP(nn.Module):
     output_dim: int
     policy: Policy | str = "fp32"
     activation: str | Callable[[jax.Array], jax.Array] = "relu"
-    impl: str = "xla"
+    impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact

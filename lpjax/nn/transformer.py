@@ -10,7 +10,7 @@ attention core (``q k^T``, softmax, ``p v``) and the lm_head are float32, as in 
 Interface (what :mod:`lpjax.nn.causal_lm` wraps for the GRPO learner; ``params`` is the dict ``lm.init``
 returns, ``{"params": ...}``)::
 
-    lm = TransformerLM(vocab_size, num_layers, num_heads, d_model, d_ff, max_len, policy="fp32", impl="xla")
+    lm = TransformerLM(vocab_size, num_layers, num_heads, d_model, d_ff, max_len, policy="fp32", impl="auto")
     params = lm.init(key, tokens)                            # tokens (B, T) int32, any T <= max_len
     logits, _ = lm.apply(params, tokens)                     # full sequence: (B, T, V) float32, positions 0..T-1
     scales = calibrate_kv_scales(params, lm, calib_tokens)   # KVScales; only needed for an fp8 cache
@@ -173,7 +173,7 @@ class SelfAttention(nn.Module):
 
     num_heads: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, cache: _LayerCache | None):
@@ -204,7 +204,7 @@ class Block(nn.Module):
     num_heads: int
     d_ff: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     activation: str = "gelu"
 
     @nn.compact
@@ -234,7 +234,7 @@ class TransformerLM(nn.Module):
       max_len: number of learned positions: sequences and caches hold at most ``max_len`` tokens.
       policy: precision policy of the q/k/v/o and MLP :class:`lpjax.nn.Dense` layers (a name or a
         :class:`lpjax.precision.Policy`); embeddings, norms, attention core and lm_head are float32.
-      impl: matmul implementation of those layers: ``"xla"``, ``"pallas"`` or ``"reference"``.
+      impl: matmul implementation of those layers: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"``.
       activation: MLP activation, ``"gelu"`` (tanh approximation) or ``"relu"``.
 
     ``__call__(tokens (B, T) int, cache: KVCache | None = None, lengths (B,) | None = None)`` returns
@@ -248,7 +248,7 @@ class TransformerLM(nn.Module):
     d_ff: int
     max_len: int
     policy: Policy | str = "fp32"
-    impl: str = "xla"
+    impl: str = "auto"
     activation: str = "gelu"
 
     def _check_config(self) -> None:

@@ -6,7 +6,14 @@ import jax
 import pytest
 
 from lpjax.kernels import _common
-from lpjax.kernels._common import GPU_TARGETS, abstract_gpu, is_hopper, select_backend, target_device_kind
+from lpjax.kernels._common import (
+    GPU_TARGETS,
+    abstract_gpu,
+    is_hopper,
+    resolve_interpret,
+    select_backend,
+    target_device_kind,
+)
 from tests.kernels.helpers import ON_GPU
 
 HERE = jax.devices()[0].device_kind if ON_GPU else None
@@ -45,6 +52,17 @@ def test_abstract_gpu_sets_the_target_device():
     assert target_device_kind() == HERE
     with pytest.raises(ValueError, match="arch must be one of"):
         abstract_gpu("sm_75")
+
+
+def test_default_interpret_compiles_for_an_abstract_gpu():
+    """interpret=None: interpret mode on this CPU, compiled under an abstract GPU (the lowering is for that GPU);
+    an explicit value is kept."""
+    assert resolve_interpret(None) == (HERE is None and jax.default_backend() == "cpu")
+    for arch in GPU_TARGETS:
+        with abstract_gpu(arch):
+            assert resolve_interpret(None) is False
+            assert resolve_interpret(True) is True
+    assert resolve_interpret(False) is False
 
 
 def test_default_backend_follows_the_target_gpu(monkeypatch):
