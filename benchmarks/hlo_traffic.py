@@ -74,6 +74,54 @@ def passes(hlo_text: str) -> list[Pass]:
     return out
 
 
+_NO_KERNEL = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all"}
+_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str]:
+    """Every computation's instructions as ``(opcode, rest of the line)``, and the ENTRY computation's name."""
+    computations: dict[str, list[tuple[str, str]]] = {}
+    current, entry = None, None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(2)
+            computations[current] = []
+            entry = current if header.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None and (match := _INSTRUCTION.match(line)):
+            computations[current].append((match.group(3), match.group(4)))
+    if entry is None:
+        raise ValueError("not an HLO module: no ENTRY computation")
+    return computations, entry
+
+
+def kernel_count(hlo_text: str) -> int:
+    """Work instructions of a compiled program (``compiled.as_text()``): the instructions of its ENTRY computation
+    and, once each, of the bodies of its loops, that do work (a fusion, a dot, a copy, a conditional, a custom
+    call...), so not ``parameter``, ``tuple``, ``get-tuple-element``, ``constant``, ``bitcast``. A ``call`` (XLA:CPU
+    outlines loops into one) counts what it calls; a ``while`` counts its body, not its condition.
+
+    On a GPU each work instruction is about one kernel launch per execution (a fusion is one kernel), so this is the
+    CPU's stand-in for the kernels one step launches; a loop body counts once, not once per trip.
+    """
+    computations, entry = _computations(hlo_text)
+
+    def count(name: str) -> int:
+        total = 0
+        for opcode, rest in computations[name]:
+            if opcode == "call":
+                total += count(re.search(r"to_apply=%([\w.\-]+)", rest).group(1))
+            elif opcode == "while":
+                total += count(re.search(r"body=%([\w.\-]+)", rest).group(1))
+            elif opcode not in _NO_KERNEL:
+                total += 1
+        return total
+
+    return count(entry)
+
+
 def _outputs(hlo_text: str) -> list[str]:
     """Names of the instructions the ENTRY computation's ROOT tuple returns, in order."""
     root = next(line for line in hlo_text[hlo_text.index("\nENTRY") :].splitlines() if "ROOT" in line)

@@ -1,5 +1,7 @@
 """benchmarks/hlo_traffic.py: bytes read and written by the passes of a compiled program."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -35,3 +37,25 @@ def test_by_output_names_each_output_and_the_temporaries():
     assert table["second"]["written_trees"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="2 outputs, 1 labels"):
         hlo_traffic.by_output(text, ["first"], tree_bytes=4000)
+
+
+def test_kernel_count_counts_work_in_the_entry_and_once_per_loop_body():
+    x = jnp.ones((64, 64), jnp.float32)
+    one = jax.jit(lambda a: jnp.tanh(a) * 2 + 1).lower(x).compile().as_text()
+    assert hlo_traffic.kernel_count(one) == 1  # one fusion
+
+    def loop(a):
+        body = lambda i, c: jnp.sin(c @ c) + i  # a dot and a fusion per trip
+        return jax.lax.fori_loop(0, 7, body, a) * 3
+
+    text = jax.jit(loop).lower(x).compile().as_text()
+    computations, entry = hlo_traffic._computations(text)
+    bodies = [
+        re.search(r"body=%([\w.\-]+)", rest).group(1) for c in computations.values() for op, rest in c if op == "while"
+    ]
+    assert len(bodies) == 1
+    body_work = sum(op not in hlo_traffic._NO_KERNEL for op, _ in computations[bodies[0]])
+    assert body_work >= 2 and hlo_traffic.kernel_count(text) > body_work  # the body once, plus the entry's work
+    assert hlo_traffic.kernel_count(text) < 7 * body_work
+    with pytest.raises(ValueError, match="no ENTRY"):
+        hlo_traffic.kernel_count("HloModule m")
