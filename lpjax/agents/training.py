@@ -27,11 +27,14 @@ from lpjax.optim import (
     OPTIMIZER_SCOPE,
     KahanPolyakState,
     StochasticRoundingState,
+    fused,
+    fused_target_update,
     kahan_polyak,
     method_optimizer,
     scaled_value_and_grad,
     stochastic_rounding_polyak,
 )
+from lpjax.optim.quantized_moments import is_quantized_dtype
 from lpjax.precision import Policy, get_policy
 
 TargetState = KahanPolyakState | StochasticRoundingState | None
@@ -80,11 +83,13 @@ def network_optimizer(
     rounding_seed: int = 0,
 ) -> optax.GradientTransformation:
     """The optimizer of a learner's networks: :func:`lpjax.optim.method_optimizer` with ``config.methods`` and
-    Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``.
+    Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``. With
+    ``config.fused_optimizer`` it runs over one flat buffer per dtype (:func:`lpjax.optim.fused`, leaves padded to
+    the block size of 8-bit moments): the same bits, in a handful of kernels whatever the number of leaves.
 
     ``rounding_seed`` seeds stochastic rounding (``methods.stochastic_rounding``): a learner gives each of its
     networks its own, and :func:`target_updater` uses :data:`TARGET_ROUNDING_SEED`."""
-    return method_optimizer(
+    tx = method_optimizer(
         learning_rate,
         config.methods,
         b1=config.b1,
@@ -94,6 +99,10 @@ def network_optimizer(
         max_grad_norm=max_grad_norm,
         rounding_seed=rounding_seed,
     )
+    if not config.fused_optimizer:
+        return tx
+    methods = config.methods
+    return fused(tx, methods.moment_block_size if is_quantized_dtype(methods.moment_numpy_dtype) else 1)
 
 
 TARGET_ROUNDING_SEED = 2
@@ -126,7 +135,9 @@ def target_updater(config: OffPolicyConfig) -> TargetUpdater:
                                           lpjax.optim.stochastic_rounding_polyak, seeded with TARGET_ROUNDING_SEED)
         tau = 1:  t <- p                 (a hard copy, as Acme's DQN/D4PG targets; no compensation is kept)
 
-    The trees may hold several networks (e.g. ``(actor, critic)``); targets keep their dtype.
+    The trees may hold several networks (e.g. ``(actor, critic)``); targets keep their dtype. With
+    ``config.fused_optimizer`` a compensated or stochastically rounded update runs over one flat buffer per dtype
+    (:func:`lpjax.optim.fused_target_update`; the same bits).
     """
     period, tau, methods = config.target_update_period, config.tau, config.methods
     polyak = None
@@ -134,6 +145,8 @@ def target_updater(config: OffPolicyConfig) -> TargetUpdater:
         polyak = kahan_polyak(tau, methods.kahan_momentum_scale)
     elif methods.stochastic_rounding and tau < 1.0:
         polyak = stochastic_rounding_polyak(tau, TARGET_ROUNDING_SEED)
+    if polyak is not None and config.fused_optimizer:
+        polyak = fused_target_update(polyak)
 
     def init(target_params):
         return polyak.init(target_params) if polyak is not None else None
@@ -163,6 +176,8 @@ class LearnerConfig:
       policy: the networks' precision policy, a name or spec for :func:`lpjax.precision.get_policy`.
       methods: the low-precision methods (:class:`lpjax.methods.PrecisionMethods`); a mapping is converted.
       b1, b2, adam_eps: Adam's hyper-parameters, for :func:`network_optimizer`.
+      fused_optimizer: run the optimizer and the target update over one flat buffer per dtype
+        (:func:`lpjax.optim.fused`): the same bits as per leaf, in a fixed handful of kernels.
 
     Subclasses call :meth:`validate` with their own checks at the end of ``__post_init__``.
     """
@@ -172,6 +187,7 @@ class LearnerConfig:
     b1: float = 0.9
     b2: float = 0.999
     adam_eps: float = 1e-8
+    fused_optimizer: bool = True
 
     def validate(self, checks: Sequence[tuple[bool, str]]) -> None:
         """Raises ``ValueError("<ConfigName>: <message>.")`` for the first failed check.

@@ -18,6 +18,7 @@ hAdam (or an injected ``optax.adam``) first, the true gradients everywhere else.
 """
 
 from lpjax.optim.alias import inject_hyperparams, low_precision_adam, method_optimizer
+from lpjax.optim.flat import FlatBuffer, FusedState, fused, fused_target_update
 from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
 from lpjax.optim.kahan import KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak, kahan_summation
 from lpjax.optim.loss_scaling import (
@@ -43,6 +44,10 @@ OPTIMIZER_SCOPE = "optimizer"
 
 __all__ = [
     "OPTIMIZER_SCOPE",
+    "FlatBuffer",
+    "FusedState",
+    "fused",
+    "fused_target_update",
     "BlockQuantized",
     "StochasticRoundingPolyak",
     "StochasticRoundingState",

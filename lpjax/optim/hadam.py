@@ -44,6 +44,7 @@ import optax
 
 from lpjax.optim import quantized_moments
 from lpjax.optim._hyperparameters import concrete, require_wide
+from lpjax.optim._rounding import element_bits, fold_key
 
 
 class ScaleByHAdamState(NamedTuple):
@@ -71,9 +72,10 @@ class ScaleByHAdamState(NamedTuple):
     apply: chex.Array
 
 
-_QUANTIZATION_SEED = 0
-"""8-bit moments are rounded stochastically with keys folded from this seed, the step count and the leaf's index:
-the rounding is a function of the optimizer's state, with no key to store."""
+_QUANTIZATION_KEY = (0, 0)
+"""8-bit moments are rounded stochastically with words drawn from this key folded with the step count (one key for
+``m``, one for ``w``) and each element's identity (:func:`lpjax.optim._rounding.element_bits`): the rounding is a
+function of the optimizer's state, with no key to store, and the same per leaf and in flat buffers."""
 
 
 def _storage_dtype(m) -> np.dtype:
@@ -143,9 +145,9 @@ def scale_by_hadam(
             return quantized_moments.dequantize(m, dtype)
         return m.astype(dtype)
 
-    def store(x, like, key, keep_nonzero=False):
+    def store(x, like, bits, keep_nonzero=False):
         if isinstance(like, quantized_moments.BlockQuantized):
-            return quantized_moments.quantize(x, like.dtype, moment_block_size, key, keep_nonzero)
+            return quantized_moments.quantize(x, like.dtype, moment_block_size, bits, keep_nonzero)
         return x.astype(like.dtype)
 
     def select(apply, new, old):
@@ -175,7 +177,7 @@ def scale_by_hadam(
         t = step.astype(jnp.float32)  # also on a skipped step: no 0 / 0 in the (discarded) direction at t = 0
         unit = state.scale / state.moment_scale  # a power of two under compound_loss_scaling: exact
 
-        def moments(g, m, w, key):
+        def moments(g, m, w, m_bits, w_bits):
             dtype = _compute_dtype(g.dtype, _storage_dtype(m))
             g_dtype = g.dtype
             g, f = g.astype(dtype), unit.astype(dtype)
@@ -187,19 +189,22 @@ def scale_by_hadam(
             # when the gradients' do.
             bound = g_dtype if isinstance(w, quantized_moments.BlockQuantized) else _storage_dtype(w)
             new_w = jnp.sqrt(a * a + b * b) if _squares_fit(bound, dtype) else jnp.hypot(a, b)
-            m_key, w_key = jax.random.split(key)
             return (
-                select(apply, store(new_m, m, m_key), m),
-                select(apply, store(new_w, w, w_key, keep_nonzero=True), w),
+                select(apply, store(new_m, m, m_bits), m),
+                select(apply, store(new_w, w, w_bits, keep_nonzero=True), w),
             )
 
         # Flattened up to the gradients' leaves: an 8-bit moment is a subtree (codes and scales) of its own.
         grads, treedef = jax.tree.flatten(updates)
-        step_key = jax.random.fold_in(jax.random.PRNGKey(_QUANTIZATION_SEED), step)
+        if quantized:
+            step_key = fold_key(jnp.asarray(_QUANTIZATION_KEY, jnp.uint32), step.astype(jnp.uint32))
+            m_bits, w_bits = (jax.tree.leaves(element_bits(fold_key(step_key, i), updates)) for i in (0, 1))
+        else:
+            m_bits = w_bits = [None] * len(grads)
         pairs = [
-            moments(g, m, w, jax.random.fold_in(step_key, i))
-            for i, (g, m, w) in enumerate(
-                zip(grads, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu_sqrt))
+            moments(g, m, w, mb, wb)
+            for g, m, w, mb, wb in zip(
+                grads, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu_sqrt), m_bits, w_bits
             )
         ]
         mu, nu_sqrt = (jax.tree.unflatten(treedef, [pair[i] for pair in pairs]) for i in (0, 1))

@@ -16,7 +16,8 @@ float32-moment self. Memory: one byte per element plus ``4 / block_size``.
 
 Rounding. Codes are rounded to nearest by default. An optimizer's moments are exponential averages that change
 by a small fraction per step (``1 - sqrt(b2) = 5e-4`` for ``w``): rounded to nearest, a code would stay where it
-is for ever, the same stall float16 parameters suffer. hAdam therefore rounds them stochastically (``key``),
+is for ever, the same stall float16 parameters suffer. hAdam therefore rounds them stochastically (``bits``: one
+random uint32 word per element, :func:`lpjax.optim._rounding.element_bits`),
 which makes every stored moment unbiased, ``E[(code / q) scale] = x``, and lets a decaying ``w`` decay. hAdam's
 denominator ``w`` is also kept nonzero (``keep_nonzero``): a positive ``w`` below the smallest code of its
 block is stored as that smallest code, never as 0, so ``m / (w + eps)`` cannot blow up through quantization.
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.optim._rounding import choose_far
+from lpjax.optim._rounding import choose_far, uniform
 
 QUANTIZED_MOMENT_DTYPES = {
     np.dtype(jnp.int8): 127.0,
@@ -78,19 +79,20 @@ def _blocks(size: int, block_size: int) -> tuple[int, int]:
     return -(-size // block), block
 
 
-def _round_codes(ratio: jax.Array, code_dtype: np.dtype, q: float, key: jax.Array | None) -> jax.Array:
-    """``ratio`` (float32, within ``[-q, q]``) as codes: to nearest, or stochastically given ``key``."""
+def _round_codes(ratio: jax.Array, code_dtype: np.dtype, q: float, bits: jax.Array | None) -> jax.Array:
+    """``ratio`` (float32, within ``[-q, q]``) as codes: to nearest, or stochastically given ``bits`` (uint32
+    random words of ``ratio``'s shape)."""
     if code_dtype == np.dtype(jnp.int8):
-        if key is None:
+        if bits is None:
             return jnp.round(ratio).astype(jnp.int8)
-        return jnp.floor(ratio + jax.random.uniform(key, ratio.shape, jnp.float32)).astype(jnp.int8)
+        return jnp.floor(ratio + uniform(bits)).astype(jnp.int8)
     nearest = ratio.astype(code_dtype)
-    if key is None:
+    if bits is None:
         return nearest
     # The neighbour on ratio's other side, toward +-q (float8_e4m3fn has no inf to step toward).
     toward = jnp.where(nearest.astype(jnp.float32) > ratio, -q, q).astype(code_dtype)
     other = jnp.nextafter(nearest, toward)
-    take_far = choose_far(ratio, nearest.astype(jnp.float32), other.astype(jnp.float32), key)  # never at +-q
+    take_far = choose_far(ratio, nearest.astype(jnp.float32), other.astype(jnp.float32), bits)  # never at +-q
     return jnp.where(take_far, other, nearest)
 
 
@@ -98,7 +100,7 @@ def quantize(
     x: jax.Array,
     code_dtype: Any,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    key: jax.Array | None = None,
+    bits: jax.Array | None = None,
     keep_nonzero: bool = False,
 ) -> BlockQuantized:
     """``x`` (any float dtype) as a :class:`BlockQuantized` with ``code_dtype`` codes (see the module docstring).
@@ -107,7 +109,8 @@ def quantize(
       x: the tensor.
       code_dtype: one of :data:`QUANTIZED_MOMENT_DTYPES`.
       block_size: elements per block.
-      key: ``None`` rounds each code to nearest; a PRNG key rounds stochastically (``E[code] = q x / scale``).
+      bits: ``None`` rounds each code to nearest; uint32 random words of ``x``'s shape round stochastically
+        (``E[code] = q x / scale``).
       keep_nonzero: a nonzero element whose code would be 0 gets the smallest code of its sign instead.
 
     Non-finite elements make their block's scale non-finite.
@@ -122,14 +125,15 @@ def quantize(
     q = QUANTIZED_MOMENT_DTYPES[code_dtype]
     shape = tuple(jnp.shape(x))
     num_blocks, block = _blocks(math.prod(shape), block_size)
-    flat = jnp.ravel(x).astype(jnp.float32)
-    flat = jnp.pad(flat, (0, num_blocks * block - flat.size))
-    blocks = flat.reshape(num_blocks, block)
+    padding = num_blocks * block - math.prod(shape)
+    blocks = jnp.pad(jnp.ravel(x).astype(jnp.float32), (0, padding)).reshape(num_blocks, block)
+    if bits is not None:
+        bits = jnp.pad(jnp.ravel(bits), (0, padding)).reshape(num_blocks, block)
     absmax = jnp.max(jnp.abs(blocks), axis=1)
     scales = jnp.where(absmax > 0, absmax, jnp.ones_like(absmax))
     divisor = jnp.where(jnp.isfinite(scales), scales, jnp.ones_like(scales))[:, None]
     ratio = jnp.clip(blocks / divisor * q, -q, q)  # exactly +-q at the block's largest element
-    codes = _round_codes(ratio, code_dtype, q, key)
+    codes = _round_codes(ratio, code_dtype, q, bits)
     if keep_nonzero:
         if code_dtype == np.dtype(jnp.int8):
             smallest = 1.0

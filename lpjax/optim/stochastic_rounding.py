@@ -31,9 +31,11 @@ Compilation. The nearest rounding that decides between the neighbours is one XLA
 silently turning the method off.
 
 Randomness. The transforms hold a PRNG key in their state (raw ``uint32[2]`` key data, checkpointed with the
-rest of the state); each update splits it, and each parameter leaf draws from its own fold of the step's key.
-The sequence of roundings is therefore a pure function of the seed and the updates: a resumed run rounds exactly
-as the uninterrupted one.
+rest of the state); each update splits it (:func:`lpjax.optim._rounding.split_key`), and every element draws
+its own word from the step's key and its identity, ``(leaf index, index within the leaf)``
+(:func:`lpjax.optim._rounding.element_bits`). The sequence of roundings is therefore a pure function of the seed
+and the updates (a resumed run rounds exactly as the uninterrupted one), and it is the same per leaf and inside
+:func:`lpjax.optim.fused`'s flat buffers.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.optim._rounding import choose_far, round_to_nearest
+from lpjax.optim._rounding import choose_far, element_bits, round_to_nearest, split_key
 
 ROUNDED_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 """The dtypes whose parameters are rounded stochastically; wider ones are updated by plain addition."""
@@ -59,7 +61,8 @@ def stochastic_round(x: jax.Array, dtype: Any, key: jax.Array) -> jax.Array:
     Args:
       x: the values to round, in a dtype wider than ``dtype``.
       dtype: float16 or bfloat16.
-      key: a PRNG key (typed or raw); the uniforms are drawn with ``jax.random.uniform`` in float32.
+      key: a PRNG key (typed or raw): each element draws a word from it and its index
+        (:func:`lpjax.optim._rounding.element_bits`).
 
     Returns:
       ``dtype`` values with ``E[result] = x`` for every finite ``x`` within ``dtype``'s range; ``x`` exactly
@@ -72,13 +75,18 @@ def stochastic_round(x: jax.Array, dtype: Any, key: jax.Array) -> jax.Array:
     x = jnp.asarray(x)
     if jnp.finfo(x.dtype).bits <= jnp.finfo(dtype).bits:
         raise ValueError(f"stochastic_round needs x wider than {dtype}, got {x.dtype}.")
+    return _round_with_bits(x, dtype, element_bits(_raw_key(key), x))
+
+
+def _round_with_bits(x: jax.Array, dtype: np.dtype, bits: jax.Array) -> jax.Array:
+    """:func:`stochastic_round` with the random words given (uint32, ``x``'s shape)."""
     nearest = round_to_nearest(x, dtype)
     toward = jnp.where(nearest > x, -jnp.inf, jnp.inf).astype(dtype)
     other = jnp.nextafter(nearest.astype(dtype), toward).astype(x.dtype)
     lo, hi = jnp.minimum(nearest, other), jnp.maximum(nearest, other)
     # hi - lo is exact (adjacent values of a narrower dtype); x - lo is exact by Sterbenz' lemma. They are not a
     # finite distance apart only at inf (x not finite, or beyond the range: handled below).
-    rounded = jnp.where(nearest == x, x, jnp.where(choose_far(x, lo, hi, key), hi, lo))
+    rounded = jnp.where(nearest == x, x, jnp.where(choose_far(x, lo, hi, bits), hi, lo))
     beyond = jnp.abs(x) > jnp.finfo(dtype).max  # inf, or past the largest finite value: no neighbour above
     return jnp.where(beyond, jnp.copysign(jnp.inf, x), rounded).astype(dtype)
 
@@ -91,18 +99,12 @@ def _raw_key(seed: int | jax.Array) -> jax.Array:
     return jnp.asarray(seed, jnp.uint32)
 
 
-def _leaf_keys(key: jax.Array, tree: Any) -> Any:
-    """One key per leaf of ``tree``: ``fold_in(key, leaf index)``."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return jax.tree.unflatten(treedef, [jax.random.fold_in(key, i) for i in range(len(leaves))])
-
-
-def _rounded_sum(p: jax.Array, u: jax.Array, key: jax.Array) -> jax.Array:
+def _rounded_sum(p: jax.Array, u: jax.Array, bits: jax.Array) -> jax.Array:
     """``SR(p + u)`` in ``p``'s dtype, or ``p`` where the sum is not finite in that dtype."""
     if p.dtype not in ROUNDED_DTYPES:
         new = (p + u.astype(p.dtype)).astype(p.dtype)
     else:
-        new = stochastic_round(p.astype(jnp.float32) + u.astype(jnp.float32), p.dtype, key)
+        new = _round_with_bits(p.astype(jnp.float32) + u.astype(jnp.float32), np.dtype(p.dtype), bits)
     return jnp.where(jnp.isfinite(new), new, p)
 
 
@@ -110,7 +112,7 @@ class StochasticRoundingState(NamedTuple):
     """State of :func:`stochastic_rounding` and :func:`stochastic_rounding_polyak`.
 
     Attributes:
-      key: raw ``uint32[2]`` PRNG key data; split at every update.
+      key: raw ``uint32[2]`` PRNG key data; split at every update (:func:`lpjax.optim._rounding.split_key`).
     """
 
     key: chex.Array
@@ -142,8 +144,8 @@ def stochastic_rounding(seed: int | jax.Array = 0) -> optax.GradientTransformati
     def update_fn(updates, state, params=None):
         if params is None:
             raise ValueError("stochastic_rounding needs the parameters: call update(updates, state, params).")
-        key, step_key = jax.random.split(state.key)
-        new = jax.tree.map(_rounded_sum, params, updates, _leaf_keys(step_key, params))
+        key, step_key = split_key(state.key)
+        new = jax.tree.map(_rounded_sum, params, updates, element_bits(step_key, params))
         increments = jax.tree.map(lambda n, p: (n - p).astype(p.dtype), new, params)
         return increments, StochasticRoundingState(key)
 
@@ -186,14 +188,14 @@ def stochastic_rounding_polyak(tau: float, seed: int | jax.Array = 0) -> Stochas
         del target_params
         return StochasticRoundingState(_raw_key(seed))
 
-    def step(p, t, key):
+    def step(p, t, bits):
         wide = jnp.promote_types(t.dtype, jnp.float32)
         increment = jnp.asarray(tau, wide) * (p.astype(wide) - t.astype(wide))
-        return _rounded_sum(t, increment, key)
+        return _rounded_sum(t, increment, bits)
 
     def update(online_params, target_params, state):
-        key, step_key = jax.random.split(state.key)
-        new_target = jax.tree.map(step, online_params, target_params, _leaf_keys(step_key, target_params))
+        key, step_key = split_key(state.key)
+        new_target = jax.tree.map(step, online_params, target_params, element_bits(step_key, target_params))
         return new_target, StochasticRoundingState(key)
 
     return StochasticRoundingPolyak(init, update)

@@ -14,6 +14,15 @@ def random_tree(seed: int, dtype=jnp.float32, scale: float = 1.0, shapes=((3, 4)
     return {f"w{i}": jnp.asarray(rng.normal(0.0, scale, size=shape), dtype) for i, shape in enumerate(shapes)}
 
 
+def any_bit_patterns(dtype, n: int, seed: int, finite: bool = False) -> jax.Array:
+    """``n`` values of a 16-bit float dtype drawn uniformly over its bit patterns: subnormals, near-max values,
+    both zeros and (unless ``finite``) infinities and nans."""
+    values = np.random.default_rng(seed).integers(0, 2**16, size=4 * n, dtype=np.uint16).view(np.dtype(dtype))
+    if finite:
+        values = values[np.isfinite(values.astype(np.float32))]
+    return jnp.asarray(values[:n])
+
+
 def run_steps(tx: optax.GradientTransformation, params, grads_seq, loss_scale_fn=None):
     """Applies ``tx`` to each gradient tree of ``grads_seq``; returns ``(params, opt_state, updates_list)``.
 

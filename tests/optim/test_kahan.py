@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lpjax import optim
-from tests.optim.helpers import max_relative_error, random_tree
+from tests.optim.helpers import any_bit_patterns, max_relative_error, random_tree
 
 
 def _sum_updates(tx, params, updates_seq):
@@ -155,15 +155,6 @@ def test_kahan_polyak_range_guard_never_produces_inf():
     assert float(state.compensation[0]) == 0.0
 
 
-def _any_values(dtype, n: int, seed: int, finite: bool = False) -> jax.Array:
-    """``n`` values of a 16-bit float dtype drawn uniformly over its bit patterns: subnormals, near-max values,
-    both zeros and (unless ``finite``) infinities and nans."""
-    values = np.random.default_rng(seed).integers(0, 2**16, size=4 * n, dtype=np.uint16).view(np.dtype(dtype))
-    if finite:
-        values = values[np.isfinite(values.astype(np.float32))]
-    return jnp.asarray(values[:n])
-
-
 def test_kahan_polyak_jit_matches_eager():
     online, target = random_tree(0, jnp.float16), random_tree(1, jnp.float16)
     polyak = optim.kahan_polyak(tau=0.01, scale=1e2)
@@ -180,8 +171,8 @@ def test_kahan_polyak_jit_matches_eager_over_the_whole_range(dtype, tau, scale):
     # Eager runs each operation alone; jit fuses them, and XLA contracts a * b + c into a fused multiply-add. Both
     # must give the same bits: every rounding of the compensation is kept, whatever the compiler fuses.
     n = 4096
-    online, target = _any_values(dtype, n, seed=0), _any_values(dtype, n, seed=1)
-    compensation = (_any_values(dtype, n, seed=2, finite=True).astype(jnp.float32) * 1e-3).astype(dtype)
+    online, target = any_bit_patterns(dtype, n, seed=0), any_bit_patterns(dtype, n, seed=1)
+    compensation = (any_bit_patterns(dtype, n, seed=2, finite=True).astype(jnp.float32) * 1e-3).astype(dtype)
     polyak = optim.kahan_polyak(tau=tau, scale=scale)
     state = optim.KahanPolyakState(compensation)
     eager = polyak.update(online, target, state)
@@ -195,7 +186,7 @@ def test_kahan_polyak_keeps_any_finite_target_finite(dtype):
     # Finite online and target values anywhere in the range, |p - t| beyond the dtype's maximum included: the
     # target stays finite and within [min(p, t), max(p, t)], and the compensation stays finite.
     n = 4096
-    online, target = _any_values(dtype, n, seed=3, finite=True), _any_values(dtype, n, seed=4, finite=True)
+    online, target = any_bit_patterns(dtype, n, seed=3, finite=True), any_bit_patterns(dtype, n, seed=4, finite=True)
     polyak = optim.kahan_polyak(tau=0.005)
     new_target, state = jax.jit(polyak.update)(online, target, polyak.init(target))
     p, t, new = (np.asarray(x, np.float64) for x in (online, target, new_target))

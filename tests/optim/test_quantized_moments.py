@@ -41,7 +41,8 @@ def test_stochastic_codes_are_unbiased(code_dtype):
     x = jnp.asarray(np.random.default_rng(2).normal(size=(256,)), jnp.float32)
     n = 4000
     keys = jax.random.split(jax.random.PRNGKey(0), n)
-    samples = np.asarray(jax.jit(jax.vmap(lambda k: dequantize(quantize(x, code_dtype, 256, key=k))))(keys))
+    draw = lambda k: dequantize(quantize(x, code_dtype, 256, bits=jax.random.bits(k, x.shape, jnp.uint32)))
+    samples = np.asarray(jax.jit(jax.vmap(draw))(keys))
     samples = samples.astype(np.float64)
     lo, hi, x = samples.min(0), samples.max(0), np.asarray(x, np.float64)
     between = hi > lo  # both neighbours drawn (elements within a few 1/n of a code may draw one only)
@@ -56,9 +57,9 @@ def test_stochastic_codes_are_unbiased(code_dtype):
 @pytest.mark.parametrize("code_dtype", CODES)
 def test_keep_nonzero_never_stores_a_positive_value_as_zero(code_dtype):
     x = jnp.asarray(np.concatenate([[1.0], np.full(63, 1e-12)]), jnp.float32)
-    for key in (None, jax.random.PRNGKey(3)):
-        plain = np.asarray(dequantize(quantize(x, code_dtype, 64, key=key)))
-        kept = np.asarray(dequantize(quantize(x, code_dtype, 64, key=key, keep_nonzero=True)))
+    for bits in (None, jax.random.bits(jax.random.PRNGKey(3), x.shape, jnp.uint32)):
+        plain = np.asarray(dequantize(quantize(x, code_dtype, 64, bits=bits)))
+        kept = np.asarray(dequantize(quantize(x, code_dtype, 64, bits=bits, keep_nonzero=True)))
         assert np.all(kept > 0)
         assert np.sum(plain == 0) > 0  # without it, the small values are lost
 

@@ -162,6 +162,7 @@ class GRPOConfig(LearnerConfig):
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0
     rollout: RolloutConfig = RolloutConfig()
+    fused_optimizer: bool = False  # a language model's few large leaves gain nothing from one more copy of them
 
     def __post_init__(self):
         object.__setattr__(self, "rollout", RolloutConfig.from_value(self.rollout))
