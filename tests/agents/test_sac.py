@@ -70,6 +70,32 @@ def test_stochastic_rounding_and_8bit_moments_are_the_identity_in_float64():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "methods",
+    [
+        PrecisionMethods.paper(init_scale=2.0**14, growth_interval=3),
+        PrecisionMethods.paper(kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True),
+        PrecisionMethods.paper(
+            kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="int8"
+        ),
+    ],
+    ids=["paper", "stochastic_rounding", "8bit_moments"],
+)
+def test_the_fused_optimizer_trains_bit_for_bit_as_per_leaf(methods):
+    """fp16 SAC with its optimizers and target update over flat buffers (the default) and per leaf: every parameter,
+    moment, compensation and metric is identical after steps that include skipped ones (large observations)."""
+    config = sac.SACConfig(hidden_dims=(32, 32), batch_size=16, policy="fp16", methods=methods)
+    fused, fused_history = _train(config, 8, obs_scale=300.0)
+    per_leaf, leaf_history = _train(dataclasses.replace(config, fused_optimizer=False), 8, obs_scale=300.0)
+    assert fused_history == leaf_history
+    assert any(h["critic_skipped_steps"] for h in fused_history) or methods.stochastic_rounding
+    for name in ("actor", "critic"):
+        for a, b in zip(jax.tree.leaves(getattr(fused, name).params), jax.tree.leaves(getattr(per_leaf, name).params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(fused.target_critic), jax.tree.leaves(per_leaf.target_critic)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_fp16_with_stochastic_rounding_trains_finite_and_its_keys_advance():
     methods = PrecisionMethods.paper(
         kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="fp8"
