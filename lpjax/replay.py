@@ -187,7 +187,11 @@ def replay_add(buffer: ReplayBuffer, transitions: Any, strata: int = 1) -> Repla
         return buffer
     # n <= capacity, so the n positions (and their slots) are distinct.
     positions = (buffer.insert_pos + jnp.arange(n, dtype=jnp.int32)) % capacity
-    slots = positions % strata * per_stratum + positions // strata
+    return _write(buffer, transitions, positions % strata * per_stratum + positions // strata, n)
+
+
+def _write(buffer: ReplayBuffer, transitions: Any, slots: jax.Array, n: int) -> ReplayBuffer:
+    """``transitions`` written at the (distinct) ``slots``; ``insert_pos`` and ``size`` advanced by ``n``."""
     data = jax.tree.map(
         lambda stored, new: stored.at[slots].set(
             new.astype(stored.dtype), unique_indices=True, mode="promise_in_bounds"
@@ -197,9 +201,41 @@ def replay_add(buffer: ReplayBuffer, transitions: Any, strata: int = 1) -> Repla
     )
     return ReplayBuffer(
         data=data,
-        insert_pos=(buffer.insert_pos + n) % capacity,
-        size=jnp.minimum(buffer.size + n, capacity).astype(jnp.int32),
+        insert_pos=(buffer.insert_pos + n) % buffer.capacity,
+        size=jnp.minimum(buffer.size + n, buffer.capacity).astype(jnp.int32),
     )
+
+
+def replay_add_blocks(buffer: ReplayBuffer, transitions: Any, strata: int) -> ReplayBuffer:
+    """Adds ``n`` transitions made of ``strata`` consecutive blocks of ``n / strata``: block ``s`` goes to stratum
+    ``s``, e.g. the transitions of ``n`` parallel environments, each block of environments feeding its own stratum.
+
+    It is :func:`replay_add` of the transitions reordered so that position ``insert_pos + j`` (stratum ``j mod S``)
+    takes block ``j mod S``'s row ``j // S``: row ``r`` of block ``s`` lands in stratum ``s`` at its slot
+    ``(insert_pos / S + r) mod (capacity / S)``. That holds while ``insert_pos`` is a multiple of ``S``, which every
+    add of a multiple of ``S`` transitions keeps (``S`` divides the capacity); do not mix it with :func:`replay_add`
+    of other sizes on one buffer. The strata then fill evenly, :func:`stratum_sizes` stays exact, and
+    :func:`replay_sample` with ``strata`` S draws ``batch_size / S`` rows from every block: each transition is
+    drawn with the same probability, stratified by block. Where the blocks lie on the devices that hold their
+    strata, the add moves no transition between devices (:func:`lpjax.sharding.sharded_replay_add_blocks`).
+    With one stratum it is :func:`replay_add`. Jittable; ``n`` and ``strata`` are static.
+
+    Raises:
+      ValueError: (when traced) as :func:`replay_add`, or if ``strata`` does not divide both ``n`` and the capacity.
+    """
+    n, capacity = _check_batch(buffer, transitions), buffer.capacity
+    per_stratum = capacity // _check_strata(strata, capacity)
+    if n > capacity or n % strata:
+        raise ValueError(
+            f"cannot add {n} transitions in {strata} blocks to a buffer of capacity {capacity}: the batch must be a "
+            "multiple of the strata and fit in the buffer."
+        )
+    if n == 0:
+        return buffer
+    rows = jnp.arange(n, dtype=jnp.int32)
+    block = n // strata
+    slots = rows // block * per_stratum + (buffer.insert_pos // strata + rows % block) % per_stratum
+    return _write(buffer, transitions, slots, n)
 
 
 def _check_strata(strata: int, capacity: int) -> int:

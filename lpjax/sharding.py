@@ -17,7 +17,9 @@ one ``jax.jit`` over arrays carrying these shardings, and XLA's SPMD partitioner
 * **replay** (:func:`replay_shardings`): the capacity axis is split over both axes. The buffer is stratified
   (:func:`lpjax.replay.replay_sample`): its ``strata`` (a multiple of the device count) are spread evenly over
   the devices, and each device samples its batch rows from its own strata (:func:`sharded_replay_sample`),
-  without moving transitions between devices.
+  without moving transitions between devices. A learner whose transitions come split over the devices (the
+  jitted SAC loop's environments) adds them block by block, each device into its own strata
+  (:func:`sharded_replay_add_blocks`).
 
 **Global decisions.** A reduction inside the jitted step runs over the global array: the loss scaler's
 ``all(isfinite(grads))`` (:func:`lpjax.optim.compound_loss_scaling`) reads every shard of the gradient, which is
@@ -50,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lpjax.replay import ReplayBuffer, replay_sample, sample_strata, stratum_sizes
+from lpjax.replay import ReplayBuffer, replay_add_blocks, replay_sample, sample_strata, stratum_sizes
 
 MESH_AXES = ("data", "fsdp")
 """The learner mesh's axes: ``"data"`` splits the batch, ``"fsdp"`` splits the batch and the state."""
@@ -192,6 +194,50 @@ def sharded_replay_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int,
         out_specs=jax.tree.map(lambda _: spec, buffer.data),
         check_vma=False,
     )(buffer.data, buffer.size, key)
+
+
+def sharded_replay_add_blocks(buffer: ReplayBuffer, transitions: Any, strata: int, mesh: Mesh) -> ReplayBuffer:
+    """:func:`lpjax.replay.replay_add_blocks` of a buffer laid out by :func:`replay_shardings` and transitions split
+    like :func:`batch_sharding`, computed where they are: device ``d`` holds blocks (and strata) ``d S / D .. (d + 1)
+    S / D - 1`` of ``D`` devices, so each device writes its own rows into its own strata (``jax.shard_map``) and no
+    transition crosses devices. The buffer equals ``replay_add_blocks(buffer, transitions, strata)`` on one device,
+    bit for bit. Call it inside the learner's ``jit``."""
+    devices = mesh.devices.size
+    if strata % devices:
+        raise ValueError(f"replay_shards ({strata}) must be a multiple of the mesh's {devices} device(s).")
+    n = int(jax.tree.leaves(transitions)[0].shape[0])
+    spec = PartitionSpec(MESH_AXES)
+
+    def local(data, new, insert_pos):
+        # Each device's strata are consecutive and insert_pos is a multiple of strata: the local buffer's insert
+        # position insert_pos / devices is at the same slot of every stratum.
+        local_buffer = ReplayBuffer(data, insert_pos // devices, jnp.zeros_like(insert_pos))  # size: not read
+        return replay_add_blocks(local_buffer, new, strata // devices).data
+
+    data = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(
+            jax.tree.map(lambda _: spec, buffer.data),
+            jax.tree.map(lambda _: spec, transitions),
+            PartitionSpec(),
+        ),
+        out_specs=jax.tree.map(lambda _: spec, buffer.data),
+        check_vma=False,
+    )(buffer.data, transitions, buffer.insert_pos)
+    return ReplayBuffer(
+        data=data,
+        insert_pos=(buffer.insert_pos + n) % buffer.capacity,
+        size=jnp.minimum(buffer.size + n, buffer.capacity).astype(jnp.int32),
+    )
+
+
+def add_replay_blocks(buffer: ReplayBuffer, transitions: Any, strata: int, mesh: Mesh | None) -> ReplayBuffer:
+    """:func:`sharded_replay_add_blocks` on a mesh, :func:`lpjax.replay.replay_add_blocks` without one (both store
+    the same transitions in the same slots)."""
+    if mesh is None:
+        return replay_add_blocks(buffer, transitions, strata)
+    return sharded_replay_add_blocks(buffer, transitions, strata, mesh)
 
 
 def put_global(tree: Any, shardings: Any) -> Any:

@@ -10,6 +10,7 @@ import pytest
 from lpjax.replay import (
     ReplayBuffer,
     replay_add,
+    replay_add_blocks,
     replay_can_sample,
     replay_init,
     replay_nbytes,
@@ -285,3 +286,36 @@ def test_strata_must_divide_the_capacity_and_the_batch(capacity, batch, strata):
     buffer = replay_init({"x": jnp.zeros([])}, capacity)
     with pytest.raises(ValueError, match="strata|multiple"):
         replay_sample(buffer, jax.random.key(0), batch, strata=strata)
+
+
+def test_blocks_go_to_their_own_stratum_and_equal_replay_add_of_the_reordered_batch():
+    # 3 adds of 8 transitions (ids 8k .. 8k + 7) in 4 blocks of 2 into 4 strata of 4 slots: the third wraps
+    blocks, reordered = (replay_init({"x": jnp.zeros([], jnp.int32)}, 16) for _ in range(2))
+    for k in range(3):
+        ids = np.arange(8 * k, 8 * k + 8, dtype=np.int32)
+        blocks = replay_add_blocks(blocks, {"x": jnp.asarray(ids)}, 4)
+        # position j (stratum j mod 4) takes row j // 4 of block j mod 4
+        order = [(j % 4) * 2 + j // 4 for j in range(8)]
+        reordered = replay_add(reordered, {"x": jnp.asarray(ids[order])}, 4)
+        np.testing.assert_array_equal(blocks.data["x"], reordered.data["x"])
+        assert int(blocks.insert_pos) == int(reordered.insert_pos) and int(blocks.size) == int(reordered.size)
+    # stratum s holds the ids of block s (ids 8k + 2s, 8k + 2s + 1), the newest overwriting the oldest
+    block_of_slot = np.asarray(blocks.data["x"]).reshape(4, 4) % 8 // 2
+    np.testing.assert_array_equal(block_of_slot, np.repeat(np.arange(4), 4).reshape(4, 4))
+    np.testing.assert_array_equal(blocks.data["x"][:4], [16, 17, 8, 9])
+    np.testing.assert_array_equal(stratum_sizes(blocks.size, 16, 4), [4, 4, 4, 4])
+    # a batch's rows [s B/S, (s+1) B/S) come from block s
+    rows = np.asarray(replay_sample(blocks, jax.random.key(0), 8, strata=4)["x"]).reshape(4, 2)
+    np.testing.assert_array_equal(rows % 8 // 2, np.repeat(np.arange(4), 2).reshape(4, 2))
+
+
+def test_blocks_with_one_stratum_are_replay_add_and_bad_blocks_raise():
+    plain, blocks = (replay_init({"x": jnp.zeros([], jnp.int32)}, 8) for _ in range(2))
+    for k in range(3):
+        batch = {"x": jnp.arange(3 * k, 3 * k + 3, dtype=jnp.int32)}
+        plain, blocks = replay_add(plain, batch), replay_add_blocks(blocks, batch, 1)
+    np.testing.assert_array_equal(plain.data["x"], blocks.data["x"])
+    with pytest.raises(ValueError, match="multiple of the strata"):
+        replay_add_blocks(blocks, {"x": jnp.arange(3, dtype=jnp.int32)}, 2)
+    with pytest.raises(ValueError, match="strata must be a positive divisor"):
+        replay_add_blocks(blocks, {"x": jnp.arange(6, dtype=jnp.int32)}, 3)

@@ -109,6 +109,48 @@ print(json.dumps(out))
         assert not result[mesh]["moves_transitions"], result
 
 
+def test_on_four_devices_blocks_of_transitions_are_added_where_they_lie_and_equal_one_device():
+    result = run_on_devices(
+        """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from lpjax import sharding
+from lpjax.replay import replay_add_blocks, replay_init
+
+example = {"x": jnp.zeros([], jnp.int32), "v": jnp.zeros(3)}
+batches = [{"x": jnp.arange(16 * k, 16 * k + 16, dtype=jnp.int32), "v": jnp.full((16, 3), k, jnp.float32)}
+           for k in range(5)]  # 80 transitions into 64 slots: the last add wraps
+expected = replay_init(example, 64)
+for batch in batches:
+    expected = replay_add_blocks(expected, batch, 8)
+out = {}
+for data, fsdp in [(4, 1), (2, 2)]:
+    mesh = sharding.make_mesh(data, fsdp)
+    buffer = replay_init(example, 64)
+    buffer = sharding.put_global(buffer, sharding.learner_shardings({"replay": buffer}, mesh)["replay"])
+    add = jax.jit(lambda b, t: sharding.add_replay_blocks(b, t, 8, mesh), donate_argnums=0)
+    for batch in batches:
+        buffer = add(buffer, sharding.global_batch(batch, mesh))
+    hlo = add.lower(buffer, sharding.global_batch(batches[0], mesh)).compile().as_text()
+    out[f"{data}x{fsdp}"] = {
+        "equal": all(np.array_equal(buffer.data[k], expected.data[k]) for k in example),
+        "counters": [int(buffer.insert_pos), int(buffer.size)] == [int(expected.insert_pos), int(expected.size)],
+        "device_blocks": [
+            sorted({int(v) % 16 // 2 for v in np.asarray(s.data)}) for s in buffer.data["x"].addressable_shards
+        ],
+        "collectives": any(op in hlo for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce")),
+    }
+print(json.dumps(out))
+""",
+        devices=4,
+    )
+    for mesh in ("4x1", "2x2"):
+        assert result[mesh]["equal"] and result[mesh]["counters"], result  # the one-device buffer, bit for bit
+        # device d holds blocks (and strata) 2d and 2d + 1, the transitions of its own rows of each batch ...
+        assert result[mesh]["device_blocks"] == [[0, 1], [2, 3], [4, 5], [6, 7]], result
+        assert not result[mesh]["collectives"], result  # ... written there: nothing crosses devices
+
+
 def test_state_shardings_replicate_keys_and_follow_shapes():
     result = run_on_devices(
         """
