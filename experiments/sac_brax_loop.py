@@ -14,11 +14,29 @@ runs ``lax.scan`` over a chunk of iterations; each iteration
 2. steps every environment once (``vmap`` of :meth:`lpjax.envs.JittedEnv.step`, with auto-reset);
 3. adds the ``brax_num_envs`` transitions to the replay buffer, with ``next_obs`` the observation the step
    reached (:meth:`~lpjax.envs.JittedEnv.final_obs`, the true last one at an episode end) and
-   ``discount = 1 - terminated``, so time-limit truncations bootstrap (as pytorch_sac and the dm_control loop);
+   ``discount = 1 - terminated``, so time-limit truncations bootstrap (as pytorch_sac and the dm_control loop).
+   The buffer has ``replay_shards`` strata (default: the device count, 1 on one device); stratum ``s`` takes the
+   transitions of the ``s``-th block of ``brax_num_envs / replay_shards`` environments
+   (:func:`lpjax.replay.replay_add_blocks`; one stratum is the plain ring buffer);
 4. once ``env_steps > seed_steps`` (counted after the step), runs ``updates_per_step`` SAC updates
-   (:func:`lpjax.agents.sac.update`, nested in the chunk's jit) on batches sampled uniformly from the buffer;
-   the updates run in a ``fori_loop`` of 0 or ``updates_per_step`` trips, which (unlike ``lax.cond``) carries
-   the agent in place.
+   (:func:`lpjax.agents.sac.update`, nested in the chunk's jit) on batches sampled uniformly from the buffer,
+   ``batch_size / replay_shards`` rows from each stratum (:func:`lpjax.replay.replay_sample`); the updates run in
+   a ``fori_loop`` of 0 or ``updates_per_step`` trips, which (unlike ``lax.cond``) carries the agent in place.
+
+**On many devices** (``config.mesh``, see :mod:`lpjax.sharding`), as brax's ``pmap`` trainers split their batch:
+the environments are split over the mesh's devices (``brax_num_envs`` must be a multiple of ``mesh.data x
+mesh.fsdp``), and so is the replay buffer, each device holding ``replay_shards / devices`` strata, those of its own
+environments. Each device steps its environments, writes their transitions into its strata and samples its share of
+every batch from them (:func:`lpjax.sharding.sharded_replay_add_blocks`, :func:`lpjax.sharding.sharded_replay_sample`):
+no environment state or transition crosses devices. The SAC state is replicated (with ``mesh.fsdp > 1`` its
+matrices are split over ``"fsdp"``, :func:`lpjax.sharding.state_shardings`), so each update is one SPMD program in
+which the batch-mean gradient is an all-reduce of every device's partial sums, and the loss scaler's finite check
+reads every device's gradient: the gradients are averaged over the data axis as in the dm_control loop. The whole
+chunk stays one ``jit`` over arrays laid out by :func:`loop_shardings`. A run's result depends on
+``replay_shards``, not on the mesh: the same config on 4 devices and on one draws the same random numbers (JAX's
+partitionable threefry) and the same batches, and differs by the order of floating-point sums only
+(``tests/experiments/test_sac_brax_mesh.py``). A checkpoint records its strata and restores onto any mesh whose
+device count divides them.
 
 ``env_steps`` counts environment steps over all environments (one iteration = ``brax_num_envs`` steps), as
 ``total_steps``, ``seed_steps``, ``log_every``, ``eval_every`` and ``checkpoint_every`` do. ``updates_per_step``
@@ -27,14 +45,18 @@ is per iteration, i.e. per *vectorized* step, like brax's own ``grad_updates_per
 The host calls the chunk function every ``log_every`` environment steps, with the loop state donated: the
 replay buffer, agent and environments are updated in place, never copied (except by the chunk right after a
 checkpoint, while orbax may still be writing those buffers: see :mod:`lpjax.checkpoint`). It then logs, shows the
-progress bar (env steps/s and updates/s), evaluates every ``eval_every`` steps with a jitted deterministic rollout
-of ``eval_episodes`` episodes (the same seeded initial states every time), and checkpoints the whole
+progress bar (env steps/s and updates/s, over all devices), evaluates every ``eval_every`` steps with a jitted
+deterministic rollout of ``eval_episodes`` episodes (the same seeded initial states every time; split over the
+devices when they divide ``eval_episodes``), and checkpoints the whole
 :class:`LoopState` (as :func:`storable`) every ``checkpoint_every`` steps (each at the first chunk boundary after a
 multiple, and at the end). Chunks are deterministic functions of the loop state, and evaluation neither reads nor
 advances the loop's key, so a resumed run is bit-identical to an uninterrupted one.
 
-Compiled functions are cached per (environment, agent config, loop settings) in this process, so a second run
-with the same settings (e.g. a resume) does not compile again.
+Compiled functions are cached per (environment, agent config, loop settings, mesh) in this process, so a second
+run with the same settings (e.g. a resume) does not compile again. The run summary adds ``compile_s``,
+``env_steps_per_s``, ``updates_per_s``, ``devices`` and ``replay_shards`` (:meth:`JittedLearner.summary`).
+Benchmarks drive the loop through the same public functions: :func:`settings_of` (mesh and strata from the
+config), :func:`init_loop`, :func:`chunk_fn`, :func:`evaluate_fn`.
 """
 
 from __future__ import annotations
@@ -49,14 +71,24 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 import lpjax.envs
-from experiments.devices import mesh_devices
+from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, mesh_devices, replay_strata
 from experiments.run import Diverged, check_config, check_resumable, run
 from experiments.sac_loop import run_spec
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
-from lpjax.replay import ReplayBuffer, replay_add, replay_init, replay_sample
+from lpjax.replay import ReplayBuffer, replay_init
+from lpjax.sharding import (
+    add_replay_blocks,
+    batch_sharding,
+    put_replicated,
+    replay_shardings,
+    replicated,
+    sample_replay,
+    state_shardings,
+)
 
 EVAL_SEED_OFFSET = lpjax.envs.EVAL_SEED_OFFSET
 
@@ -105,7 +137,8 @@ class LoopSettings(NamedTuple):
     """The static (hashable) settings a compiled chunk or evaluation depends on.
 
     ``env`` is the full name (``"brax:halfcheetah"``, ``"mjx:cartpole-swingup"``); ``backend`` the brax backend,
-    ``None`` for MJX.
+    ``None`` for MJX. ``mesh`` is the devices' mesh (``None``: one device, plain arrays) and ``strata`` the replay
+    buffer's number of strata (``replay_shards``), a divisor of ``num_envs`` and a multiple of the mesh's devices.
     """
 
     env: str
@@ -116,6 +149,13 @@ class LoopSettings(NamedTuple):
     seed_steps: int
     updates_per_step: int
     replay_capacity: int
+    mesh: Mesh | None = None
+    strata: int = 1
+
+    @property
+    def devices(self) -> int:
+        """The number of devices the loop runs on."""
+        return 1 if self.mesh is None else int(self.mesh.devices.size)
 
 
 def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
@@ -134,7 +174,7 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
             f"Unknown brax backend {config.brax_backend!r}; valid backends: {list(lpjax.envs.BRAX_BACKENDS)}."
         )
     agent = sac.SACConfig.from_mapping(config.agent.to_dict())
-    num_envs = config.brax_num_envs
+    num_envs, devices = config.brax_num_envs, mesh_devices(config)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"Bad SAC run config: brax_num_envs must be a positive integer, got {num_envs!r}.")
     checks = [
@@ -143,9 +183,9 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
             "replay_dtype is implemented by the dm_control loop only; leave it unset for brax and MJX envs",
         ),
         (
-            mesh_devices(config) == 1 and config.get("replay_shards") in (None, 1),
-            "mesh and replay_shards are implemented by the dm_control loop (experiments.sac_loop); the jitted brax "
-            "and MJX loop runs on one device",
+            not isinstance(devices, int) or devices < 1 or num_envs % devices == 0,  # else learner_mesh says why
+            f"brax_num_envs ({num_envs}) must be a multiple of the mesh's {devices} devices (mesh.data x "
+            "mesh.fsdp): each device steps its own block of environments",
         ),
         (
             not config.pixels and not agent.pixels,
@@ -178,9 +218,25 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
     return agent
 
 
+def check_strata(num_envs: int, strata: int) -> None:
+    """Raises ``ValueError`` (one line) unless ``strata`` divides ``num_envs``: the replay's stratum ``s`` takes the
+    transitions of the ``s``-th block of ``num_envs / strata`` environments (:func:`lpjax.replay.replay_add_blocks`)."""
+    if num_envs % strata:
+        raise ValueError(
+            f"Bad SAC run config: replay_shards ({strata}) must divide brax_num_envs ({num_envs}): each stratum of "
+            "the replay buffer takes the transitions of its own block of environments."
+        )
+
+
 def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> LoopSettings:
-    """The :class:`LoopSettings` of a validated config (``agent`` from :func:`validate`)."""
+    """The :class:`LoopSettings` of a validated config (``agent`` from :func:`validate`): its mesh
+    (:func:`experiments.devices.learner_mesh`, joining a multi-process run) and replay strata
+    (:func:`experiments.devices.replay_strata`: ``replay_shards``, by default the device count). Raises
+    ``ValueError`` (one line) for a mesh the devices cannot form or strata that do not fit."""
     backend = config.brax_backend if config.env.startswith("brax:") else None
+    mesh = learner_mesh(config)
+    strata = replay_strata(config, mesh, agent.batch_size)
+    check_strata(int(config.brax_num_envs), strata)
     return LoopSettings(
         env=config.env,
         backend=backend,
@@ -190,6 +246,8 @@ def settings_of(config: ml_collections.ConfigDict, agent: sac.SACConfig) -> Loop
         seed_steps=int(config.seed_steps),
         updates_per_step=int(config.updates_per_step),
         replay_capacity=int(config.replay_capacity),
+        mesh=mesh,
+        strata=strata,
     )
 
 
@@ -217,24 +275,13 @@ def _example_transition(env) -> dict:
     }
 
 
-@functools.lru_cache(maxsize=8)
-def _reset_fn(name: str, backend: str | None, action_repeat: int):
-    return jax.jit(jax.vmap(make_env(name, backend, action_repeat).reset))
-
-
-@functools.lru_cache(maxsize=8)
-def _agent_init_fn(agent: sac.SACConfig, observation_size: int, action_dim: int):
-    # Jitted: an eager sac.init dispatches hundreds of small ops, slower than compiling them.
-    return jax.jit(lambda key: sac.init(key, jnp.zeros(observation_size, jnp.float32), action_dim, agent))
-
-
-def _init(settings: LoopSettings, key: jax.Array, agent_init, reset) -> LoopState:
+def _init(settings: LoopSettings, key: jax.Array) -> LoopState:
     env = _env_of(settings)
     agent_key, loop_key, env_key = jax.random.split(key, 3)
     return LoopState(
-        agent=agent_init(agent_key),
+        agent=sac.init(agent_key, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim, settings.agent),
         replay=replay_init(_example_transition(env), settings.replay_capacity),
-        env_state=reset(jax.random.split(env_key, settings.num_envs)),
+        env_state=jax.vmap(env.reset)(jax.random.split(env_key, settings.num_envs)),
         key=loop_key,
         env_steps=jnp.zeros([], jnp.int32),
         episodes=jnp.zeros([], jnp.int32),
@@ -242,29 +289,66 @@ def _init(settings: LoopSettings, key: jax.Array, agent_init, reset) -> LoopStat
     )
 
 
-def init_loop(settings: LoopSettings, seed: int) -> LoopState:
-    """The initial loop state: fresh agent, empty buffer, ``num_envs`` environments reset from the seed's key."""
-    env = _env_of(settings)
-    return _init(
-        settings,
-        jax.random.key(seed),
-        _agent_init_fn(settings.agent, env.observation_size, env.action_dim),
-        _reset_fn(settings.env, settings.backend, settings.action_repeat),
+def _state_settings(settings: LoopSettings) -> LoopSettings:
+    """``settings`` without the fields the loop state's shapes and shardings do not depend on (a cache key)."""
+    return settings._replace(seed_steps=0, updates_per_step=1, strata=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _shapes(settings: LoopSettings) -> LoopState:
+    return jax.eval_shape(functools.partial(_init, settings), jax.random.key(0))
+
+
+def loop_shardings(settings: LoopSettings) -> LoopState | None:
+    """The loop state's shardings on ``settings.mesh`` (``None`` without a mesh): the agent by
+    :func:`lpjax.sharding.state_shardings` (replicated; split over ``"fsdp"`` with ``mesh.fsdp > 1``), the replay
+    buffer by :func:`lpjax.sharding.replay_shardings` (its strata spread over the devices), the environments and
+    their returns split over the devices (:func:`lpjax.sharding.batch_sharding`), the key and counters
+    replicated."""
+    mesh = settings.mesh
+    if mesh is None:
+        return None
+    shapes = _shapes(_state_settings(settings))
+    envs, everywhere = batch_sharding(mesh), replicated(mesh)
+    return LoopState(
+        agent=state_shardings(shapes.agent, mesh),
+        replay=replay_shardings(shapes.replay, mesh),
+        env_state=jax.tree.map(lambda _: envs, shapes.env_state),
+        key=everywhere,
+        env_steps=everywhere,
+        episodes=everywhere,
+        episode_return=envs,
     )
+
+
+def _constrain(loop: LoopState, settings: LoopSettings) -> LoopState:
+    """Inside a jitted function: ``loop`` kept in :func:`loop_shardings`' layout (unchanged without a mesh)."""
+    shardings = loop_shardings(settings)
+    return loop if shardings is None else jax.lax.with_sharding_constraint(loop, shardings)
+
+
+@functools.lru_cache(maxsize=8)
+def _init_fn(settings: LoopSettings):
+    # Jitted: an eager sac.init dispatches hundreds of small ops, slower than compiling them. On a mesh every
+    # device computes only its own shard (its environments and strata, its copy of the agent).
+    shardings = loop_shardings(settings)
+    options = {} if shardings is None else {"out_shardings": shardings}
+    return jax.jit(functools.partial(_init, settings), **options)
+
+
+def init_loop(settings: LoopSettings, seed: int) -> LoopState:
+    """The initial loop state: fresh agent, empty buffer, ``num_envs`` environments reset from the seed's key; on
+    a mesh, laid out by :func:`loop_shardings` (the same values as on one device)."""
+    return _init_fn(_state_settings(settings))(jax.random.key(seed))
 
 
 def abstract_loop(settings: LoopSettings) -> LoopState:
-    """``jax.eval_shape`` of :func:`init_loop`: a restore target and a lowering argument, without any compute."""
-    env = _env_of(settings)
-    return jax.eval_shape(
-        lambda key: _init(
-            settings,
-            key,
-            lambda k: sac.init(k, jnp.zeros(env.observation_shape, jnp.float32), env.action_dim, settings.agent),
-            jax.vmap(env.reset),
-        ),
-        jax.random.key(0),
-    )
+    """``jax.eval_shape`` of :func:`init_loop` (with each leaf's sharding on a mesh): a restore target and a
+    lowering argument, without any compute."""
+    shapes, shardings = _shapes(_state_settings(settings)), loop_shardings(settings)
+    if shardings is None:
+        return shapes
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
 
 
 def storable(loop: LoopState) -> LoopState:
@@ -275,11 +359,23 @@ def storable(loop: LoopState) -> LoopState:
     return jax.tree.map(lambda x: x if x.size else None, loop)
 
 
-def restore_loop(checkpointer: Checkpointer, step: int, settings: LoopSettings) -> LoopState:
-    """The loop state saved (as :func:`storable`) in checkpoint ``step``, zero-size arrays rebuilt."""
+def restore_loop_and_metadata(checkpointer: Checkpointer, step: int, settings: LoopSettings) -> tuple[LoopState, dict]:
+    """The loop state saved (as :func:`storable`) in checkpoint ``step``, zero-size arrays rebuilt, laid out on
+    ``settings.mesh`` whatever mesh saved it; and the checkpoint's metadata."""
     abstract = abstract_loop(settings)
-    stored, _ = checkpointer.restore(step, target=storable(abstract))
-    return jax.tree.map(lambda like, x: jnp.zeros(like.shape, like.dtype) if x is None else x, abstract, stored)
+    if settings.mesh is None:  # onto this process's default device, not the devices that saved it
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+    stored, metadata = checkpointer.restore(step, target=storable(abstract))
+    loop = jax.tree.map(
+        lambda like, x: jnp.zeros(like.shape, like.dtype, device=like.sharding) if x is None else x, abstract, stored
+    )
+    return loop, metadata
+
+
+def restore_loop(checkpointer: Checkpointer, step: int, settings: LoopSettings) -> LoopState:
+    """The loop state of :func:`restore_loop_and_metadata`."""
+    return restore_loop_and_metadata(checkpointer, step, settings)[0]
 
 
 def _iteration(settings: LoopSettings, carry, _):
@@ -293,7 +389,7 @@ def _iteration(settings: LoopSettings, carry, _):
     actions = jnp.where(loop.env_steps < settings.seed_steps, random_actions, policy_actions)
     env_state = jax.vmap(env.step)(loop.env_state, actions)
     reward = env.reward(env_state)
-    replay = replay_add(
+    replay = add_replay_blocks(
         loop.replay,
         {
             "obs": obs,
@@ -302,12 +398,15 @@ def _iteration(settings: LoopSettings, carry, _):
             "discount": 1.0 - env.terminated(env_state),
             "next_obs": env.final_obs(env_state),
         },
+        settings.strata,
+        settings.mesh,
     )
     env_steps = loop.env_steps + settings.num_envs
 
     def update(i, carry):
         agent, _ = carry
-        return sac.update(agent, replay_sample(replay, jax.random.fold_in(update_key, i), cfg.batch_size))
+        batch = sample_replay(replay, jax.random.fold_in(update_key, i), cfg.batch_size, settings.strata, settings.mesh)
+        return sac.update(agent, batch)
 
     # A loop of 0 (seed steps) or updates_per_step updates: unlike lax.cond, it carries the agent in place.
     learning = env_steps > settings.seed_steps
@@ -326,6 +425,7 @@ def _iteration(settings: LoopSettings, carry, _):
         episodes=loop.episodes + jnp.sum(done).astype(jnp.int32),
         episode_return=returns * (1.0 - done),
     )
+    loop = _constrain(loop, settings)
     out = ChunkOutput(
         metrics=metrics,
         learning_iterations=out.learning_iterations + learning.astype(jnp.int32),
@@ -356,10 +456,13 @@ def chunk_fn(settings: LoopSettings, iterations: int):
     """``compiled(loop) -> (loop, ChunkOutput)``, running ``iterations`` iterations.
 
     Compiled ahead of time (``jax.jit(...).lower(...).compile()``) with the loop state donated, so XLA updates
-    the replay buffer, the agent and the environments in place.
+    the replay buffer, the agent and the environments in place. On a mesh it takes and returns the loop state
+    in :func:`loop_shardings`' layout, and its (scalar) outputs replicated.
     """
+    mesh = settings.mesh
+    options = {} if mesh is None else {"out_shardings": (loop_shardings(settings), replicated(mesh))}
     return (
-        jax.jit(functools.partial(_chunk, settings, iterations), donate_argnums=0)
+        jax.jit(functools.partial(_chunk, settings, iterations), donate_argnums=0, **options)
         .lower(abstract_loop(settings))
         .compile()
     )
@@ -368,6 +471,8 @@ def chunk_fn(settings: LoopSettings, iterations: int):
 def _evaluate(settings: LoopSettings, episodes: int, agent: sac.SACState, key: jax.Array):
     env = _env_of(settings)
     state = jax.vmap(env.reset)(jax.random.split(key, episodes))
+    if settings.mesh is not None and episodes % settings.devices == 0:  # each device plays its share
+        state = jax.lax.with_sharding_constraint(state, batch_sharding(settings.mesh))
 
     def step(carry, _):
         state, total, alive, finite = carry
@@ -386,18 +491,24 @@ def evaluate_fn(settings: LoopSettings, episodes: int):
     """``compiled(agent, key) -> (returns (episodes,), actions_finite)``.
 
     A deterministic (``tanh(mean)``) rollout of ``episodes`` environments, reset from ``key``, for one episode
-    length; rewards after an environment's first episode end are not counted.
+    length; rewards after an environment's first episode end are not counted. On a mesh the episodes are split
+    over the devices when their number divides them, and ``key`` and the results are replicated.
     """
+    key, options = jax.eval_shape(lambda: jax.random.key(0)), {}
+    if settings.mesh is not None:
+        everywhere = replicated(settings.mesh)
+        key, options = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=everywhere), {"out_shardings": everywhere}
     return (
-        jax.jit(functools.partial(_evaluate, settings, episodes))
-        .lower(abstract_loop(settings).agent, jax.eval_shape(lambda: jax.random.key(0)))
+        jax.jit(functools.partial(_evaluate, settings, episodes), **options)
+        .lower(abstract_loop(settings).agent, key)
         .compile()
     )
 
 
 def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) -> dict[str, float]:
     """Mean and standard deviation of the deterministic policy's return over ``episodes`` seeded episodes."""
-    returns, finite = evaluate_fn(settings, episodes)(loop.agent, jax.random.key(seed + EVAL_SEED_OFFSET))
+    key = put_replicated(jax.random.key(seed + EVAL_SEED_OFFSET), settings.mesh)
+    returns, finite = evaluate_fn(settings, episodes)(loop.agent, key)
     if not bool(finite):
         raise Diverged("the deterministic policy produced non-finite actions during evaluation")
     returns = np.asarray(returns, np.float64)
@@ -430,7 +541,14 @@ class JittedLearner:
         self._timed(chunk_fn, self.settings, self.config.log_every // self.settings.num_envs)
 
     def restore(self, checkpointer: Checkpointer, step: int) -> None:
-        self.loop = restore_loop(checkpointer, step, self.settings)
+        self.loop, metadata = restore_loop_and_metadata(checkpointer, step, self.settings)  # onto this run's mesh
+        # The strata the buffer was laid out in (a checkpoint from before meshes: 1).
+        settings = self.settings
+        strata = replay_strata(
+            self.config, settings.mesh, settings.agent.batch_size, metadata.get(REPLAY_SHARDS_METADATA, 1)
+        )
+        check_strata(settings.num_envs, strata)
+        self.settings = settings._replace(strata=strata)
         self.start_steps = int(self.loop.env_steps)
         self._timed(chunk_fn, self.settings, self.config.log_every // self.settings.num_envs)
 
@@ -476,17 +594,20 @@ class JittedLearner:
 
     def checkpoint(self) -> tuple[LoopState, dict]:
         loop = self.loop if self.config.save_replay else self.loop._replace(replay=None)
-        return storable(loop), {}
+        return storable(loop), {REPLAY_SHARDS_METADATA: self.settings.strata}
 
     def summary(self) -> dict[str, Any]:
         """``compile_s`` (seconds compiling the chunk and evaluation functions and the jitted initialization; 0 for
-        what this process had already compiled), and ``env_steps_per_s`` and ``updates_per_s`` over the chunks
-        run (compile excluded)."""
+        what this process had already compiled), ``env_steps_per_s`` and ``updates_per_s`` over the chunks run
+        (compile excluded), ``devices`` (the mesh's device count, 1 without a mesh) and ``replay_shards`` (the
+        replay buffer's strata)."""
         steps_run = int(self.loop.env_steps) - self.start_steps
         return {
             "compile_s": self.compile_s,
             "env_steps_per_s": steps_run / self.compute_s if self.compute_s else None,
             "updates_per_s": self.updates_done / self.compute_s if self.compute_s else None,
+            "devices": self.settings.devices,
+            "replay_shards": self.settings.strata,
         }
 
     def close(self) -> None:

@@ -51,12 +51,18 @@ def _tiny(**overrides):
         (dict(pixels=True), "states only"),
         (dict(seed_steps=1000), "seed_steps"),
         (dict(replay_capacity=16), "larger than the replay buffer"),
-        (dict(replay_shards=2), "implemented by the dm_control loop"),
+        (dict(mesh=dict(data=3)), r"brax_num_envs \(8\) must be a multiple of the mesh's 3 devices"),
+        (dict(mesh=dict(data=2, fsdp=2)), r"4 devices, but there are 1 .*force devices"),  # this process has 1
+        (dict(mesh=dict(data=0)), r"mesh.data must be a positive integer, got 0"),
+        (dict(replay_shards=16), r"replay_shards \(16\) must divide brax_num_envs \(8\)"),
+        (dict(replay_shards=3), r"replay_shards \(3\) must be a multiple of the mesh's 1 device"),
+        (dict(replay_dtype="fp16"), "replay_dtype is implemented by the dm_control loop only"),
     ],
 )
 def test_bad_run_configs_fail_before_any_compute(overrides, message, tmp_path):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as error:
         sac_brax_loop.train(_tiny(**overrides), tmp_path / "run", progress=False)
+    assert "\n" not in str(error.value)  # one line
     assert not (tmp_path / "run").exists()
 
 
