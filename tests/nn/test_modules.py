@@ -50,3 +50,31 @@ def test_pixel_encoder_clips_before_layernorm_and_is_finite_in_fp16():
     out = encoder.apply(params, images)
     assert out.shape == (2, 50) and out.dtype == jnp.float16 and bool(jnp.all(jnp.isfinite(out)))
     assert params["params"]["linear"]["kernel"].shape == (35 * 35 * 32, 50)
+
+
+def _fp8_casts(fn, *args) -> int:
+    """How many times ``fn``'s jaxpr quantizes to float8_e4m3fn (weights and activations of each fp8 GEMM)."""
+    return str(jax.make_jaxpr(fn)(*args)).count("float8_e4m3fn")
+
+
+def test_high_precision_ends_keep_the_first_and_last_layers_out_of_fp8():
+    """With an fp8 policy every layer's GEMM is fp8; with high_precision_ends only the hidden-to-hidden ones are, the
+    parameters are the same, and the output is closer to the float32 network's."""
+    x = jax.random.normal(jax.random.key(0), (512, 6))
+    params = lnn.MLP((256, 256), 4, "fp32").init(jax.random.key(1), x)
+    reference = lnn.MLP((256, 256), 4, "fp32").apply(params, x)
+    hidden = jnp.ones((512, 256))
+    dense = lnn.Dense(256, "fp8")
+    one_gemm = _fp8_casts(dense.apply, dense.init(jax.random.key(2), hidden), hidden)
+    assert one_gemm > 0
+    errors, casts = {}, {}
+    for ends in (False, True):
+        mlp = lnn.MLP((256, 256), 4, "fp8", high_precision_ends=ends)
+        assert jax.tree.structure(mlp.init(jax.random.key(1), x)) == jax.tree.structure(params)
+        casts[ends] = _fp8_casts(mlp.apply, params, x)
+        out = mlp.apply(params, x).astype(jnp.float32)
+        errors[ends] = float(jnp.sqrt(jnp.mean((out - reference) ** 2)) / jnp.std(reference))
+    assert casts[True] == one_gemm < casts[False]  # only the 256 x 256 layer quantizes
+    assert errors[True] < 0.8 * errors[False]
+    same = lnn.MLP((256, 256), 4, "bf16", high_precision_ends=True).apply(params, x)
+    np.testing.assert_array_equal(np.asarray(same), np.asarray(lnn.MLP((256, 256), 4, "bf16").apply(params, x)))
