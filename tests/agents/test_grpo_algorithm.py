@@ -250,7 +250,7 @@ def test_sequence_logprobs_shift_convention():
 def test_config_defaults_and_derived_values():
     c = grpo.GRPOConfig()
     assert (c.group_size, c.eps_low, c.effective_eps_high, c.tis_cap, c.beta, c.ppo_epochs) == (8, 0.2, 0.2, 2, 0, 1)
-    assert c.loss_kwargs() == dict(eps_low=0.2, eps_high=0.2, tis_cap=2.0, beta=0.0)
+    assert c.loss_kwargs() == dict(eps_low=0.2, eps_high=0.2, tis_cap=2.0, beta=0.0, loss_normalization="all_tokens")
     assert grpo.GRPOConfig(clip_higher=True).effective_eps_high == 0.28
     assert grpo.GRPOConfig(tis=False).loss_kwargs()["tis_cap"] is None
     assert c.rollout == grpo.ROLLOUT_PRESETS["bf16"] and c.precision == get_policy("fp32")

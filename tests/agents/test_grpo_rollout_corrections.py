@@ -183,6 +183,61 @@ def test_grpo_loss_correction_argument():
     assert float(off["correction/weight_mean"]) == 1.0 and float(off["tis_clip_frac"]) == 0.0
 
 
+def test_rejected_fraction_counts_rejections_not_underflowed_weights():
+    """A sequence MIS keeps with rho = e^-200 has weight 0 in float32, and is kept, not rejected (verl counts
+    the rejection decision); one over the cap is rejected."""
+    logp_rollout = jnp.zeros((2, 2))
+    logp_old = jnp.array([[-100.0, -100.0], [1.0, 1.0]])  # rho = e^-200 (kept, weight 0); rho = e^2 > 2 (rejected)
+    adv, mask = jnp.array([1.0, -1.0]), jnp.ones((2, 2))
+    _, m = grpo.grpo_loss(logp_old, logp_old, logp_rollout, adv, mask, correction="mis")
+    assert float(m["correction/weight_mean"]) == 0.0
+    assert float(m["correction/rejected_fraction"]) == 0.5
+
+
+def test_kept_tokens_normalization_reproduces_verl_on_a_worked_example():
+    """verl's rollout correction removes the rejected tokens from the response mask and takes the token mean over
+    what is left. Geometric rejection (band 1.5, no veto) on three sequences, on-policy (r = 1, so PPO's term is
+    -A per token):
+
+    * sequence 0, ratios [1.2, 0.9] (g = 1.039): kept, A = +1, 2 tokens;
+    * sequence 1, ratios [2.0, 2.0, 1.0] (g = 1.587): rejected, A = -1, 3 tokens;
+    * sequence 2, ratios [1.1, 1.1, 1.1] + padding (g = 1.1): kept, A = -0.5, 3 tokens.
+
+    verl: loss = (2 * (-1) + 3 * (+0.5)) / 5 = -0.1 over the 5 kept tokens; lpjax's default averages the same sum
+    over all 8 response tokens, -0.0625; the two differ by the kept fraction 5 / 8. With beta, the KL term of the
+    rejected sequence is dropped too."""
+    ratios = np.array([[1.2, 0.9, 1.0, 1.0], [2.0, 2.0, 1.0, 1.0], [1.1, 1.1, 1.1, 1.0]])
+    mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]])
+    lt, lr = _logs(ratios)
+    adv = jnp.array([1.0, -1.0, -0.5])
+    kwargs = dict(correction="geo_reject", geo_threshold=1.5, geo_veto=0.0)
+    verl, vm = grpo.grpo_loss(lt, lt, lr, adv, mask, loss_normalization="kept_tokens", **kwargs)
+    ours, om = grpo.grpo_loss(lt, lt, lr, adv, mask, **kwargs)
+    assert float(verl) == pytest.approx(-0.1, abs=1e-7)
+    assert float(ours) == pytest.approx(-0.0625, abs=1e-7)
+    assert (float(vm["loss_tokens"]), float(om["loss_tokens"]), float(vm["num_tokens"])) == (5.0, 8.0, 8.0)
+    assert float(vm["correction/rejected_fraction"]) == float(om["correction/rejected_fraction"]) == 3 / 8
+    # KL to a reference: every kept token at k3(log 2) = 2 - log 2 - 1, the rejected sequence at k3(log 4): verl
+    # averages the kept tokens only.
+    logp_ref = lt + jnp.where(jnp.arange(3)[:, None] == 1, jnp.log(4.0), jnp.log(2.0))
+    with_kl = grpo.grpo_loss(
+        lt, lt, lr, adv, mask, beta=0.1, logp_ref=logp_ref, loss_normalization="kept_tokens", **kwargs
+    )
+    assert float(with_kl[1]["ref_kl"]) == pytest.approx(1.0 - np.log(2.0), rel=1e-5)
+    assert float(with_kl[0]) == pytest.approx(-0.1 + 0.1 * (1.0 - np.log(2.0)), rel=1e-5)
+    # TIS rejects nothing: the two normalizations agree.
+    tis = [
+        grpo.grpo_loss(lt, lt, lr, adv, mask, correction="tis", loss_normalization=n)[0]
+        for n in algorithm.LOSS_NORMALIZATIONS
+    ]
+    assert float(tis[0]) == float(tis[1])
+    with pytest.raises(ValueError, match="loss_normalization must be one of"):
+        grpo.grpo_loss(lt, lt, lr, adv, mask, loss_normalization="kept")
+    assert grpo.GRPOConfig(loss_normalization="kept_tokens").loss_kwargs()["loss_normalization"] == "kept_tokens"
+    with pytest.raises(ValueError, match="loss_normalization must be one of"):
+        grpo.GRPOConfig(loss_normalization="tokens")
+
+
 # --- config ---------------------------------------------------------------------------------------------------
 
 
@@ -204,7 +259,7 @@ def test_config_rollout_correction_defaults_and_derived_tis():
     for correction in algorithm.ROLLOUT_CORRECTIONS:  # written back and read again: the same config
         c = grpo.GRPOConfig(rollout_correction=correction)
         assert grpo.GRPOConfig.from_mapping(dataclasses.asdict(c)) == c
-    base = dict(eps_low=0.2, eps_high=0.2, beta=0.0)
+    base = dict(eps_low=0.2, eps_high=0.2, beta=0.0, loss_normalization="all_tokens")
     assert grpo.GRPOConfig().loss_kwargs() == dict(base, tis_cap=2.0)
     assert grpo.GRPOConfig(rollout_correction="none").loss_kwargs() == dict(base, tis_cap=None)
     assert grpo.GRPOConfig(rollout_correction="mis", mis_cap=3.0).loss_kwargs() == dict(

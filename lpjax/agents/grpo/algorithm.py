@@ -56,6 +56,11 @@ ROLLOUT_CORRECTIONS = ("none", "tis", "mis", "geo_reject")
 sequence-level masked IS (:func:`mis_weights`) and geometric-mean rejection with a veto
 (:func:`geometric_rejection_weights`)."""
 
+LOSS_NORMALIZATIONS = ("all_tokens", "kept_tokens")
+"""The token counts :func:`grpo_loss` may average over: every response token (lpjax's default: a rejected token
+counts with weight 0), or only the tokens the correction keeps (verl's rollout correction, which removes the
+rejected tokens from the response mask)."""
+
 ADVANTAGE_EPS = 1e-6
 """``eps`` of ``(r - mean) / (std + eps)``: as in DeepSeekMath's GRPO (docs/design.md, "GRPO objective")."""
 
@@ -171,14 +176,20 @@ def mis_weights(logp_train: chex.Array, logp_rollout: chex.Array, mask: chex.Arr
     weights 0 (no token to weight). A NaN ratio masks its sequence. The weights are constants
     (``jax.lax.stop_gradient``). Inputs must be finite on valid tokens; ``cap`` must be > 0.
     """
+    return _mis(logp_train, logp_rollout, mask, cap)[0]
+
+
+def _mis(logp_train, logp_rollout, mask, cap) -> tuple[chex.Array, chex.Array]:
+    """:func:`mis_weights` and the tokens it keeps (valid tokens of sequences with ``rho_b <= cap``, whatever their
+    weight: a kept ``rho_b`` may underflow float32 to a weight of 0)."""
     if isinstance(cap, (int, float)) and not cap > 0:
         raise ValueError(f"The MIS cap must be > 0, got {cap}.")
     valid, d = _masked_log_ratio(logp_train, logp_rollout, mask)
     log_rho = jnp.sum(d, axis=-1, keepdims=True)
     log_cap = jnp.log(jnp.float32(cap))
-    keep = log_rho <= log_cap  # False for NaN
+    kept = valid & (log_rho <= log_cap)  # False for NaN
     rho = jnp.exp(jnp.minimum(log_rho, log_cap))
-    return jax.lax.stop_gradient(jnp.where(valid & keep, rho, 0.0))
+    return jax.lax.stop_gradient(jnp.where(kept, rho, 0.0)), kept
 
 
 def geometric_rejection_weights(
@@ -212,6 +223,11 @@ def geometric_rejection_weights(
     (``jax.lax.stop_gradient``). Inputs must be finite on valid tokens; ``threshold`` must be > 1 and
     ``veto_threshold`` in ``[0, 1)``.
     """
+    return _geometric_rejection(logp_train, logp_rollout, mask, threshold, veto_threshold)[0]
+
+
+def _geometric_rejection(logp_train, logp_rollout, mask, threshold, veto_threshold) -> tuple[chex.Array, chex.Array]:
+    """:func:`geometric_rejection_weights` and the tokens it keeps (where the weight is 1)."""
     if isinstance(threshold, (int, float)) and not threshold > 1:
         raise ValueError(f"The geometric rejection threshold must be > 1, got {threshold}.")
     if isinstance(veto_threshold, (int, float)) and not 0 <= veto_threshold < 1:
@@ -222,7 +238,22 @@ def geometric_rejection_weights(
     in_band = jnp.abs(log_g) <= jnp.log(jnp.float32(threshold))  # False for NaN
     vetoed = jnp.any(valid & ~(d >= jnp.log(jnp.float32(veto_threshold))), axis=-1, keepdims=True)
     accept = valid & in_band & ~vetoed
-    return jax.lax.stop_gradient(accept.astype(jnp.float32))
+    return jax.lax.stop_gradient(accept.astype(jnp.float32)), accept
+
+
+def _correction(
+    correction: str, mismatch: chex.Array, valid: chex.Array, tis_cap, mis_cap, geo_threshold, geo_veto
+) -> tuple[chex.Array, chex.Array]:
+    """``(w, kept)`` of a rollout correction on the per-token ``mismatch = logp_old - logp_rollout`` (0 off
+    ``valid``): the detached weights and the valid tokens the correction keeps (all of them, but for MIS and the
+    geometric rejection)."""
+    if correction == "none":
+        return jnp.ones_like(mismatch), valid
+    if correction == "tis":
+        return tis_weights(mismatch, 0.0, tis_cap), valid
+    if correction == "mis":
+        return _mis(mismatch, 0.0, valid, mis_cap)
+    return _geometric_rejection(mismatch, 0.0, valid, geo_threshold, geo_veto)
 
 
 def _k3(log_ratio: chex.Array) -> chex.Array:
@@ -247,6 +278,7 @@ def grpo_loss(
     mis_cap: float = 2.0,
     geo_threshold: float = 1.5,
     geo_veto: float = 1e-4,
+    loss_normalization: str = "all_tokens",
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
     """GRPO's clipped surrogate with a rollout-mismatch correction and an optional KL penalty, averaged over
     response tokens.
@@ -257,7 +289,10 @@ def grpo_loss(
         w_t  = correction weight of (logp_old, logp_rollout)    detached, see below
         pg_t = -w_t min(r_t A_b, clip(r_t, 1 - eps_low, 1 + eps_high) A_b)
         kl_t = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1
-        loss = sum(mask (pg + beta kl)) / max(sum(mask), 1)
+        loss = sum(m (pg + beta kl)) / max(sum(m), 1)
+
+    with ``m`` the response tokens (``mask``), or with ``loss_normalization="kept_tokens"`` the response tokens the
+    correction keeps (verl's convention, see below).
 
     * ``correction`` (:data:`ROLLOUT_CORRECTIONS`) chooses ``w_t``:
 
@@ -270,8 +305,14 @@ def grpo_loss(
         (:func:`geometric_rejection_weights`).
 
       ``correction=None`` (the default) means ``"tis"``, or ``"none"`` when ``tis_cap is None``, so the older
-      spelling ``tis_cap=None`` still means no correction. A rejected token (``w_t = 0``) contributes nothing but
-      still counts in the token mean's ``N``, as any weight does.
+      spelling ``tis_cap=None`` still means no correction.
+    * ``loss_normalization`` (:data:`LOSS_NORMALIZATIONS`) decides what a token rejected by MIS or the geometric
+      rejection counts for. ``"all_tokens"`` (the default): it contributes nothing but still counts in the token
+      mean's ``N``, as any weight does, so the loss's scale does not depend on how much was rejected.
+      ``"kept_tokens"``: it leaves the token mean altogether, ``N`` counts the kept tokens and the KL penalty skips
+      it too, as verl's rollout correction does by removing rejected tokens from the response mask; the loss is
+      then ``1 / kept fraction`` times the ``"all_tokens"`` loss (without KL). TIS and no correction reject
+      nothing, so both normalizations agree there.
     * Every correction uses ``logp_old`` as the training policy (verl's rollout correction): the weight corrects
       the rollout-vs-training *engine* mismatch of the sampled data and stays fixed over the PPO epochs, while
       ``r_t`` handles the policy's own change since the rollout. It multiplies the policy-gradient term only;
@@ -305,11 +346,13 @@ def grpo_loss(
       ``(loss, metrics)``; metrics are float32 scalars, token means over unmasked tokens (0 with no tokens):
 
       * ``pg_loss``, ``ref_kl`` (k3 to the reference, 0 without ``logp_ref``), ``ppo_clip_frac`` (tokens whose
-        gradient the PPO clip stops), ``ratio_mean`` (of ``r_t``), ``num_tokens``;
+        gradient the PPO clip stops), ``ratio_mean`` (of ``r_t``), each over the tokens the loss averages;
+        ``num_tokens`` (response tokens) and ``loss_tokens`` (the tokens the loss averages over);
       * ``tis_weight_mean/min/max`` (the TIS weights: all 1 with another correction or none) and
         ``tis_clip_frac`` (tokens with ``exp(logp_old - logp_rollout) > tis_cap``; 0 without TIS);
       * ``correction/weight_mean`` (the weights ``w_t`` applied, whichever the correction) and
-        ``correction/rejected_fraction`` (tokens with ``w_t = 0``: those MIS or the geometric rejection drop);
+        ``correction/rejected_fraction`` (the response tokens MIS or the geometric rejection drop: a kept token
+        whose MIS weight underflows float32 to 0 is not rejected), both over every response token;
       * ``mismatch_kl``: KL(pi_rollout || pi_train) per token by the k3 estimator ``rho - 1 - log rho``,
         ``rho = exp(logp_old - logp_rollout)``. The tokens are samples of pi_rollout and only their own
         log-probs are known, so this direction is the one with an unbiased Monte-Carlo estimate
@@ -327,6 +370,10 @@ def grpo_loss(
         raise ValueError(f"grpo_loss: correction must be one of {ROLLOUT_CORRECTIONS}, got {correction!r}.")
     if correction == "tis" and tis_cap is None:
         raise ValueError("grpo_loss: correction='tis' needs a tis_cap.")
+    if loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"grpo_loss: loss_normalization must be one of {LOSS_NORMALIZATIONS}, got {loss_normalization!r}."
+        )
     chex.assert_equal_shape([logp_new, logp_old, mask])
     if logp_rollout is None:
         logp_rollout = logp_old
@@ -342,11 +389,6 @@ def grpo_loss(
     advantages = jnp.broadcast_to(advantages, logp_new.shape)
 
     valid = jnp.asarray(mask) != 0
-    num_tokens = jnp.sum(valid, dtype=jnp.float32)
-    denom = jnp.maximum(num_tokens, 1.0)
-
-    def masked_mean(x):
-        return jnp.sum(jnp.where(valid, x, 0.0)) / denom
 
     def log_ratio(a, b):  # a - b on valid tokens, 0 elsewhere: padding's -inf gives neither NaN nor NaN grads
         a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
@@ -355,28 +397,27 @@ def grpo_loss(
     logp_old = jax.lax.stop_gradient(logp_old)
     ratio = jnp.exp(jnp.clip(log_ratio(logp_new, logp_old), -MAX_LOG_RATIO, MAX_LOG_RATIO))
     mismatch = jax.lax.stop_gradient(log_ratio(logp_old, logp_rollout))  # log(pi_train / pi_rollout)
-    tis_w = jnp.ones_like(ratio)
-    tis_clipped = jnp.zeros_like(ratio, dtype=bool)
-    if correction == "none":
-        weights = jnp.ones_like(ratio)
-    elif correction == "tis":
-        weights = tis_w = tis_weights(mismatch, 0.0, tis_cap)
-        tis_clipped = mismatch > jnp.log(jnp.float32(tis_cap))
-    elif correction == "mis":
-        weights = mis_weights(mismatch, 0.0, valid, mis_cap)
-    else:
-        weights = geometric_rejection_weights(mismatch, 0.0, valid, geo_threshold, geo_veto)
+    weights, kept = _correction(correction, mismatch, valid, tis_cap, mis_cap, geo_threshold, geo_veto)
+    tis_w = weights if correction == "tis" else jnp.ones_like(ratio)
+    tis_clipped = (mismatch > jnp.log(jnp.float32(tis_cap))) if correction == "tis" else jnp.zeros_like(valid)
+
+    def token_mean(over):
+        count = jnp.sum(over, dtype=jnp.float32)
+        return count, lambda x: jnp.sum(jnp.where(over, x, 0.0)) / jnp.maximum(count, 1.0)
+
+    num_tokens, masked_mean = token_mean(valid)
+    loss_tokens, loss_mean = token_mean(kept if loss_normalization == "kept_tokens" else valid)
 
     unclipped_obj = ratio * advantages
     clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
     pg = -weights * jnp.minimum(unclipped_obj, clipped_obj)
-    pg_loss = masked_mean(pg)
+    pg_loss = loss_mean(pg)
 
     if logp_ref is None:
         ref_kl = jnp.zeros((), jnp.float32)
         loss = pg_loss
     else:
-        ref_kl = masked_mean(_k3(log_ratio(logp_ref, logp_new)))
+        ref_kl = loss_mean(_k3(log_ratio(logp_ref, logp_new)))
         loss = pg_loss + beta * ref_kl
 
     def masked_extreme(x, reduce, fill):
@@ -385,15 +426,16 @@ def grpo_loss(
     metrics: dict[str, Any] = {
         "pg_loss": pg_loss,
         "ref_kl": ref_kl,
-        "ppo_clip_frac": masked_mean((clipped_obj < unclipped_obj).astype(jnp.float32)),
-        "ratio_mean": masked_mean(ratio),
+        "ppo_clip_frac": loss_mean((clipped_obj < unclipped_obj).astype(jnp.float32)),
+        "ratio_mean": loss_mean(ratio),
         "num_tokens": num_tokens,
+        "loss_tokens": loss_tokens,
         "tis_weight_mean": masked_mean(tis_w),
         "tis_weight_min": masked_extreme(tis_w, jnp.min, jnp.inf),
         "tis_weight_max": masked_extreme(tis_w, jnp.max, -jnp.inf),
         "tis_clip_frac": masked_mean(tis_clipped.astype(jnp.float32)),
         "correction/weight_mean": masked_mean(weights),
-        "correction/rejected_fraction": masked_mean((weights == 0).astype(jnp.float32)),
+        "correction/rejected_fraction": masked_mean((valid & ~kept).astype(jnp.float32)),
         "mismatch_kl": masked_mean(_k3(mismatch)),
         "mismatch_kl_k1": masked_mean(-mismatch),
     }

@@ -28,7 +28,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS, ROLLOUT_CORRECTIONS
+from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS, LOSS_NORMALIZATIONS, ROLLOUT_CORRECTIONS
 from lpjax.agents.training import LearnerConfig
 from lpjax.nn.transformer import kv_cache_dtype
 from lpjax.precision import Policy, get_policy
@@ -122,7 +122,9 @@ class GRPOConfig(LearnerConfig):
     C = 2), ``"none"``, ``"mis"`` (sequence-level masked importance sampling: sequences whose ratio exceeds
     ``mis_cap`` are dropped) or ``"geo_reject"`` (sequences whose geometric-mean ratio leaves
     ``[1 / geo_threshold, geo_threshold]``, or with a token ratio below ``geo_veto``, are dropped). Each threshold
-    is checked only when its correction is chosen.
+    is checked only when its correction is chosen. ``loss_normalization`` (:data:`LOSS_NORMALIZATIONS`) is what the
+    token mean counts: ``"all_tokens"`` (every response token, a rejected one with weight 0) or ``"kept_tokens"``
+    (verl's: the tokens the correction keeps).
 
     ``tis`` is derived: after construction it is ``True`` exactly when the correction is TIS. As an input it is the
     switch of configs written before ``rollout_correction`` existed: ``tis=False`` with ``rollout_correction="tis"``
@@ -155,6 +157,7 @@ class GRPOConfig(LearnerConfig):
     mis_cap: float = 2.0
     geo_threshold: float = 1.5
     geo_veto: float = 1e-4
+    loss_normalization: str = "all_tokens"
     beta: float = 0.0
     ppo_epochs: int = 1
     num_minibatches: int = 1
@@ -194,6 +197,11 @@ class GRPOConfig(LearnerConfig):
                 (correction != "mis" or self.mis_cap > 0, "mis_cap must be > 0"),
                 (correction != "geo_reject" or self.geo_threshold > 1, "geo_threshold must be > 1"),
                 (correction != "geo_reject" or 0 <= self.geo_veto < 1, "geo_veto must be in [0, 1) (0: no veto)"),
+                (
+                    self.loss_normalization in LOSS_NORMALIZATIONS,
+                    f"loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}, "
+                    f"got {self.loss_normalization!r}",
+                ),
                 (self.beta >= 0, "beta must be >= 0"),
                 (_is_int(self.ppo_epochs) and self.ppo_epochs >= 1, "ppo_epochs must be an int >= 1"),
                 (
@@ -236,6 +244,7 @@ class GRPOConfig(LearnerConfig):
             eps_high=self.effective_eps_high,
             tis_cap=float(self.tis_cap) if self.rollout_correction == "tis" else None,
             beta=float(self.beta),
+            loss_normalization=self.loss_normalization,
         )
         if self.rollout_correction == "mis":
             kwargs.update(correction="mis", mis_cap=float(self.mis_cap))
