@@ -56,12 +56,16 @@ def shape_bytes(shape: str) -> int:
     return total
 
 
-def passes(hlo_text: str) -> list[Pass]:
-    """The passes over memory of the ENTRY computation of an optimized HLO module (``compiled.as_text()``)."""
-    entry = hlo_text[hlo_text.index("\nENTRY") :]
+def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
+    """The passes over memory of the ENTRY computation of an optimized HLO module (``compiled.as_text()``), or of
+    the computation named ``computation`` (e.g. a loop body of :func:`loop_bodies`: its passes per trip)."""
+    header = "\nENTRY" if computation is None else f"\n%{computation} "
+    entry = hlo_text[hlo_text.index(header) :]
     sizes: dict[str, int] = {}
     out = []
     for line in entry.splitlines()[1:]:
+        if line.startswith("}"):
+            break
         match = _INSTRUCTION.match(line)
         if match is None:
             continue
@@ -97,6 +101,17 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str]
     return computations, entry
 
 
+def loop_bodies(hlo_text: str) -> list[str]:
+    """Names of the body computations of the ``while`` loops of a compiled program, largest first."""
+    computations, _ = _computations(hlo_text)
+    bodies = {_called(rest, "body") for ops in computations.values() for opcode, rest in ops if opcode == "while"}
+    return sorted(bodies, key=lambda name: -len(computations[name]))
+
+
+def _called(rest: str, attribute: str) -> str:
+    return re.search(attribute + r"=%([\w.\-]+)", rest).group(1)
+
+
 def kernel_count(hlo_text: str) -> int:
     """Work instructions of a compiled program (``compiled.as_text()``): the instructions of its ENTRY computation
     and, once each, of the bodies of its loops, that do work (a fusion, a dot, a copy, a conditional, a custom
@@ -112,9 +127,9 @@ def kernel_count(hlo_text: str) -> int:
         total = 0
         for opcode, rest in computations[name]:
             if opcode == "call":
-                total += count(re.search(r"to_apply=%([\w.\-]+)", rest).group(1))
+                total += count(_called(rest, "to_apply"))
             elif opcode == "while":
-                total += count(re.search(r"body=%([\w.\-]+)", rest).group(1))
+                total += count(_called(rest, "body"))
             elif opcode not in _NO_KERNEL:
                 total += 1
         return total

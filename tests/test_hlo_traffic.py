@@ -1,7 +1,5 @@
 """benchmarks/hlo_traffic.py: bytes read and written by the passes of a compiled program."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -50,11 +48,12 @@ def test_kernel_count_counts_work_in_the_entry_and_once_per_loop_body():
 
     text = jax.jit(loop).lower(x).compile().as_text()
     computations, entry = hlo_traffic._computations(text)
-    bodies = [
-        re.search(r"body=%([\w.\-]+)", rest).group(1) for c in computations.values() for op, rest in c if op == "while"
-    ]
+    bodies = hlo_traffic.loop_bodies(text)
     assert len(bodies) == 1
     body_work = sum(op not in hlo_traffic._NO_KERNEL for op, _ in computations[bodies[0]])
+    body_passes = hlo_traffic.passes(text, bodies[0])
+    assert len(body_passes) == body_work  # a trip's passes: every work instruction of the body
+    assert max(p.written for p in body_passes) == 64 * 64 * 4  # the carried matrix, written per trip
     assert body_work >= 2 and hlo_traffic.kernel_count(text) > body_work  # the body once, plus the entry's work
     assert hlo_traffic.kernel_count(text) < 7 * body_work
     with pytest.raises(ValueError, match="no ENTRY"):

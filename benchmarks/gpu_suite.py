@@ -1,0 +1,1001 @@
+"""The GPU suite: what a task lent a GPU runs first (``make bench-gpu``), one command, at most 8 minutes on an H100
+including compilation. Writes ``benchmarks/results/gpu_suite.{json,png}``.
+
+Parts (``--parts`` takes names or letters, comma-separated; the default runs all, in this order):
+
+* ``ceilings``: the GPU's measured bf16 and fp8 matmul rates and HBM bandwidth
+  (:func:`benchmarks.kernels_gpu.ceilings`), and whether JAX's default float32 matmul is TF32 here.
+* ``table10`` (a): Björck et al.'s Table 10 on this GPU. One :func:`lpjax.agents.sac.update` from states at
+  cheetah-run's sizes (17 observations, 6 actions), width {1024, 4096} x batch {1024, 4096}, for each of
+  :data:`SAC_PRECISIONS`: float32 under ``jax.default_matmul_precision("highest")`` (the V100's fp32), float32 at
+  JAX's default (TF32 on Hopper), and the experiment configs ``bf16``, ``fp16`` (the paper's six methods),
+  ``fp16_sr`` and ``fp8``, all with ``matmul_impl="auto"`` (:mod:`lpjax.nn.matmul_choice`).
+* ``optimizer`` (d): one optimizer step alone on a ~101M-parameter MLP: the README's chain
+  (``compound_loss_scaling(hadam)`` + ``kahan_summation``) in float16 against ``optax.adam`` in float32 and
+  float16 (:mod:`benchmarks.optimizer_overhead`'s variants), against its bytes-moved bound (every input read once,
+  every output written once, at the measured HBM bandwidth) and with the traffic of its compiled HLO
+  (:mod:`benchmarks.hlo_traffic`).
+* ``fp8_rollout`` (c): decode tokens/s of :func:`lpjax.rollout.sample` with a ~0.94B-parameter
+  :class:`lpjax.nn.TransformerLM` (random weights; 16 layers, d_model 2048), 64 prompts of 64 tokens, 1024 new
+  tokens: bf16 weights and KV cache, fp8 W8A8 GEMMs (the ``"fp8"`` policy), an fp8 KV cache, both. The traffic of
+  one decode step is read off the compiled program's loop body.
+* ``jitted_loop`` (b): SAC in the fully jitted loop (:mod:`experiments.sac_brax_loop`) on
+  ``mjx:cartpole-swingup`` with :mod:`benchmarks.gpu_train`'s settings (64 environments, 8 updates per
+  vectorized step, 1024 x 1024, batch 1024): env steps/s and updates/s for fp32, bf16 and fp16, on 1 device
+  and, when more are present, on all of them. Needs MuJoCo Playground (the wheels of ``make gpu-wheels``);
+  without it the part records why and the others run.
+* ``matmul`` (e): the measurements behind ``impl="auto"``: :func:`lpjax.nn.policy_dense` with ``impl="xla"``
+  and ``"pallas"`` for bf16, fp8 and fp16 at the SAC, LLM prefill and decode shapes, whether the table's choice
+  is the faster one here, and the rows this GPU implies.
+
+Every figure is steady state (:mod:`benchmarks.steady_state`): wall time per step over a loop of asynchronously
+dispatched steps, and on a GPU the GPU time and kernels per step from CUPTI (plus the kernels taking the most GPU
+time). Functions are compiled ahead of time, and the compile time recorded, before anything is timed.
+
+Robustness. The parts run in a worker process; this process supervises it. Every item of a part (a precision
+at a size, a variant) is recorded on its own, an error as its message, so one failure costs one entry. A part
+that exceeds its limit (``budget * 1.25 + 15 s``), or a worker that crashes, is killed; what it had finished is
+kept, the part is marked, and a new worker runs the remaining parts. A part stops starting items once its budget
+(:data:`BUDGET_S`, scaled by ``--budget_scale``) is spent and marks the rest skipped, and the suite stops at
+``--deadline_s``. The json is written after every part, so a killed suite leaves what it measured. It records
+where it ran (GPUs and driver from ``nvidia-smi``, package versions, lpjax's commit and source hash, JAX's
+devices), each part's seconds, and every goal of issue 29 beside its measured figure (``goals``). Compiled
+programs go to a persistent cache (``--compilation_cache``), so a second run on the same machine compiles less.
+
+The 8 minutes. Budgets (s): ceilings 15, table10 160, optimizer 25, fp8_rollout 130, jitted_loop 90, matmul 25
+(445), plus about 15 for the worker's start; the deadline is 470. They come from (i) compile times measured on
+this project's 2-core CPU for the same programs (SAC update 4-14 s, the 1B decode 4-5 s, the MJX loop chunk
+13 s of CPU, its initialization 11 s, the optimizer step about 1 s), assumed no slower on the GPU machine's 16
+cores; (ii) the H100's recorded SAC update times (``kernels_gpu.json``: 0.34-0.67 ms GPU, 1.1-3.1 ms wall at
+1024/1024), scaled by flops to 4096/4096 (64x: ~50 ms in fp32-highest); (iii) the decode's traffic model (the
+loop body moves ~18 GB per token step in bf16 on XLA:CPU's HLO, mostly copies of the stacked KV cache: ~6 ms at
+3 TB/s, ~6 s per 1024-token call, two calls per variant). See ``estimate`` in the json.
+
+``--quick`` runs every part at toy sizes (on the CPU, in the default test tier): the same code paths, no
+meaningful figures. Run ``python -m benchmarks.gpu_suite`` (or ``make bench-gpu`` on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import command_line, run_environment, write_results
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ORDER = ("ceilings", "table10", "optimizer", "fp8_rollout", "jitted_loop", "matmul")
+LETTERS = {"a": "table10", "b": "jitted_loop", "c": "fp8_rollout", "d": "optimizer", "e": "matmul"}
+BUDGET_S = {"ceilings": 15, "table10": 160, "optimizer": 25, "fp8_rollout": 130, "jitted_loop": 90, "matmul": 25}
+"""Seconds each part may spend before it stops starting items (module docstring, "The 8 minutes")."""
+WORKER_START_S = 15
+DEADLINE_S = 470
+CACHE_DIR = "/tmp/lpjax-jax-cache"
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running parts: items, budgets, the worker and its supervisor.
+
+
+def _error(error: BaseException) -> dict[str, str]:
+    tail = "".join(traceback.format_tb(error.__traceback__)[-4:])
+    return {"error": f"{type(error).__name__}: {error}"[:600], "where": tail[-1500:]}
+
+
+class Part:
+    """One part's run: its result dict, its budget, and :meth:`item` to record each measurement on its own."""
+
+    def __init__(self, name: str, budget_s: float, quick: bool, suite: dict, save: Callable[[], None]):
+        self.name, self.budget_s, self.quick, self.suite, self._save = name, budget_s, quick, suite, save
+        self.started = time.perf_counter()
+        self.result: dict[str, Any] = {"budget_s": budget_s}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def item(self, keys: Sequence[str], measure: Callable[[], Any]) -> Any:
+        """``measure()`` stored at ``result[keys...]``, or ``{"skipped": ...}`` once the budget is spent, or the
+        error it raised; saved to the progress file either way. Returns what was stored."""
+        if self.elapsed() > self.budget_s:
+            value: Any = {"skipped": f"budget of {self.budget_s:.0f} s spent"}
+        else:
+            print(f"[{self.name} {self.elapsed():6.1f} s] {' / '.join(keys)}", flush=True)
+            started = time.perf_counter()
+            try:
+                value = measure()
+            except Exception as error:  # recorded: the part goes on with its next item
+                value = _error(error)
+            if isinstance(value, dict):
+                value.setdefault("seconds", time.perf_counter() - started)
+        node = self.result
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+        self._save()
+        return value
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def device_record() -> dict[str, Any]:
+    """JAX's backend and devices as this process sees them."""
+    import jax
+
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "platform_version": getattr(devices[0].client, "platform_version", None),
+    }
+
+
+def enable_compilation_cache(path: str) -> None:
+    """Compiled programs taking over a second are kept in ``path`` (JAX's persistent cache); '' leaves it off."""
+    if path:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def run_worker(
+    progress: Path, parts: Sequence[str], quick: bool, budget_scale: float, cache: str, release: bool = True
+) -> None:
+    """Runs ``parts`` in this process, recording into the ``progress`` json (the supervisor reads it); with
+    ``release``, JAX's caches are cleared after each part (a worker's device memory goes to the next part)."""
+    enable_compilation_cache(cache)
+    state = _read_json(progress) or {"parts": {}, "done": []}
+    state["device"] = device_record()
+    for name in parts:
+        part = Part(name, BUDGET_S[name] * budget_scale, quick, state["parts"], lambda: _write_json(progress, state))
+        state["parts"][name] = part.result
+        state.update(current=name, current_started=time.time())
+        _write_json(progress, state)
+        try:
+            PARTS[name](part)
+        except Exception as error:  # the part's own failure, outside its items
+            part.result.update(_error(error))
+        part.result["seconds"] = part.elapsed()
+        state["done"].append(name)
+        state["current"] = None
+        _write_json(progress, state)
+        if release:
+            _release_memory()
+
+
+def _release_memory() -> None:
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
+def _echo(stream, tail: collections.deque) -> None:
+    for line in iter(stream.readline, ""):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail.append(line.rstrip())
+
+
+QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+"""XLA flags of a ``--quick`` worker: XLA:CPU compiles toy programs about twice as fast, and nothing is timed."""
+
+
+def part_limit_s(name: str, args: argparse.Namespace) -> float:
+    """How long the supervisor lets part ``name`` run before killing it: ``--part_limit name=seconds`` if given,
+    else ``budget * 1.25 + 15 s``."""
+    if name in args.part_limit:
+        return args.part_limit[name]
+    return BUDGET_S[name] * args.budget_scale * 1.25 + 15
+
+
+def supervise(
+    parts: Sequence[str], args: argparse.Namespace, progress: Path, on_update: Callable[[dict], None]
+) -> dict:
+    """Runs the parts in worker processes (module docstring, "Robustness"); returns the progress state."""
+    started = time.monotonic()
+    remaining = list(parts)
+    state: dict = {"parts": {}, "done": []}
+    _write_json(progress, state)
+    while remaining:
+        if time.monotonic() - started > args.deadline_s - 5:
+            for name in remaining:
+                state["parts"][name] = {"skipped": f"suite deadline of {args.deadline_s:.0f} s reached"}
+            break
+        command = [sys.executable, "-m", "benchmarks.gpu_suite", "--worker", str(progress)]
+        command += ["--parts", ",".join(remaining), "--budget_scale", str(args.budget_scale)]
+        command += ["--compilation_cache", args.compilation_cache] + (["--quick"] if args.quick else [])
+        env = dict(os.environ)
+        if args.quick:
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {QUICK_XLA_FLAGS}".strip()
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+        )
+        tail: collections.deque = collections.deque(maxlen=30)
+        reader = threading.Thread(target=_echo, args=(proc.stdout, tail), daemon=True)
+        reader.start()
+        killed = None
+        while proc.poll() is None:
+            time.sleep(0.5)
+            state = _read_json(progress) or state
+            current = state.get("current")
+            if time.monotonic() - started > args.deadline_s:
+                killed = f"suite deadline of {args.deadline_s:.0f} s reached"
+            elif current and time.time() - state["current_started"] > part_limit_s(current, args):
+                killed = f"killed after {part_limit_s(current, args):.1f} s (its limit)"
+            if killed:
+                _kill(proc)
+        reader.join(timeout=5)
+        state = _read_json(progress) or state
+        remaining = [name for name in remaining if name not in state.get("done", [])]
+        current = state.get("current")
+        if current in remaining:  # killed or crashed inside a part: keep what it finished, mark it, go on
+            entry = state["parts"].setdefault(current, {})
+            entry["error"] = killed or f"worker exited with status {proc.returncode}"
+            entry["worker_output_tail"] = list(tail)[-15:]
+            entry["seconds"] = time.time() - state["current_started"]
+            state["done"].append(current)
+            state["current"] = None
+            remaining.remove(current)
+        elif remaining and (killed or proc.returncode):  # died between parts, or before the first one
+            for name in remaining:
+                state["parts"][name] = {
+                    "error": killed or f"worker exited with status {proc.returncode} before this part",
+                    "worker_output_tail": list(tail)[-15:],
+                }
+            remaining = []
+        _write_json(progress, state)
+        on_update(state)
+    return state
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's process group, SIGKILL 5 s later."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared measurement helpers.
+
+
+def steady(step: Callable, state: Any, quick: bool, **kwargs) -> tuple[Any, dict]:
+    """:func:`benchmarks.steady_state.steady_state`, at toy repetitions with ``quick``."""
+    from benchmarks.steady_state import steady_state
+
+    if quick:
+        kwargs = dict(kwargs, target_s=0.01, min_steps=2, max_steps=2, warmup=min(kwargs.get("warmup", 1), 1))
+    return steady_state(step, state, **kwargs)
+
+
+def compiled_record(compiled: Any, compile_s: float) -> dict[str, Any]:
+    """Compile seconds and the compiled program's work instructions (:func:`benchmarks.hlo_traffic.kernel_count`)."""
+    from benchmarks.hlo_traffic import kernel_count
+
+    return {"compile_s": compile_s, "hlo_kernels": kernel_count(compiled.as_text())}
+
+
+def aot(function: Any, *args: Any) -> tuple[Any, dict[str, Any]]:
+    """``function.lower(*args).compile()`` (it shares jit's cache, so later calls do not compile), timed."""
+    started = time.perf_counter()
+    compiled = function.lower(*args).compile()
+    return compiled, compiled_record(compiled, time.perf_counter() - started)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ceilings
+
+
+def part_ceilings(part: Part) -> None:
+    from benchmarks import kernels_gpu
+    from benchmarks.steady_state import on_gpu
+
+    part.item(["tf32"], tf32_check)
+    if on_gpu() and not part.quick:
+        part.item(["measured"], lambda: kernels_gpu.ceilings(iterations=10))
+    else:
+        part.result["measured"] = {"skipped": "the ceilings are measured with CUPTI on a GPU"}
+
+
+def tf32_check(size: int = 1024) -> dict[str, Any]:
+    """Relative error of a float32 matmul at JAX's default precision against ``"highest"``: ~1e-3 means TF32."""
+    import jax
+    import jax.numpy as jnp
+
+    kx, kw = jax.random.split(jax.random.key(3))
+    x, w = jax.random.normal(kx, (size, size)), jax.random.normal(kw, (size, size))
+    default = jax.jit(jnp.dot)(x, w)
+    with jax.default_matmul_precision("highest"):
+        highest = jax.jit(jnp.dot)(x, w)
+    error = float(jnp.max(jnp.abs(default - highest)) / jnp.max(jnp.abs(highest)))
+    return {"default_vs_highest_relative_error": error, "default_is_tf32_like": error > 1e-5}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# table10 (a)
+
+OBS_DIM, ACTION_DIM = 17, 6
+"""cheetah-run from states."""
+TABLE10_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))
+"""(width, batch), as Table 10's columns."""
+QUICK_TABLE10_SIZES = ((32, 32),)
+PAPER_SPEEDUP = {(1024, 1024): 0.96, (1024, 4096): 1.06, (4096, 1024): 2.83, (4096, 4096): 4.43}
+"""Björck et al. Table 10 (V100): fp16 over fp32 per (width, batch)."""
+GOAL_SPEEDUP = {(1024, 1024): 1.0, (1024, 4096): 1.1, (4096, 1024): 3.0, (4096, 4096): 4.5}
+"""Issue 29's goals for fp16 (paper methods) over fp32-highest."""
+
+CONFIG_PRECISIONS: dict[str, dict[str, Any]] = {
+    "fp32": {"policy": "fp32", "methods": {}},
+    "bf16": {"policy": "bf16", "methods": {"kahan_gradients": True, "kahan_momentum": True}},
+    "fp16": {"policy": "fp16", "methods": "paper"},
+    "fp16_sr": {
+        "policy": "fp16",
+        "methods": {"paper": True, "kahan_gradients": False, "kahan_momentum": False, "stochastic_rounding": True},
+    },
+    "fp8": {"policy": "fp8", "methods": {"kahan_momentum": False}},
+}
+"""The precision fields of ``experiments/configs/sac/<name>.py`` (``methods``: switches over the defaults, or
+``"paper"``/``paper=True`` for the paper's six first), written out so that the suite needs no ml_collections;
+``tests/test_gpu_suite_benchmark.py`` checks that they are the configs'."""
+
+SAC_PRECISIONS: dict[str, tuple[str, str | None]] = {
+    "fp32 highest": ("fp32", "highest"),
+    "fp16 (paper methods)": ("fp16", None),
+    "fp32 default (TF32 on Hopper)": ("fp32", None),
+    "bf16": ("bf16", None),
+    "fp16_sr": ("fp16_sr", None),
+    "fp8": ("fp8", None),
+}
+"""Table rows: (config, ``jax.default_matmul_precision``); the first two at every size run first."""
+
+
+def sac_config(name: str, width: int, batch: int) -> Any:
+    """:class:`lpjax.agents.sac.SACConfig` of config ``name`` (:data:`CONFIG_PRECISIONS`) at this size, with
+    ``matmul_impl="auto"``."""
+    from lpjax.agents import sac
+    from lpjax.methods import PrecisionMethods
+
+    fields = CONFIG_PRECISIONS[name]
+    switches = dict(fields["methods"]) if fields["methods"] != "paper" else {"paper": True}
+    methods = PrecisionMethods.paper() if switches.pop("paper", False) else PrecisionMethods()
+    methods = dataclasses.replace(methods, **switches)
+    return sac.SACConfig(
+        policy=fields["policy"], methods=methods, hidden_dims=(width, width), batch_size=batch, matmul_impl="auto"
+    )
+
+
+def _precision(precision: str | None):
+    import jax
+
+    return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
+
+
+def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str, Any]:
+    """Compile and steady-state timing of one SAC update of row ``label`` at (``width``, ``batch``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.common import random_transitions
+    from lpjax.agents import sac
+    from lpjax.nn.matmul_choice import resolve_impl
+
+    name, precision = SAC_PRECISIONS[label]
+    config = sac_config(name, width, batch)
+    with _precision(precision):
+        agent = jax.jit(lambda key: sac.init(key, jnp.zeros((OBS_DIM,)), ACTION_DIM, config))(jax.random.key(0))
+        data = jax.device_put(random_transitions(np.random.default_rng(0), batch, OBS_DIM, ACTION_DIM))
+        _, record = aot(sac.update, agent, data)
+        agent, timing = steady(lambda state: sac.update(state, data)[0], agent, quick, target_s=0.4, max_steps=500)
+        agent, metrics = sac.update(agent, data)
+    metrics = jax.device_get(metrics)
+    return {
+        **record,
+        **timing,
+        "config": f"experiments/configs/sac/{name}.py",
+        "matmul_precision": precision or "default",
+        "matmul_impl": resolve_impl("auto", config.precision.matmul_dtype, (batch, width, width)),
+        "critic_loss_finite": bool(np.isfinite(metrics["critic_loss"])),
+        "critic_skipped_steps": float(metrics["critic_skipped_steps"]),
+    }
+
+
+QUICK_SAC_PRECISIONS = ("fp32 highest", "fp16 (paper methods)", "fp8")
+"""The rows ``--quick`` runs: one per code path (a precision context, the paper's methods, fp8 GEMMs)."""
+
+
+def part_table10(part: Part) -> None:
+    sizes = QUICK_TABLE10_SIZES if part.quick else TABLE10_SIZES
+    labels = list(QUICK_SAC_PRECISIONS if part.quick else SAC_PRECISIONS)
+    order = [(label, size) for label in labels[:2] for size in sizes] + [
+        (label, size) for size in sizes for label in labels[2:]
+    ]
+    part.result["obs_dim"], part.result["action_dim"] = OBS_DIM, ACTION_DIM
+    for label, (width, batch) in order:
+        part.item(
+            ["sizes", f"w{width}_b{batch}", label], functools.partial(sac_update_item, label, width, batch, part.quick)
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# optimizer (d)
+
+OPTIMIZER_VARIANTS = (("optax.adam", "float32"), ("optax.adam", "float16"), ("lpjax.chain", "float16"))
+
+
+def optimizer_sizes(quick: bool) -> Any:
+    """~101M parameters: 64 -> 4096 -> 6 x (4096 x 4096) -> 16 (toy sizes with ``quick``)."""
+    from benchmarks.optimizer_overhead import QUICK_SIZES, Sizes
+
+    return QUICK_SIZES if quick else Sizes(in_dim=64, width=4096, hidden_layers=6, out_dim=16)
+
+
+def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> dict[str, Any]:
+    """One optimizer step (``tx.update`` + ``apply_updates``, params and state donated) in steady state, its
+    bytes-moved bound at ``hbm_tb_s`` and the traffic of its compiled HLO."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import hlo_traffic, optimizer_overhead
+
+    make = {v.name: v.make for v in optimizer_overhead.VARIANTS}[variant]
+    params = optimizer_overhead.mlp_params(jax.random.key(0), optimizer_sizes(quick), jnp.dtype(dtype))
+    grads = optimizer_overhead.random_grads(jax.random.key(1), params)
+    tx = make()
+    state = (params, tx.init(params))
+    step = optimizer_overhead.make_step(tx)
+    compiled, record = aot(step, *state, grads)
+    sizes = {name: optimizer_overhead.tree_nbytes(tree) for name, tree in zip(("params", "state"), state)}
+    traffic = hlo_traffic.summary(compiled.as_text(), sizes["params"])
+    bound_bytes = 2 * (sizes["params"] + sizes["state"]) + optimizer_overhead.tree_nbytes(grads)
+    state, timing = steady(lambda s: step(*s, grads), state, quick, target_s=0.3, max_steps=200)
+    bound_ms = bound_bytes / (hbm_tb_s * 1e12) * 1e3
+    finite = all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(state[0]))
+    return {
+        **record,
+        **timing,
+        "params": sum(leaf.size for leaf in jax.tree.leaves(params)),
+        "param_bytes": sizes["params"],
+        "state_bytes": sizes["state"],
+        "bound_bytes": bound_bytes,
+        "bound_ms": bound_ms,
+        "hlo_traffic_bytes": traffic["read_bytes"] + traffic["written_bytes"],
+        "hlo_passes": traffic["passes"],
+        "gpu_over_bound": timing["gpu_ms_per_step"] / bound_ms if "gpu_ms_per_step" in timing else None,
+        "wall_over_bound": timing["wall_ms_per_step"] / bound_ms,
+        "params_finite": finite,
+    }
+
+
+def hbm_bandwidth(suite: dict) -> tuple[float, str]:
+    """The measured HBM bandwidth (TB/s) if the ceilings part measured it, else the H100's datasheet figure."""
+    from benchmarks.kernels import GPUS
+
+    measured = suite.get("ceilings", {}).get("measured", {})
+    if isinstance(measured, dict) and "hbm_tb_s" in measured:
+        return measured["hbm_tb_s"], "measured (ceilings)"
+    return GPUS["H100"]["hbm_tb_s"], "H100 datasheet (ceilings not measured)"
+
+
+def part_optimizer(part: Part) -> None:
+    tb_s, source = hbm_bandwidth(part.suite)
+    part.result.update(hbm_tb_s=tb_s, hbm_source=source)
+    part.result["bound"] = "every input (params, state, grads) read once and every output (params, state) written once"
+    for variant, dtype in OPTIMIZER_VARIANTS[::2] if part.quick else OPTIMIZER_VARIANTS:
+        part.item(
+            ["variants", f"{variant} {dtype}"], functools.partial(optimizer_item, variant, dtype, part.quick, tb_s)
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fp8_rollout (c)
+
+LM = {"vocab_size": 32768, "num_layers": 16, "num_heads": 16, "d_model": 2048, "d_ff": 8192}
+ROLLOUT = {"batch": 64, "prompt": 64, "new_tokens": 1024}
+QUICK_LM = {"vocab_size": 64, "num_layers": 2, "num_heads": 2, "d_model": 32, "d_ff": 64}
+QUICK_ROLLOUT = {"batch": 2, "prompt": 4, "new_tokens": 8}
+ROLLOUT_VARIANTS = {
+    "bf16": ("bf16", "bfloat16"),
+    "fp8 W8A8 + fp8 KV cache": ("fp8", "float8_e4m3fn"),
+    "fp8 KV cache": ("bf16", "float8_e4m3fn"),
+    "fp8 W8A8": ("fp8", "bfloat16"),
+}
+"""(policy of the q/k/v/o and MLP layers, KV-cache dtype); embeddings, norms, attention core and lm_head are
+float32 in all (:mod:`lpjax.nn.transformer`)."""
+
+
+def _decode_traffic(compiled: Any) -> dict[str, Any]:
+    """Bytes one decode step moves: the traffic model (:mod:`benchmarks.hlo_traffic`) of the compiled program's
+    largest loop body (the decode step), with its heaviest passes."""
+    from benchmarks import hlo_traffic
+
+    text = compiled.as_text()
+    bodies = hlo_traffic.loop_bodies(text)
+    if not bodies:
+        return {}
+    passes = hlo_traffic.passes(text, bodies[0])
+    heaviest = sorted(passes, key=lambda p: -(p.read + p.written))[:6]
+    return {
+        "step_traffic_gb": sum(p.read + p.written for p in passes) / 1e9,
+        "heaviest_passes": [f"{p.opcode} {p.name}: {(p.read + p.written) / 1e9:.3f} GB" for p in heaviest],
+        "traffic_note": "operand plus result bytes of each pass of the loop body; a slice counts its whole operand",
+    }
+
+
+def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from lpjax import rollout
+    from lpjax.nn import transformer_causal_lm
+
+    policy, kv = ROLLOUT_VARIANTS[label]
+    dims, sizes = (QUICK_LM, QUICK_ROLLOUT) if quick else (LM, ROLLOUT)
+    batch, prompt, new = sizes["batch"], sizes["prompt"], sizes["new_tokens"]
+    model = transformer_causal_lm({**dims, "max_len": prompt + new, "policy": policy}, kv_dtype=kv)
+    if policy not in shared:  # the parameters of a policy, shared by its two KV-cache variants
+        shared[policy] = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    params = shared[policy]
+    prompts = jax.random.randint(jax.random.key(1), (batch, prompt), 0, dims["vocab_size"], jnp.int32)
+    scales = model.calibrate_kv(params, prompts[: min(batch, 8)])
+    settings = rollout.SamplingSettings(max_new_tokens=new, eos_id=0)
+    compiled, record = aot(rollout.sample, model, params, prompts, jax.random.key(2), settings, scales)
+
+    def step(state):
+        key, _ = state
+        return jax.random.fold_in(key, 1), rollout.sample(model, params, prompts, key, settings, scales)
+
+    _, timing = steady(step, (jax.random.key(2), None), quick, min_steps=1, max_steps=1, warmup=0)
+    count = sum(leaf.size for leaf in jax.tree.leaves(params))
+    return {
+        **record,
+        **timing,
+        **_decode_traffic(compiled),
+        "policy": policy,
+        "kv_dtype": kv,
+        "parameters": count,
+        "parameter_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(params)),
+        "tokens_per_s": batch * new / (timing["wall_ms_per_step"] / 1e3),
+        "gpu_tokens_per_s": batch * new / (timing["gpu_ms_per_step"] / 1e3) if "gpu_ms_per_step" in timing else None,
+    }
+
+
+def part_fp8_rollout(part: Part) -> None:
+    part.result.update(model=QUICK_LM if part.quick else LM, rollout=QUICK_ROLLOUT if part.quick else ROLLOUT)
+    part.result["timing"] = "one sample() call (prefill + new_tokens decode steps in one lax.scan) is a step"
+    shared: dict = {}
+    for label in list(ROLLOUT_VARIANTS)[:2] if part.quick else ROLLOUT_VARIANTS:  # quick: bf16 and both fp8 paths
+        part.item(["variants", label], functools.partial(rollout_item, label, part.quick, shared))
+    shared.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# jitted_loop (b)
+
+LOOP_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any]:
+    """env steps/s and updates/s of the jitted loop's chunk in steady state, on ``devices`` devices."""
+    import jax
+
+    from benchmarks import gpu_train
+    from experiments import sac_brax_loop
+
+    settings = gpu_train.loop_settings(precision, quick, devices)
+    iterations = gpu_train.chunk_iterations(quick)
+    started = time.perf_counter()
+    chunk = sac_brax_loop.chunk_fn(settings, iterations)
+    loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, 0))
+    record = compiled_record(chunk, time.perf_counter() - started)
+    loop, timing = steady(lambda state: chunk(state)[0], loop, quick, target_s=1.5, min_steps=2, max_steps=20)
+    env_steps, updates = settings.num_envs * iterations, settings.updates_per_step * iterations
+    per_s = 1e3 / timing["wall_ms_per_step"]
+    return {
+        **record,
+        **timing,
+        "devices": devices,
+        "num_envs": settings.num_envs,
+        "updates_per_iteration": settings.updates_per_step,
+        "iterations_per_chunk": iterations,
+        "env_steps_per_s": env_steps * per_s,
+        "updates_per_s": updates * per_s,
+        "kernels_per_iteration": timing["kernels_per_step"] / iterations if "kernels_per_step" in timing else None,
+        "actions_finite": bool(jax.device_get(chunk(loop)[1].actions_finite)),
+    }
+
+
+def part_jitted_loop(part: Part) -> None:
+    import jax
+
+    from benchmarks import gpu_train
+
+    part.result["settings"] = {
+        "env": gpu_train.ENV,
+        "loop": gpu_train.QUICK_LOOP if part.quick else gpu_train.LOOP,
+        "agent": gpu_train.QUICK_AGENT if part.quick else gpu_train.AGENT,
+    }
+    precisions = ("fp16",) if part.quick else LOOP_PRECISIONS
+    counts = [1] + ([jax.device_count()] if jax.device_count() > 1 else [])
+    for devices in counts:
+        for precision in precisions:
+            part.item(
+                ["devices", str(devices), precision],
+                functools.partial(jitted_loop_item, precision, devices, part.quick),
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# matmul (e)
+
+MATMUL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16", "float16": "fp16"}
+"""Matmul dtype -> the policy timed (fp8: float32 weights quantized per call, as a Dense holds them)."""
+QUICK_SHAPES = {"sac": (32, 64, 64), "llm_prefill": (64, 128, 128), "llm_decode": (8, 128, 128)}
+
+
+def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
+    """GPU ms per product of ``policy_dense`` with ``impl="xla"`` and ``"pallas"`` at one shape (operand sets
+    beyond the L2 cache, as :mod:`benchmarks.kernels_gpu`), and what ``"auto"`` picks here."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.kernels import SHAPES
+    from benchmarks.kernels_gpu import measure, num_sets
+    from benchmarks.steady_state import on_gpu
+    from lpjax.nn import policy_dense
+    from lpjax.nn.matmul_choice import resolve_impl
+    from lpjax.precision import get_policy
+
+    policy = get_policy(MATMUL_DTYPES[dtype])
+    m, k, n = (QUICK_SHAPES if quick else SHAPES)[shape_name]
+    sets = 2 if quick else num_sets(2 * (m * k + k * n))
+    inputs = []
+    for key in jax.random.split(jax.random.key(4), sets):
+        kx, kw = jax.random.split(key)
+        x = jax.random.normal(kx, (m, k), jnp.float32).astype(policy.compute_dtype)
+        w = (jax.random.normal(kw, (k, n), jnp.float32) / math.sqrt(k)).astype(policy.param_dtype)
+        inputs.append((x, w))
+    out: dict[str, Any] = {"shape": [m, k, n], "sets_per_call": sets}
+    for impl in ("xla", "pallas"):
+        fn = lambda s, impl=impl: [policy_dense(x, w, None, policy=policy, impl=impl) for x, w in s]
+        if on_gpu():
+            timing = measure(fn, (inputs,), iterations=5 if quick else 10)
+        else:
+            compiled = jax.jit(fn).lower(inputs).compile()
+            jax.block_until_ready(compiled(inputs))
+            started = time.perf_counter()
+            jax.block_until_ready(compiled(inputs))
+            timing = {"wall_ms": 1e3 * (time.perf_counter() - started)}
+        if "error" in timing:
+            out[impl] = timing
+            continue
+        ms = timing.get("gpu_ms", timing["wall_ms"])
+        out[impl] = {"ms_per_product": ms / sets, "kernels": len(timing.get("kernels", {})) or None}
+    timed = {impl: out[impl]["ms_per_product"] for impl in ("xla", "pallas") if "ms_per_product" in out[impl]}
+    out["fastest"] = min(timed, key=timed.__getitem__) if timed else None
+    out["auto"] = resolve_impl("auto", dtype, (m, k, n))
+    out["auto_is_fastest"] = out["auto"] == out["fastest"] if len(timed) == 2 else None
+    return out
+
+
+def part_matmul(part: Part) -> None:
+    import jax
+
+    part.result["timing"] = "GPU ms per product (CUPTI) on a GPU; wall ms per product elsewhere (not comparable)"
+    for dtype in MATMUL_DTYPES:
+        for shape_name in ("sac", "llm_decode", "llm_prefill"):
+            part.item([dtype, shape_name], functools.partial(matmul_item, dtype, shape_name, part.quick))
+    rows = [
+        {"dtype": dtype, "shape": entry["shape"], "ms": {i: entry[i]["ms_per_product"] for i in ("xla", "pallas")}}
+        for dtype, shapes in part.result.items()
+        if dtype in MATMUL_DTYPES
+        for entry in shapes.values()
+        if isinstance(entry, dict) and all("ms_per_product" in entry.get(i, {}) for i in ("xla", "pallas"))
+    ]
+    part.result["implied_rows"] = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}
+
+
+PARTS: dict[str, Callable[[Part], None]] = {
+    "ceilings": part_ceilings,
+    "table10": part_table10,
+    "optimizer": part_optimizer,
+    "fp8_rollout": part_fp8_rollout,
+    "jitted_loop": part_jitted_loop,
+    "matmul": part_matmul,
+}
+
+# ----------------------------------------------------------------------------------------------------------------
+# Goals, table, plot.
+
+
+def _get(tree: dict, *keys: str) -> Any:
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def goals(parts: dict) -> list[dict[str, Any]]:
+    """Issue 29's goals, each with its target and the measured figure (``met`` is None where unmeasured)."""
+    out = []
+    table = _get(parts, "table10", "sizes") or {}
+    for (width, batch), target in GOAL_SPEEDUP.items():
+        row = table.get(f"w{width}_b{batch}", {})
+        fp32, fp16 = row.get("fp32 highest", {}), row.get("fp16 (paper methods)", {})
+        gpu = fp32.get("gpu_ms_per_step"), fp16.get("gpu_ms_per_step")
+        wall = fp32.get("wall_ms_per_step"), fp16.get("wall_ms_per_step")
+        kernels = fp32.get("kernels_per_step"), fp16.get("kernels_per_step")
+        speedup = gpu[0] / gpu[1] if None not in gpu else None
+        out.append(
+            {
+                "goal": f"fp16 (paper methods) over fp32-highest, GPU time, w{width} b{batch}",
+                "target": target,
+                "paper": PAPER_SPEEDUP[(width, batch)],
+                "measured": speedup,
+                "met": None if speedup is None else speedup >= target,
+            }
+        )
+        out.append(
+            {
+                "goal": f"fp16 wall time per update no worse than fp32-highest's, w{width} b{batch}",
+                "target": 1.0,
+                "measured": wall[0] / wall[1] if None not in wall else None,
+                "met": None if None in wall else wall[1] <= wall[0],
+            }
+        )
+        out.append(
+            {
+                "goal": f"kernels per fp16 update <= 1.1x fp32's, w{width} b{batch}",
+                "target": 1.1,
+                "measured": kernels[1] / kernels[0] if None not in kernels and kernels[0] else None,
+                "met": None if None in kernels or not kernels[0] else kernels[1] <= 1.1 * kernels[0],
+            }
+        )
+    variants = _get(parts, "fp8_rollout", "variants") or {}
+    base = _get(variants, "bf16", "tokens_per_s")
+    for label in ("fp8 W8A8 + fp8 KV cache", "fp8 KV cache", "fp8 W8A8"):
+        value = _get(variants, label, "tokens_per_s")
+        ratio = value / base if value and base else None
+        out.append(
+            {
+                "goal": f"FP8 rollout decode tokens/s over bf16's: {label}",
+                "target": 1.3 if label.startswith("fp8 W8A8 +") else None,
+                "measured": ratio,
+                "met": None if ratio is None or not label.startswith("fp8 W8A8 +") else ratio >= 1.3,
+            }
+        )
+    chain = _get(parts, "optimizer", "variants", "lpjax.chain float16") or {}
+    ratio = chain.get("gpu_over_bound")
+    out.append(
+        {
+            "goal": "optimizer (README chain, fp16) GPU time within 1.2x of its bytes-moved bound",
+            "target": 1.2,
+            "measured": ratio,
+            "met": None if ratio is None else ratio <= 1.2,
+        }
+    )
+    return out
+
+
+def table(result: dict) -> str:
+    """The suite's figures, one line per item."""
+    device = result.get("device") or {}
+    jax_version = result["environment"]["versions"]["jax"]
+    lines = [f"{device.get('device_kind', '?')} ({device.get('backend', '?')}), jax {jax_version}"]
+    for name, part in result["parts"].items():
+        status = part.get("error") or part.get("skipped") or ""
+        lines.append(f"== {name}: {part.get('seconds', 0):.0f} s {status[:100]}")
+        for path, leaf in _leaves(part):
+            if "wall_ms_per_step" in leaf or "error" in leaf or "skipped" in leaf or "ms_per_product" in leaf:
+                lines.append(f"   {path:60s} {_summary(leaf)}")
+    lines.append("== goals")
+    for goal in result["goals"]:
+        measured = goal["measured"]
+        value = "unmeasured" if measured is None else f"{measured:.3f}"
+        lines.append(f"   {goal['goal'][:80]:80s} target {goal['target']}  measured {value}  met {goal['met']}")
+    return "\n".join(lines)
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            if any(k in value for k in ("wall_ms_per_step", "error", "skipped", "ms_per_product")):
+                yield f"{prefix}{key}", value
+            else:
+                yield from _leaves(value, f"{prefix}{key} / ")
+
+
+def _summary(leaf: dict) -> str:
+    if "error" in leaf:
+        return "ERROR " + leaf["error"].splitlines()[0][:90]
+    if "skipped" in leaf:
+        return "skipped: " + leaf["skipped"]
+    if "ms_per_product" in leaf:
+        return f"{leaf['ms_per_product']:.4f} ms/product"
+    parts = [f"wall {leaf['wall_ms_per_step']:.3f} ms"]
+    if "gpu_ms_per_step" in leaf:
+        parts.append(f"GPU {leaf['gpu_ms_per_step']:.3f} ms")
+    kernels = leaf.get("kernels_per_step", leaf.get("hlo_kernels"))
+    if kernels is not None:
+        parts.append(f"{kernels:.0f} kernels" + ("" if "kernels_per_step" in leaf else " (HLO)"))
+    for key in ("tokens_per_s", "env_steps_per_s", "updates_per_s"):
+        if leaf.get(key):
+            parts.append(f"{leaf[key]:.0f} {key.removesuffix('_per_s').replace('_', ' ')}/s")
+    if "compile_s" in leaf:
+        parts.append(f"compile {leaf['compile_s']:.1f} s")
+    return ", ".join(parts)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Four panels: Table 10's speedups over fp32-highest, rollout tokens/s, the optimizer against its bound, the
+    jitted loop's throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = result["parts"]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    sizes = _get(parts, "table10", "sizes") or {}
+    ax = axes[0]
+    labels = [label for label in SAC_PRECISIONS if label != "fp32 highest"]
+    for i, label in enumerate(labels):
+        values = []
+        for row in sizes.values():
+            base, this = _get(row, "fp32 highest", "wall_ms_per_step"), _get(row, label, "wall_ms_per_step")
+            base = _get(row, "fp32 highest", "gpu_ms_per_step") or base
+            this = _get(row, label, "gpu_ms_per_step") or this
+            values.append(base / this if base and this else 0.0)
+        ax.bar(np.arange(len(sizes)) + i * 0.8 / len(labels), values, 0.8 / len(labels), label=label)
+    ax.set_xticks(np.arange(len(sizes)) + 0.4 - 0.4 / len(labels), list(sizes), fontsize=8)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(title="a. SAC update: speedup over fp32-highest (GPU time)", ylabel="x")
+    ax.legend(fontsize=6)
+    _bars(axes[1], _get(parts, "fp8_rollout", "variants") or {}, "tokens_per_s", "c. decode tokens/s")
+    variants = _get(parts, "optimizer", "variants") or {}
+    _bars(axes[2], variants, "gpu_over_bound", "d. optimizer: time over bytes-moved bound", "wall_over_bound")
+    axes[2].axhline(1.2, color="k", ls="--", lw=0.8)
+    loop = {
+        f"{d} dev {p}": v for d, row in (_get(parts, "jitted_loop", "devices") or {}).items() for p, v in row.items()
+    }
+    _bars(axes[3], loop, "updates_per_s", "b. jitted loop: updates/s")
+    device = (result.get("device") or {}).get("device_kind", "?")
+    fig.suptitle(f"gpu_suite on {device}" + (" (quick: toy sizes)" if result.get("quick") else ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) -> None:
+    names = list(entries)
+    values = [(_get(entries, n, key) or (_get(entries, n, fallback) if fallback else None) or 0.0) for n in names]
+    ax.bar(range(len(names)), values)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=7)
+    ax.set_title(title, fontsize=9)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line.
+
+
+def parse_parts(text: str) -> list[str]:
+    """``--parts``: names of :data:`ORDER` or letters of :data:`LETTERS`, comma-separated, run in suite order."""
+    chosen = set()
+    for token in filter(None, (t.strip() for t in text.split(","))):
+        name = LETTERS.get(token, token)
+        if name not in PARTS:
+            raise ValueError(f"unknown part {token!r}; valid: {', '.join(ORDER)} or letters {', '.join(LETTERS)}")
+        chosen.add(name)
+    if not chosen:
+        raise ValueError("--parts selects no part")
+    return [name for name in ORDER if name in chosen]
+
+
+def parse_limits(text: str) -> dict[str, float]:
+    """``--part_limit``: ``name=seconds`` pairs (names or letters), comma-separated."""
+    limits = {}
+    for token in filter(None, (t.strip() for t in text.split(","))):
+        name, _, seconds = token.partition("=")
+        try:
+            limits[parse_parts(name)[0]] = float(seconds)
+        except ValueError as error:
+            raise ValueError(f"--part_limit wants name=seconds, got {token!r} ({error})") from None
+    return limits
+
+
+def estimate(parts: Sequence[str], budget_scale: float) -> dict[str, Any]:
+    """The time the suite may take: worker start, the parts' budgets, the deadline (module docstring)."""
+    budgets = {name: BUDGET_S[name] * budget_scale for name in parts}
+    return {
+        "worker_start_s": WORKER_START_S,
+        "budgets_s": budgets,
+        "total_budget_s": WORKER_START_S + sum(budgets.values()),
+        "derivation": __doc__.split("The 8 minutes. ")[1].split("\n\n")[0].replace("\n", " "),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default=",".join(ORDER), help=f"comma-separated: {', '.join(ORDER)}, or a-e")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU test tier): code paths, no figures")
+    parser.add_argument("--budget_scale", type=float, default=1.0, help="multiplies every part's budget")
+    parser.add_argument("--deadline_s", type=float, default=DEADLINE_S, help="the whole suite's hard limit")
+    parser.add_argument("--part_limit", default="", help="name=seconds,...: kill a part after this long")
+    parser.add_argument("--in_process", action="store_true", help="run the parts here, without a worker process")
+    parser.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
+    parser.add_argument("--out_dir", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="gpu_suite", help="basename of the json/png")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        parts = parse_parts(args.parts)
+        args.part_limit = parse_limits(args.part_limit)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.worker:
+        run_worker(args.worker, parts, args.quick, args.budget_scale, "" if args.quick else args.compilation_cache)
+        return None
+    result: dict[str, Any] = {
+        "command": command_line("benchmarks.gpu_suite", argv),
+        "environment": run_environment(),
+        "quick": args.quick,
+        "estimate": estimate(parts, args.budget_scale),
+        "timing": "steady state: wall ms per step over asynchronously dispatched steps; on a GPU GPU ms and kernels "
+        "per step from CUPTI (benchmarks/steady_state.py); compile time apart",
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    def update(state: dict) -> None:
+        result.update(device=state.get("device"), parts={n: state["parts"][n] for n in parts if n in state["parts"]})
+        result["goals"] = goals(result["parts"])
+        result["seconds"] = time.perf_counter() - started
+        (args.out_dir / f"{args.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        progress = Path(tmp) / "progress.json"
+        if args.in_process:
+            run_worker(progress, parts, args.quick, args.budget_scale, "", release=False)
+            state = _read_json(progress)
+        else:
+            state = supervise(parts, args, progress, update)
+    update(state)
+    write_results(result, table(result), args.out_dir, args.name, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""fp32 against fp16 SAC on MJX cartpole-swingup for the same wall-clock budget each: which one reaches a return
+of 800 first (``make bench-gpu-train``, at most 6 minutes on an H100).
+
+Both learners run the fully jitted loop, :mod:`experiments.sac_brax_loop`, with the experiment configs
+(``experiments/configs/sac/fp32.py`` and ``fp16.py``, the paper's six methods) on ``mjx:cartpole-swingup`` and the
+loop settings of :data:`LOOP` and :data:`AGENT`: 64 vectorized environments and 8 SAC updates per vectorized step
+(a replay ratio of 1/8), the paper's 1024 x 1024 networks and batch 1024, with learning rates 3e-4 instead of the
+paper's 1e-4 so that 800 is within reach of a 100-second budget. Both use the same settings, so the comparison
+is fair whatever they are; :mod:`benchmarks.gpu_suite` (part ``jitted_loop``) times the same loop's env steps/s and
+updates/s for fp32, bf16 and fp16.
+
+Protocol. Every compiled function (loop initialization, a chunk of :data:`CHUNK_ITERATIONS` iterations, the
+evaluation) is compiled first, outside the budget, and its time recorded (``compile_s``). Then the two learners
+alternate chunk by chunk, the one with less training time going next, so the machine's state affects both alike,
+until each has trained ``--budget_s`` seconds of wall-clock (chunks timed to completion). Every
+``--eval_every_s`` seconds of its own training time a learner is evaluated (``--eval_episodes`` deterministic
+episodes from the same seeded initial states; evaluation time is not training time). Reported per learner: the
+curve of evaluation return against training wall-clock, env steps and updates, and ``time_to_target_s``, the
+training time at the first evaluation reaching :data:`TARGET_RETURN` (``None`` if none did), also with the compile
+time added (``time_to_target_with_compile_s``). The goal: fp16 reaches 800 in less wall-clock than fp32.
+
+Needs MuJoCo Playground (``pip install -e '.[mjx]'``, or the wheels of ``make gpu-wheels`` on the GPU machine);
+without it the json records why. ``--quick`` is a tiny smoke run on any backend (it learns nothing).
+
+Run ``python -m benchmarks.gpu_train`` (writes ``benchmarks/results/gpu_train.{json,png}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from benchmarks.common import command_line, run_environment, write_results
+
+ENV = "mjx:cartpole-swingup"
+TARGET_RETURN = 800.0
+CONFIGS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+"""The experiment config (``experiments/configs/sac/<name>.py``) of each precision."""
+
+LOOP = {"brax_num_envs": 64, "updates_per_step": 8, "seed_steps": 5120, "replay_capacity": 1_000_000}
+AGENT = {"actor_lr": 3e-4, "critic_lr": 3e-4}
+CHUNK_ITERATIONS = 250
+"""Iterations per compiled chunk: 16,000 env steps and 2,000 updates with :data:`LOOP`."""
+
+QUICK_LOOP = {"brax_num_envs": 4, "updates_per_step": 1, "seed_steps": 8, "replay_capacity": 4096}
+QUICK_AGENT = {"hidden_dims": (32, 32), "batch_size": 32}
+QUICK_CHUNK_ITERATIONS = 4
+
+
+def loop_config(precision: str, quick: bool = False, devices: int = 1) -> Any:
+    """The experiment config of ``precision`` (:data:`CONFIGS`) on :data:`ENV` with :data:`LOOP` and :data:`AGENT`
+    (the quick variants with ``quick``), on a ``devices`` x 1 mesh."""
+    if precision not in CONFIGS:
+        raise ValueError(f"precision must be one of {tuple(CONFIGS)}, got {precision!r}.")
+    config = importlib.import_module(f"experiments.configs.sac.{CONFIGS[precision]}").get_config()
+    config.env = ENV
+    for key, value in (QUICK_LOOP if quick else LOOP).items():
+        config[key] = value
+    for key, value in (QUICK_AGENT if quick else AGENT).items():
+        config.agent[key] = value
+    config.replay_dtype = None  # fp16_sr-style float16 replay is the dm_control loop's
+    config.total_steps = config.brax_num_envs * 10**7
+    config.log_every = config.brax_num_envs * chunk_iterations(quick)
+    config.mesh.data = devices
+    return config
+
+
+def chunk_iterations(quick: bool) -> int:
+    return QUICK_CHUNK_ITERATIONS if quick else CHUNK_ITERATIONS
+
+
+def loop_settings(precision: str, quick: bool = False, devices: int = 1) -> Any:
+    """The loop's :class:`experiments.sac_brax_loop.LoopSettings` for :func:`loop_config` (validated)."""
+    from experiments import sac_brax_loop
+
+    config = loop_config(precision, quick, devices)
+    return sac_brax_loop.settings_of(config, sac_brax_loop.validate(config))
+
+
+class Learner:
+    """One precision's loop: compiled functions, state, training time and evaluation curve."""
+
+    def __init__(self, precision: str, quick: bool, episodes: int, seed: int = 0):
+        from experiments import sac_brax_loop as loop_module
+
+        self.loop_module, self.precision, self.episodes, self.seed = loop_module, precision, episodes, seed
+        started = time.perf_counter()
+        self.settings = loop_settings(precision, quick)
+        self.iterations = chunk_iterations(quick)
+        self.chunk = loop_module.chunk_fn(self.settings, self.iterations)
+        loop_module.evaluate_fn(self.settings, episodes)
+        self.loop = jax.block_until_ready(loop_module.init_loop(self.settings, seed))
+        self.compile_s = time.perf_counter() - started
+        self.train_s, self.eval_s, self.updates, self.curve = 0.0, 0.0, 0, []
+        self.error: str | None = None
+
+    def advance(self) -> None:
+        """One chunk, timed to its completion."""
+        started = time.perf_counter()
+        self.loop, out = self.chunk(self.loop)
+        out = jax.device_get(out)
+        self.train_s += time.perf_counter() - started
+        self.updates += int(out.learning_iterations) * self.settings.updates_per_step
+        if not out.actions_finite:
+            raise FloatingPointError(f"non-finite actions before env step {int(self.loop.env_steps)}")
+
+    def evaluate(self) -> None:
+        started = time.perf_counter()
+        scores = self.loop_module.evaluate(self.loop, self.settings, self.episodes, self.seed)
+        self.eval_s += time.perf_counter() - started
+        self.curve.append(
+            {"train_s": self.train_s, "env_steps": int(self.loop.env_steps), "updates": self.updates, **scores}
+        )
+
+    def summary(self) -> dict[str, Any]:
+        reached = next((p for p in self.curve if p["return"] >= TARGET_RETURN), None)
+        last = self.curve[-1] if self.curve else None
+        return {
+            "config": f"experiments/configs/sac/{CONFIGS[self.precision]}.py",
+            "compile_s": self.compile_s,
+            "train_s": self.train_s,
+            "eval_s": self.eval_s,
+            "env_steps_per_s": last["env_steps"] / self.train_s if last and self.train_s else None,
+            "updates_per_s": last["updates"] / self.train_s if last and self.train_s else None,
+            "final_return": last["return"] if last else None,
+            "best_return": max((p["return"] for p in self.curve), default=None),
+            "time_to_target_s": reached["train_s"] if reached else None,
+            "time_to_target_with_compile_s": reached["train_s"] + self.compile_s if reached else None,
+            "curve": self.curve,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+def race(precisions: Sequence[str], budget_s: float, eval_every_s: float, episodes: int, quick: bool) -> dict:
+    """Trains every precision for ``budget_s`` seconds of wall-clock, alternating chunks (module docstring)."""
+    learners, failed = [], {}
+    for precision in precisions:
+        try:
+            learners.append(Learner(precision, quick, episodes))
+        except Exception as error:  # recorded, the other learner still trains
+            failed[precision] = {"error": _error(error)}
+    for learner in learners:
+        learner.evaluate()  # the untrained policy, at 0 s
+    next_eval = {learner.precision: eval_every_s for learner in learners}
+    active = list(learners)
+    while active:
+        learner = min(active, key=lambda item: item.train_s)
+        try:
+            learner.advance()
+            if learner.train_s >= next_eval[learner.precision] or learner.train_s >= budget_s:
+                learner.evaluate()
+                next_eval[learner.precision] += eval_every_s
+        except Exception as error:  # a diverged or failing learner stops; the other goes on
+            learner.error = _error(error)
+            active.remove(learner)
+            continue
+        if learner.train_s >= budget_s:
+            active.remove(learner)
+    return {**{learner.precision: learner.summary() for learner in learners}, **failed}
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:500] + "\n" + "".join(traceback.format_tb(error.__traceback__)[-3:])
+
+
+def goal(runs: dict) -> dict:
+    """The issue's goal: fp16 reaches the target in less training wall-clock than fp32."""
+    fp32, fp16 = (runs.get(p, {}).get("time_to_target_s") for p in ("fp32", "fp16"))
+    met = None if fp16 is None and fp32 is None else (fp16 is not None and (fp32 is None or fp16 < fp32))
+    return {
+        "goal": f"fp16 SAC reaches {TARGET_RETURN:.0f} on {ENV} in less wall-clock than fp32",
+        "fp32_s": fp32,
+        "fp16_s": fp16,
+        "met": met,
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    """Evaluation return against training wall-clock, one line per precision, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for precision, run in result["runs"].items():
+        curve = run.get("curve") or []
+        if curve:
+            ax.plot([p["train_s"] for p in curve], [p["return"] for p in curve], marker="o", ms=3, label=precision)
+    ax.axhline(TARGET_RETURN, color="k", ls="--", lw=1)
+    ax.set(xlabel="training wall-clock (s), compilation and evaluation excluded", ylabel="evaluation return")
+    ax.set_title(f"SAC on {ENV}, {result.get('device') or 'device unknown'}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget_s", type=float, default=100.0, help="training wall-clock per precision")
+    parser.add_argument("--eval_every_s", type=float, default=5.0, help="training seconds between evaluations")
+    parser.add_argument("--eval_episodes", type=int, default=10)
+    parser.add_argument("--precisions", default="fp32,fp16", help=f"comma-separated, of {tuple(CONFIGS)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds of budget: a smoke run")
+    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", default="gpu_train", help="basename of the json/png")
+    args = parser.parse_args(argv)
+    precisions = [p for p in args.precisions.split(",") if p]
+    for precision in precisions:
+        if precision not in CONFIGS:
+            parser.error(f"--precisions: {precision!r} is not one of {tuple(CONFIGS)}")
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "command": command_line("benchmarks.gpu_train", argv),
+        "environment": run_environment(),
+        "quick": args.quick,
+        "settings": {
+            "env": ENV,
+            "loop": QUICK_LOOP if args.quick else LOOP,
+            "agent": QUICK_AGENT if args.quick else AGENT,
+            "chunk_iterations": chunk_iterations(args.quick),
+            "budget_s": args.budget_s,
+            "eval_every_s": args.eval_every_s,
+            "eval_episodes": args.eval_episodes,
+            "target_return": TARGET_RETURN,
+        },
+    }
+    try:
+        result["device"] = jax.devices()[0].device_kind
+        result["runs"] = race(precisions, args.budget_s, args.eval_every_s, args.eval_episodes, args.quick)
+    except Exception as error:  # e.g. no MuJoCo Playground: the json says so
+        result["device"] = result.get("device")
+        result["runs"] = {}
+        result["error"] = _error(error)
+    result["goal"] = goal(result["runs"])
+    result["seconds"] = time.perf_counter() - started
+    lines = [f"{result['device']}: SAC on {ENV}, {args.budget_s:.0f} s of training each"]
+    for precision, run in result["runs"].items():
+        if "curve" not in run:
+            lines.append(f"{precision:6s} {run['error'].splitlines()[0]}")
+            continue
+        to_target = run["time_to_target_s"]
+        lines.append(
+            f"{precision:6s} compile {run['compile_s']:6.1f} s  final {run['final_return'] or float('nan'):7.1f}  best "
+            f"{run['best_return'] or float('nan'):7.1f}  to {TARGET_RETURN:.0f}: "
+            + (f"{to_target:6.1f} s" if to_target is not None else "not reached")
+            + f"  {run['env_steps_per_s'] or 0:9.0f} env steps/s  {run['updates_per_s'] or 0:7.0f} updates/s"
+            + (f"  stopped: {run['error'].splitlines()[0]}" if "error" in run else "")
+        )
+    if "error" in result:
+        lines.append(f"failed: {result['error'].splitlines()[0]}")
+    lines.append(f"goal met: {result['goal']['met']}  ({result['seconds']:.0f} s in all)")
+    write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
