@@ -59,6 +59,15 @@ tree is not corruption and keeps raising the plain ``ValueError`` above. :meth:`
 falls back to the newest readable step. Not detected: a changed byte inside a chunk. Chunks are zstd frames
 without a checksum and OCDBT keeps none for values, so most such flips restore silently different numbers.
 
+**A full disk.** Before a save, :meth:`Checkpointer.save` compares the state's size in memory (its arrays' bytes:
+compression makes the data smaller on disk, orbax's metadata adds some) with the space left (``statvfs``, cheap),
+and raises :class:`lpjax.disk.DiskFull` without writing when less is left. When the disk fills up anyway (another writer
+took the space), orbax's background threads fail: the error is raised by the next save, :meth:`Checkpointer.wait`
+or :meth:`Checkpointer.close`, as a ``DiskFull`` naming the step, the directory and the space left. Orbax's own
+reports of that failure (its error logs, with tracebacks, and the writes it abandons reporting into a closed
+event loop) are dropped, the failed step's temporary directory is removed to give its space back, and the
+complete checkpoints before it stay as they were: the next process resumes from the latest one.
+
 The checks read synchronously and wait for every read, before orbax starts. Orbax reads all arrays concurrently
 on a private asyncio loop, stops at the first error and closes the loop: the reads still in flight then report
 into the closed loop, each as an unraisable ``RuntimeError: Event loop is closed`` or a closed orbax coroutine
@@ -68,8 +77,10 @@ cannot see (a chunk zstd fails to decode), :meth:`Checkpointer._read_with_orbax`
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
+import logging
 import os
 import pathlib
 import re
@@ -84,6 +95,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from lpjax import disk
 from lpjax.jsonable import to_jsonable
 
 STATE_ITEM = "state"
@@ -248,6 +260,53 @@ def _drop_abandoned_read_reports(unraisable: Any) -> None:
         _previous_unraisablehook(unraisable)
 
 
+_keep_filter = False  # set once orbax abandoned work: its reports may come at any later time
+
+
+def _install_unraisable_filter() -> bool:
+    """Makes :func:`_drop_abandoned_read_reports` the unraisable hook; whether it was not already."""
+    global _previous_unraisablehook
+    if sys.unraisablehook is _drop_abandoned_read_reports:
+        return False
+    _previous_unraisablehook = sys.unraisablehook
+    sys.unraisablehook = _drop_abandoned_read_reports
+    return True
+
+
+def _remove_unraisable_filter() -> None:
+    """Puts back the hook :func:`_install_unraisable_filter` replaced, unless something replaced the filter or
+    orbax abandoned work since (:func:`_abandoned`: the filter then stays for the rest of the process)."""
+    if sys.unraisablehook is _drop_abandoned_read_reports and not _keep_filter:
+        sys.unraisablehook = _previous_unraisablehook
+
+
+def _abandoned() -> None:
+    """Keeps the filter installed for good and closes what a failed orbax call left (see ``_read_with_orbax``)."""
+    global _keep_filter
+    _install_unraisable_filter()
+    _keep_filter = True
+    gc.collect()
+
+
+class _DropOutOfSpaceReports(logging.Filter):
+    """Drops orbax's error logs about a write that found no space: :class:`Checkpointer` raises that error itself,
+    as one :class:`lpjax.disk.DiskFull`, and orbax logs it from each failed thread with a full traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        return not (disk.is_out_of_space(error) or disk.out_of_space_errno(RuntimeError(record.getMessage())))
+
+
+_OUT_OF_SPACE_FILTER = _DropOutOfSpaceReports()
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of the arrays of ``state`` in memory (typed PRNG keys: their key data)."""
+    return sum(int(getattr(leaf, "nbytes", 0) or 0) for leaf in jax.tree.leaves(state))
+
+
 def _warn_corrupt(step: int, error: CorruptCheckpoint) -> None:
     warnings.warn(f"{error}; falling back to an older checkpoint", RuntimeWarning, stacklevel=3)
 
@@ -335,6 +394,8 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self._saved_once = False
+        self._pending: int | None = None  # the step of an asynchronous save not waited for yet
+        logging.getLogger("absl").addFilter(_OUT_OF_SPACE_FILTER)  # orbax logs through absl (idempotent)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
         )
@@ -372,25 +433,56 @@ class Checkpointer:
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}.")
         metadata = {"step": step, **to_jsonable(dict(metadata or {}))}
-        self._manager.wait_until_finished()
+        self.wait()
         latest = self.latest_step()
         if latest is not None and step <= latest:
             raise ValueError(
                 f"cannot save step {step} in {self.directory}: checkpoint step {latest} exists and steps "
                 "must increase. When resuming from an older step, call delete_after(step) first."
             )
+        needed = _state_bytes(state) + len(json.dumps(metadata))
+        if disk.free_bytes(self.directory) < needed:
+            raise disk.DiskFull(
+                f"checkpoint {step}", self.directory, errno.ENOSPC, f"it needs up to {disk.format_bytes(needed)}"
+            )
         if not self._saved_once:
             self._remove_stale_tmp_dirs()
             self._saved_once = True
         self._manager.reload()
-        saved = self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}
-            ),
+        _install_unraisable_filter()  # until the save is waited for: a failed one abandons writes
+        args = ocp.args.Composite(
+            **{STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}
         )
+        saved = self._writing(step, lambda: self._manager.save(step, args=args))
         if not saved:
             raise RuntimeError(f"orbax declined to save step {step} in {self.directory}.")
+        self._pending = step
+
+    def _writing(self, step: int | None, call: Callable[[], Any]) -> Any:
+        """``call()``, an orbax call that writes checkpoint ``step`` or waits for it; a full disk raises
+        :class:`lpjax.disk.DiskFull` (see :meth:`_give_back`), any other error propagates."""
+        try:
+            return call()
+        except Exception as error:
+            failure = self._out_of_space(step, error)
+        self._give_back(step, failure)  # outside the except block: nothing holds orbax's error any more
+
+    def _out_of_space(self, step: int | None, error: Exception) -> disk.DiskFull:
+        """``error`` of the save of ``step`` as a :class:`lpjax.disk.DiskFull`; re-raises any other error."""
+        if not disk.is_out_of_space(error):
+            raise error
+        what = "a checkpoint" if step is None else f"checkpoint {step}"
+        return disk.DiskFull(what, self.directory, disk.out_of_space_errno(error))
+
+    def _give_back(self, step: int | None, failure: disk.DiskFull) -> None:
+        """Raises ``failure`` after closing the writes orbax abandoned (their reports dropped) and removing the
+        failed save's temporary directory (its space given back). Called outside the ``except`` block of orbax's
+        error, so that nothing holds its traceback, and with it the abandoned coroutines, any more."""
+        _abandoned()
+        for path in self.directory.iterdir():
+            if _TMP_DIR.match(path.name) and path.name.split(".")[0] == str(step) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+        raise failure
 
     def _remove_stale_tmp_dirs(self) -> None:
         """Removes ``<step>.orbax-checkpoint-tmp*`` left by a crashed writer (one writer per directory)."""
@@ -450,20 +542,16 @@ class Checkpointer:
         dropped. The filter stays installed for the rest of the process for the tensorstore reads still in
         flight, which report whenever they finish.
         """
-        global _previous_unraisablehook
-        installed = sys.unraisablehook is not _drop_abandoned_read_reports
-        if installed:
-            _previous_unraisablehook = sys.unraisablehook
-            sys.unraisablehook = _drop_abandoned_read_reports
+        installed = _install_unraisable_filter()
         try:
             result = read()
         except Exception as error:
             problem = _describe_failure(error, self.directory / str(step))
         else:
-            if installed and sys.unraisablehook is _drop_abandoned_read_reports:
-                sys.unraisablehook = _previous_unraisablehook
+            if installed:
+                _remove_unraisable_filter()
             return result
-        gc.collect()
+        _abandoned()
         raise self._corrupt(step, problem)
 
     def _corrupt(self, step: int, problem: str) -> CorruptCheckpoint:
@@ -522,13 +610,23 @@ class Checkpointer:
         return deleted
 
     def wait(self) -> None:
-        """Blocks until a running asynchronous save is complete on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until a running asynchronous save is complete on disk.
+
+        Raises:
+          lpjax.disk.DiskFull: the save found no space (its step's temporary directory is removed; the complete
+            checkpoints before it are untouched).
+        """
+        step, self._pending = self._pending, None
+        self._writing(step, self._manager.wait_until_finished)
+        if step is not None:
+            _remove_unraisable_filter()  # nothing was abandoned
 
     def close(self) -> None:
-        """Waits for a running save and releases orbax's resources."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for a running save and releases orbax's resources (also when the save failed: see :meth:`wait`)."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -243,6 +243,68 @@ def test_a_process_killed_mid_save_leaves_the_last_complete_checkpoint(tmp_path)
     assert not [p.name for p in directory.iterdir() if "tmp" in p.name]
 
 
+# A full disk: saves step 1 (small), then step 2 (a 400 kB array) with the size of every file the process writes
+# limited to 150 kB (RLIMIT_FSIZE: the kernel fails the write with EFBIG, as a full disk fails it with ENOSPC, inside
+# tensorstore's writer threads), and prints what each call raised.
+_FULL_DISK_CHILD = """
+import resource, sys
+import jax.numpy as jnp
+from lpjax.checkpoint import Checkpointer
+ckpt = Checkpointer(sys.argv[1], max_to_keep=2)
+ckpt.save(1, {"x": jnp.arange(1000.0)}, metadata={"n": 1})
+ckpt.wait()
+resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, resource.RLIM_INFINITY))
+ckpt.save(2, {"x": jnp.sin(jnp.arange(100_000.0))}, metadata={"n": 2})  # random-looking: compresses badly
+for call in (ckpt.wait, ckpt.close):
+    try:
+        call()
+        print(call.__name__, "ok")
+    except OSError as error:
+        print(call.__name__, type(error).__name__, error.errno, error)
+"""
+
+
+def test_a_full_disk_during_an_async_save_is_one_error_and_keeps_the_last_checkpoint(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_CHILD, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    wait, close = result.stdout.splitlines()
+    where = re.escape(str(tmp_path))
+    assert re.fullmatch(
+        rf"wait DiskFull 27 cannot write checkpoint 2 to {where}: File too large \(\S+ \S+ free there\)", wait
+    )
+    assert close == "close ok"
+    assert result.stderr == ""  # no orbax error logs, no "Event loop is closed", nothing at exit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # the failed save's temporary directory is gone
+    with Checkpointer(tmp_path) as ckpt:
+        state, metadata = ckpt.restore(target={"x": jnp.zeros(1000)})
+    assert metadata == {"step": 1, "n": 1} and np.asarray(state["x"]).tolist() == list(range(1000))
+
+
+def test_a_save_that_would_not_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from lpjax import disk
+
+    state = {"x": jnp.zeros(1000, jnp.float32), "key": jax.random.key(0)}
+    with Checkpointer(tmp_path, max_to_keep=2) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        monkeypatch.setattr(disk, "free_bytes", lambda path: 4000)  # the arrays alone are 4008 bytes
+        with pytest.raises(disk.DiskFull) as raised:
+            ckpt.save(2, state)
+        assert str(raised.value).startswith(f"cannot write checkpoint 2 to {tmp_path}: it needs up to 3.9 KiB (3.9 KiB")
+        assert ckpt.all_steps() == [1] and sorted(p.name for p in tmp_path.iterdir()) == ["1"]
+        monkeypatch.setattr(disk, "free_bytes", lambda path: 1 << 30)
+        ckpt.save(2, state)
+    assert Checkpointer(tmp_path).all_steps() == [1, 2]
+
+
 # Corrupt checkpoints. The states are big enough (512-wide float16/bfloat16 matrices) that OCDBT keeps their chunks
 # in data files under state/ocdbt.process_*/d/ rather than inline in its b-tree nodes (under state/d/).
 _SIZE = 512
