@@ -148,29 +148,46 @@ def define_experiment_flags(kind: str, example: str) -> ExperimentFlags:
 
 def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Callable[..., dict]]) -> Callable:
     """The absl ``main``: ``train_for(config)`` picks the training function (imported lazily so ``--help`` stays
-    fast); config errors (``ValueError``) exit with their one-line message, no traceback; the summary is printed."""
+    fast) and the summary is printed. What stops a run is one line on stderr, without a traceback:
+
+    * a refusal or a config error (``ValueError``), and a full disk (:class:`lpjax.disk.DiskFull`): exit status 1;
+    * SIGINT (Ctrl-C) or SIGTERM (:class:`experiments.run.Interrupted`, from the moment ``main`` starts; a second
+      one is ignored): ``interrupted at step N; the last checkpoint is step M; continue with --resume ...``, exit
+      status 128 + the signal's number (130, 143).
+    """
 
     def main(argv):
         del argv
+        from experiments.run import Interrupted, handle_stop_signals, ignore_stop_signals  # imports orbax: not --help
+        from lpjax.disk import DiskFull
+
+        handle_stop_signals()
         if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint step at INFO
             logging.set_verbosity(logging.WARNING)
-        config = experiment.config.value
-        if experiment.resume.value and experiment.run_dir.value is None:
-            raise SystemExit("--resume needs --run_dir (the run to continue).")
-        run_dir = pathlib.Path(
-            experiment.run_dir.value
-            or default_run_dir(experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)
-        )
         try:
-            check_run_dir(run_dir, experiment.resume.value)
-            summary = train_for(config)(
-                config, run_dir, resume=experiment.resume.value, progress=experiment.progress.value
-            )
-        except ValueError as error:
+            summary = _train(experiment, train_for)
+        except (ValueError, DiskFull) as error:
             raise SystemExit(str(error)) from None  # one line: the message says what to change
+        except Interrupted as interrupted:
+            print(interrupted, file=sys.stderr, flush=True)
+            raise SystemExit(interrupted.exit_code) from None
+        ignore_stop_signals()  # the run is over: a signal now would only cut the summary short
         print(json.dumps(summary, indent=2))
 
     return main
+
+
+def _train(experiment: ExperimentFlags, train_for: Callable[[Any], Callable[..., dict]]) -> dict:
+    """Resolves the run directory and trains (or resumes) the run; returns its summary."""
+    config = experiment.config.value
+    if experiment.resume.value and experiment.run_dir.value is None:
+        raise SystemExit("--resume needs --run_dir (the run to continue).")
+    run_dir = pathlib.Path(
+        experiment.run_dir.value
+        or default_run_dir(experiment.kind, flags.FLAGS["config"].config_filename, config.env, config.seed)
+    )
+    check_run_dir(run_dir, experiment.resume.value)
+    return train_for(config)(config, run_dir, resume=experiment.resume.value, progress=experiment.progress.value)
 
 
 def launch(kind: str, example: str, train_for: Callable[[Any], Callable[..., dict]]) -> None:

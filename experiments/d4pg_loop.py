@@ -334,6 +334,7 @@ def train(
         checkpoint_every=config.checkpoint_every,
         title=f"D4PG ({config.actor_runtime} actors) on {config.env}",
         curve=("eval/return", "train/episode_return"),
+        files=("actor_learner.json",),
     )
     return run(
         config,

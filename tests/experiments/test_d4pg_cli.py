@@ -1,7 +1,11 @@
 """python -m experiments.d4pg: --help, config errors before any compute, a short in-process ActorQ run with
-evaluation, throughput record and plot, and --resume continuing it."""
+evaluation, throughput record and plot, --resume continuing it (also after Ctrl-C), a run directory in use or
+damaged."""
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -10,7 +14,9 @@ import pytest
 from experiments import d4pg_loop
 from experiments.cli import REPO_ROOT
 from experiments.configs.d4pg import demo
+from experiments.run import Interrupted
 from lpjax.run_logging import read_metrics
+from tests.run_refusals import assert_refusals
 
 
 def _cli(*args):
@@ -67,7 +73,7 @@ def test_unreachable_ray_address_is_a_usage_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
+def test_short_in_process_run_evaluates_records_and_resumes(tmp_path, monkeypatch):
     summary = d4pg_loop.train(_tiny(), tmp_path, progress=False)
     assert summary["env_steps"] >= 1200 and summary["updates"] > 0 and summary["restarts"] == 0
     metrics = read_metrics(tmp_path)
@@ -78,8 +84,31 @@ def test_short_in_process_run_evaluates_records_and_resumes(tmp_path):
     assert set(record["actors"][0]["time_split"]) == {"env", "inference", "pull", "deserialize", "load"}
     with pytest.raises(ValueError, match="--resume"):
         d4pg_loop.train(_tiny(), tmp_path, progress=False)
+
+    # A resumed run stopped by Ctrl-C after 3 chunks: one line, the learner and the actors closed, and resumed again.
+    insert, inserts = d4pg_loop.D4PGLearner.insert, []
+
+    def insert_then_interrupt(self, transitions):
+        insert(self, transitions)
+        inserts.append(len(inserts))
+        if len(inserts) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(d4pg_loop.D4PGLearner, "insert", insert_then_interrupt)
+    with pytest.raises(Interrupted) as raised:
+        d4pg_loop.train(_tiny(total_env_steps=1800), tmp_path, resume=True, progress=False)
+    assert re.fullmatch(
+        rf"interrupted at step \d+; the last checkpoint is step {summary['env_steps']}; continue with --resume "
+        rf"--run_dir={re.escape(str(tmp_path))}",
+        str(raised.value),
+    ), raised.value
+    monkeypatch.undo()
     resumed = d4pg_loop.train(_tiny(total_env_steps=1800), tmp_path, resume=True, progress=False)
     assert resumed["env_steps"] >= 1800 and resumed["updates"] > summary["updates"]
+
+
+def test_a_run_directory_in_use_or_damaged_is_refused_before_anything_is_written(tmp_path):
+    assert_refusals(d4pg_loop.train, _tiny(), tmp_path, lambda config: _tiny(total_env_steps=2400))
 
 
 @pytest.mark.xdist_group("ray")

@@ -1,7 +1,9 @@
 """python -m experiments.grpo: --help, config errors before compute, the configs and an old run's flat agent config
 load, a short fp16 run with PPO epochs stays finite, a short fp8+TIS run that logs, evaluates, checkpoints, plots
-and resumes to the same result as an uninterrupted run."""
+and resumes to the same result as an uninterrupted run (also after SIGTERM), a run directory in use or damaged."""
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -13,9 +15,11 @@ import pytest
 from experiments import grpo_loop
 from experiments.cli import REPO_ROOT
 from experiments.configs.grpo import fp8_tis, fp16
+from experiments.run import Interrupted
 from lpjax.agents.grpo import RolloutConfig
 from lpjax.checkpoint import Checkpointer
 from lpjax.run_logging import read_metrics
+from tests.run_refusals import assert_refusals
 
 
 def _tiny(**overrides):
@@ -84,9 +88,10 @@ def test_short_fp16_run_with_ppo_epochs_stays_finite(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fp8_tis", "fp8_kv", "bf16"])
-def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, tmp_path):
-    """Interrupted after a checkpoint and resumed, the run logs the same metrics and ends in the same state, fp8 KV
-    scales included (they were calibrated on the last iteration's rollout tokens, not on the eval prompts)."""
+def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, tmp_path, monkeypatch):
+    """Interrupted after a checkpoint (by its length, or by SIGTERM for bf16) and resumed, the run logs the same
+    metrics and ends in the same state, fp8 KV scales included (they were calibrated on the last iteration's rollout
+    tokens, not on the eval prompts)."""
     module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
 
     def config(iterations=6):
@@ -99,7 +104,21 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, tmp_path
         return c
 
     grpo_loop.train(config(), tmp_path / "full", progress=False)
-    grpo_loop.train(config(iterations=3), tmp_path / "split", progress=False)
+    if name == "bf16":  # stopped by SIGTERM after iteration 4 (its checkpoint at 3) rather than by its length
+        iteration = grpo_loop.iteration
+
+        def iteration_then_sigterm(*args, **kwargs):
+            state, metrics = iteration(*args, **kwargs)
+            if int(state.step) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return state, metrics
+
+        monkeypatch.setattr(grpo_loop, "iteration", iteration_then_sigterm)
+        with pytest.raises(Interrupted, match=r"^interrupted at step [34]; the last checkpoint is step 3; continue"):
+            grpo_loop.train(config(), tmp_path / "split", progress=False)
+        monkeypatch.undo()
+    else:
+        grpo_loop.train(config(iterations=3), tmp_path / "split", progress=False)
     grpo_loop.train(config(), tmp_path / "split", resume=True, progress=False)
     full, split = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "split")
     for column in ("train/reward", "train/loss", "train/mismatch_kl", "eval/accuracy"):
@@ -109,6 +128,10 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, tmp_path
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     if name != "bf16":
         assert saved[0]["kv_scales"] is not None
+
+
+def test_a_run_directory_in_use_or_damaged_is_refused_before_anything_is_written(tmp_path):
+    assert_refusals(grpo_loop.train, _tiny(), tmp_path, lambda config: _tiny(iterations=40))
 
 
 def test_short_fp8_tis_run_resumes_to_the_same_result(tmp_path):

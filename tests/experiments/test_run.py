@@ -1,15 +1,21 @@
 """The shared run loop (experiments/run.py) with a scripted learner: when it evaluates and checkpoints, resume,
-refusing to overwrite a run, divergence, cleanup on errors, and the summary's shape."""
+refusing to overwrite a run, divergence, cleanup on errors, and the summary's shape; one writer per directory,
+damaged files refused before anything is written, SIGINT/SIGTERM, a full disk, and reruns without a checkpoint."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
+import signal
+import socket
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.run import Diverged, RunSpec, config_changes, open_checkpoints, passed_multiple, run
+from experiments.run import Diverged, Interrupted, RunSpec, config_changes, open_checkpoints, passed_multiple, run
 from lpjax.checkpoint import Checkpointer
 
 
@@ -206,3 +212,269 @@ def test_the_spec_refuses_bad_run_lengths():
         with pytest.raises(ValueError, match="Bad test run config"):
             _spec(**bad)
     assert np.isfinite(_spec().total)
+
+
+# Reliability: one writer per run directory, damaged files refused before anything is written, signals, a full disk
+# and reruns of a run that left no checkpoint.
+
+
+def _tree(directory):
+    """Every file under ``directory`` with its bytes (directories as ``<dir>``): what a refusal must not change."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else b"<dir>" for p in directory.rglob("*")}
+
+
+def _steps(run_dir):
+    return [int(row.split(",")[0]) for row in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+
+
+def _finished_run(tmp_path, config=None, total=20):
+    run(config or {}, tmp_path, _spec(total=total), lambda: ScriptedLearner([5] * 8), progress=False)
+    return _tree(tmp_path)
+
+
+def test_a_run_directory_in_use_is_refused_naming_its_holder_before_anything_is_written(tmp_path):
+    from lpjax.run_lock import DirectoryLock
+
+    _finished_run(tmp_path, total=10)
+    with DirectoryLock(tmp_path):  # another process's run (flock: another open file conflicts even in this one)
+        before = _tree(tmp_path)
+        for resume in (False, True):
+            with pytest.raises(ValueError) as refused:
+                run({}, tmp_path, _spec(total=20), lambda: ScriptedLearner([5] * 4), resume=resume, progress=False)
+            message = str(refused.value)
+            assert "\n" not in message
+            assert re.match(
+                rf"{re.escape(str(tmp_path))} is in use by another process \(pid {os.getpid()} on host "
+                rf"{re.escape(socket.gethostname())}, started \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC; lock file ",
+                message,
+            ), message
+            assert _tree(tmp_path) == before
+    fresh = tmp_path / "fresh"
+    with DirectoryLock(fresh), pytest.raises(ValueError, match="is in use by another process"):
+        run({}, fresh, _spec(), lambda: ScriptedLearner([5]), progress=False)
+    assert sorted(p.name for p in fresh.iterdir()) == []
+
+
+def test_a_second_run_started_on_a_live_run_is_refused_and_the_live_run_loses_nothing(tmp_path):
+    """Two new runs, or a --resume, started while a run writes the directory: refused, the live run's rows intact."""
+    refusals = []
+
+    class Live(ScriptedLearner):
+        def advance(self, limit, context):
+            super().advance(limit, context)
+            if self.pos == 15:  # after its checkpoint at 10
+                for resume in (False, True):
+                    try:
+                        run({}, tmp_path, _spec(total=40), lambda: ScriptedLearner([5]), resume=resume, progress=False)
+                    except ValueError as error:
+                        refusals.append(str(error))
+
+    summary = run({}, tmp_path, _spec(total=30), lambda: Live([5] * 6), progress=False)
+    assert summary["env_steps"] == 30 and len(refusals) == 2
+    assert all(f"is in use by another process (pid {os.getpid()} on host" in r for r in refusals)
+    assert _steps(tmp_path) == [5, 10, 10, 15, 20, 20, 25, 30, 30]  # train rows and the evaluations, once each
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_a_stale_lock_left_by_a_killed_run_does_not_block(tmp_path):
+    (tmp_path / "run.lock").write_text("pid 999999 on host gone, started 2020-01-01 00:00:00 UTC\n")
+    summary = run({}, tmp_path, _spec(total=10), lambda: ScriptedLearner([5, 5]), progress=False)
+    assert summary["env_steps"] == 10 and not (tmp_path / "run.lock").exists()
+
+
+CONFIG = {"env": "dmc:cartpole-swingup", "total_steps": 20, "agent": {"actor_lr": 1e-4}}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            '{\n  "agent": {\n    actor_lr: 3\n  }\n}\n',
+            r"line 3 column 5: not valid JSON: Expecting property name enclosed",
+        ),
+        ("", r"line 1 column 1: not valid JSON: Expecting value\."),
+        ('["env", "total_steps"]\n', r"line 1: not a config: a JSON list, not an object\."),
+        (
+            '{\n  "env": "dmc:cartpole-swingup",\n  "agent": 5\n}\n',
+            r"line 3: 'agent' is 5, where the config has a sect",
+        ),
+        ('{\n  "learner": {}\n}\n', r"line 1: not a config of this run: none of its fields \(learner\) is a field"),
+    ],
+)
+def test_a_damaged_config_json_is_refused_naming_the_file_and_line_and_nothing_changes(tmp_path, text, message):
+    _finished_run(tmp_path, CONFIG)
+    (tmp_path / "config.json").write_text(text)
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError) as refused:
+        run(CONFIG, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 4), resume=True, progress=False)
+    assert re.match(rf"{re.escape(str(tmp_path / 'config.json'))}, {message}", str(refused.value)), refused.value
+    assert "\n" not in str(refused.value) and _tree(tmp_path) == before
+
+
+def test_a_garbage_metrics_row_is_refused_before_the_config_is_rewritten(tmp_path):
+    _finished_run(tmp_path, CONFIG)
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    lines[3] = "abc" + lines[3][lines[3].index(",") :]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    before = _tree(tmp_path)
+    longer = {**CONFIG, "total_steps": 40}  # a change --resume allows: config.json would be rewritten
+    with pytest.raises(ValueError) as refused:
+        run(longer, tmp_path, _spec(total=40), lambda: ScriptedLearner([5] * 4), resume=True, progress=False)
+    assert str(refused.value) == f"{tmp_path / 'metrics.csv'}, line 4: step 'abc' is not an integer."
+    assert _tree(tmp_path) == before
+
+
+def test_no_good_checkpoint_is_a_refusal_that_changes_nothing(tmp_path):
+    _finished_run(tmp_path)
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / str(step) / "metadata" / "metadata").write_text("")
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError, match=r"every checkpoint in .* is corrupt \(steps \[10, 20\]\)"):
+        run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5]), resume=True, progress=False)
+    assert _tree(tmp_path) == before
+
+
+class Signalling(ScriptedLearner):
+    """Sends itself ``signum`` once it reaches ``at``, and another one while the run cleans up (in ``close``)."""
+
+    def __init__(self, increments, at, signum, again=True):
+        super().__init__(increments)
+        self.at, self.signum, self.again = at, signum, again
+
+    def advance(self, limit, context):
+        super().advance(limit, context)
+        if self.pos == self.at:
+            os.kill(os.getpid(), self.signum)
+
+    def close(self):
+        if self.again and self.pos >= self.at:
+            os.kill(os.getpid(), self.signum)  # a second Ctrl-C while the run stops: ignored
+        super().close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_and_sigterm_stop_with_one_line_and_resume_continues_exactly(tmp_path, signum):
+    reference = tmp_path / "reference"
+    run({}, reference, _spec(total=30), lambda: ScriptedLearner([5] * 6), progress=False)
+    stopped = tmp_path / "stopped"
+    learner = Signalling([5] * 6, at=15, signum=signum)
+    with pytest.raises(Interrupted) as raised:
+        run({}, stopped, _spec(total=30), lambda: learner, progress=False)
+    assert isinstance(raised.value, KeyboardInterrupt) and raised.value.exit_code == 128 + signum
+    assert str(raised.value) == (
+        f"interrupted at step 15; the last checkpoint is step 10; continue with --resume --run_dir={stopped}"
+    )
+    assert learner.closed and signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert not (stopped / "run.lock").exists()
+    resumed = ScriptedLearner([5] * 6)
+    run({}, stopped, _spec(total=30), lambda: resumed, resume=True, progress=False)
+    assert resumed.events[0] == ("restore", 10, "hello")
+    assert _steps(stopped) == _steps(reference) == [5, 10, 10, 15, 20, 20, 25, 30, 30]
+    with Checkpointer(stopped / "checkpoints") as checkpointer:
+        assert checkpointer.all_steps() == [20, 30]
+
+
+def test_a_signal_during_a_checkpoint_save_lets_the_save_finish(tmp_path, monkeypatch):
+    save = Checkpointer.save
+
+    def interrupted_save(self, step, state, metadata=None):
+        if step == 20:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives inside the save: delivered when it returns
+        save(self, step, state, metadata)
+
+    monkeypatch.setattr(Checkpointer, "save", interrupted_save)
+    with pytest.raises(Interrupted, match=r"^interrupted at step 20; the last checkpoint is step 20; continue with"):
+        run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 6), progress=False)
+
+
+def test_a_rerun_of_a_run_stopped_before_its_first_checkpoint_moves_its_files_aside(tmp_path, capsys):
+    with pytest.raises(Interrupted) as raised:
+        run({}, tmp_path, _spec(total=30), lambda: Signalling([5] * 6, at=5, signum=signal.SIGTERM), progress=False)
+    assert str(raised.value) == (
+        "interrupted at step 5; there is no checkpoint yet; run the same command again to start over"
+    )
+    with pytest.raises(ValueError, match="holds no complete checkpoint to continue from; run the same command without"):
+        run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 6), resume=True, progress=False)
+    old = {name: (tmp_path / name).read_bytes() for name in ("config.json", "metrics.csv")}
+    capsys.readouterr()
+    run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 6), progress=False)
+    (moved,) = tmp_path.glob("previous-*")
+    assert re.fullmatch(r"previous-\d{8}-\d{6}", moved.name)
+    names = sorted(p.name for p in moved.iterdir())
+    assert len(names) == 3 and names[0] == "config.json" and names[2] == "metrics.csv"
+    assert names[1].startswith("events.out.tfevents.")
+    assert {name: (moved / name).read_bytes() for name in old} == old
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"{tmp_path} held the files of a run that stopped before its first checkpoint (config.json, metrics.csv, "
+        f"1 event file): moved them to {moved} and started over"
+    )
+    assert _steps(tmp_path) == [5, 10, 10, 15, 20, 20, 25, 30, 30]  # nothing appended to the old rows
+
+
+def test_a_full_disk_at_a_checkpoint_stops_with_one_line_and_resume_continues_exactly(tmp_path, monkeypatch):
+    from lpjax import disk
+
+    free = [1 << 40]
+    monkeypatch.setattr(disk, "free_bytes", lambda path: free[0])
+
+    class FillsTheDisk(ScriptedLearner):
+        def advance(self, limit, context):
+            super().advance(limit, context)
+            if self.pos == 15:
+                free[0] = 0
+
+    with pytest.raises(disk.DiskFull) as raised:
+        run({}, tmp_path, _spec(total=30), lambda: FillsTheDisk([5] * 6), progress=False)
+    assert re.fullmatch(
+        rf"cannot write checkpoint 20 to {re.escape(str(tmp_path / 'checkpoints'))}: it needs up to \d+ B \(0 B free "
+        rf"there\); the last checkpoint is step 10; free some space, then continue with --resume "
+        rf"--run_dir={re.escape(str(tmp_path))}",
+        str(raised.value),
+    ), raised.value
+    assert _steps(tmp_path) == [5, 10, 10, 15, 20, 20]  # every row whole
+    free[0] = 1 << 40
+    run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 6), resume=True, progress=False)
+    assert _steps(tmp_path) == [5, 10, 10, 15, 20, 20, 25, 30, 30]
+
+
+def _full_disk_under(monkeypatch, directory, after_bytes=0):
+    """``os.write`` to any file under ``directory`` writes ``after_bytes`` more bytes in all, then fails: ENOSPC."""
+    real_write, left = os.write, [after_bytes]
+
+    def write(fd, data):
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory)):
+            return real_write(fd, data)
+        if left[0] == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = min(len(data), left[0])
+        left[0] -= n
+        return real_write(fd, bytes(data[:n]))
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_full_disk_mid_row_or_at_the_start_is_one_line_and_leaves_every_file_whole(tmp_path, monkeypatch):
+    from lpjax.disk import DiskFull
+
+    class FillsTheDisk(ScriptedLearner):
+        def advance(self, limit, context):
+            if self.pos == 15:
+                _full_disk_under(monkeypatch, tmp_path, after_bytes=6)  # the next row is cut after 6 bytes
+            super().advance(limit, context)
+
+    with pytest.raises(DiskFull) as raised:
+        run({}, tmp_path, _spec(total=30), lambda: FillsTheDisk([5] * 6), progress=False)
+    assert str(raised.value).startswith(f"cannot write a metrics row at step 20 to {tmp_path / 'metrics.csv'}: No")
+    assert str(raised.value).endswith(
+        f"the last checkpoint is step 10; free some space, then continue with --resume --run_dir={tmp_path}"
+    )
+    assert (tmp_path / "metrics.csv").read_text().endswith("\n") and _steps(tmp_path) == [5, 10, 10, 15]
+    with pytest.raises(DiskFull) as raised:  # the disk is still full: a new run writes nothing
+        run({}, tmp_path / "new", _spec(), lambda: ScriptedLearner([5]), progress=False)
+    assert str(raised.value).startswith(f"cannot write the lock file to {tmp_path / 'new' / 'run.lock'}: No space")
+    assert str(raised.value).endswith("; free some space, then run the same command again")
+    assert not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5] * 6), resume=True, progress=False)
+    assert _steps(tmp_path) == [5, 10, 10, 15, 20, 20, 25, 30, 30]
