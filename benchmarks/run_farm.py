@@ -13,8 +13,16 @@ Files the farm keeps in a run directory, beside what training writes (``config.j
 * ``done.json``: the run is final: ``status`` (``finished`` or ``diverged``), ``detail`` (the summary's status),
   the position, ``time`` and the ``summary``;
 * ``error.json``: the last session raised (``error``, ``time``, ``start_step``); removed when the run ends;
-* ``.lock``: the ``flock`` held by the process that trains the run, so two sessions never train it at once;
+* ``.lock``: the farm's ``flock``, held by the farm process for a whole session (deciding how to start, the
+  training, recording the session), so two farms never run a session of one run at once;
 * ``worker.log``: stdout and stderr of subprocess sessions, appended.
+
+The training itself (``experiments.run.run``, in this process or in the subprocess) takes the run directory's
+own lock, ``run.lock`` (:mod:`lpjax.run_lock`), for as long as it writes the directory: a process started by hand
+on a directory that a farm trains (or the reverse) is refused with one line. The two are distinct files, so the
+farm's lock never blocks the training it starts (a child process could not take a lock its parent holds). A
+session also takes ``run.lock`` while it decides and clears the directory, and leaves a run alone (``locked``) when
+another process holds either lock.
 
 A session (:func:`run_session` in this process, :func:`run_jobs` with ``workers > 1`` in subprocesses) takes the
 run's lock, leaves a final run alone (``skipped``; so does a run whose directory holds another config:
@@ -38,6 +46,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from lpjax.run_lock import LOCK_FILE as RUN_LOCK_FILE
+from lpjax.run_lock import DirectoryBusy, DirectoryLock, lock_holder
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 """Working directory of subprocess sessions (``python -m experiments.<name>`` resolves from there)."""
@@ -164,7 +175,9 @@ def locked(run_dir: pathlib.Path) -> Iterator[bool]:
 
 
 def held_elsewhere(run_dir: pathlib.Path) -> bool:
-    """Whether another process holds the run's lock."""
+    """Whether another process holds the run's lock, or trains it (holds ``run.lock``)."""
+    if lock_holder(run_dir) is not None:
+        return True
     if not (pathlib.Path(run_dir) / LOCK_FILE).exists():
         return False
     with locked(run_dir) as ok:
@@ -218,9 +231,9 @@ def describe(record: dict) -> str:
 
 
 def _clear(run_dir: pathlib.Path) -> None:
-    """Removes a run directory's contents (kept: the lock and the worker log) before a start from scratch."""
+    """Removes a run directory's contents (kept: the locks and the worker log) before a start from scratch."""
     for path in run_dir.iterdir():
-        if path.name in (LOCK_FILE, WORKER_LOG):  # a worker's log may be open in the parent
+        if path.name in (LOCK_FILE, RUN_LOCK_FILE, WORKER_LOG):  # a worker's log may be open in the parent
             continue
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
@@ -242,16 +255,28 @@ class _Session:
         job = self.job
         if not self.lock.acquire():
             return {**run_state(job.run_dir, job.steps, job.unit), "action": "locked"}
-        state = run_state(job.run_dir, job.steps, job.unit, check_lock=False)
-        differences = [] if state["final"] or job.mismatch is None else list(job.mismatch())
-        if state["final"] or differences:
+        try:
+            writer = DirectoryLock(job.run_dir).acquire()  # held by a run started by hand: leave it alone
+        except DirectoryBusy:
             self.lock.release()
-            if differences:
-                state.update(status="config_mismatch", config_differences=differences)
-            return {**state, "action": "skipped"}
-        checkpoints = checkpoint_steps(job.run_dir)
-        if not checkpoints:
-            _clear(job.run_dir)
+            return {
+                **run_state(job.run_dir, job.steps, job.unit, check_lock=False),
+                "status": "running",
+                "action": "locked",
+            }
+        try:
+            state = run_state(job.run_dir, job.steps, job.unit, check_lock=False)
+            differences = [] if state["final"] or job.mismatch is None else list(job.mismatch())
+            if state["final"] or differences:
+                self.lock.release()
+                if differences:
+                    state.update(status="config_mismatch", config_differences=differences)
+                return {**state, "action": "skipped"}
+            checkpoints = checkpoint_steps(job.run_dir)
+            if not checkpoints:
+                _clear(job.run_dir)
+        finally:
+            writer.release()  # the training takes it again
         self.start_step = checkpoints[-1] if checkpoints else 0
         self.resume = bool(checkpoints)
         self.record = {"time": now(), "start_step": self.start_step, "status": "interrupted"}

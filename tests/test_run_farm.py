@@ -2,6 +2,7 @@
 final runs, errors, divergence, locks, mismatched runs, and an interrupted farm."""
 
 import json
+import os
 import sys
 import textwrap
 
@@ -149,6 +150,31 @@ def test_a_locked_or_mismatched_run_is_left_alone(tmp_path):
     outcome = run_farm.run_session(job)
     assert outcome["action"] == "skipped" and outcome["status"] == "config_mismatch"
     assert outcome["config_differences"] == ["seed: run has 0, flags give 1"] and train.calls == []
+
+
+def test_a_run_trained_by_hand_is_left_alone_and_the_farms_training_takes_the_run_lock(tmp_path):
+    """The farm's ``.lock`` and the training's ``run.lock`` are distinct: a run directory a process started by hand
+    writes (``run.lock`` held) is ``running`` and left alone, and the training a session starts in this process
+    takes ``run.lock`` while the farm holds its ``.lock``."""
+    from lpjax.run_lock import LOCK_FILE, DirectoryLock
+
+    run_dir = tmp_path / "run"
+    seen = []
+
+    def train(resume, progress):
+        with DirectoryLock(run_dir):  # what experiments.run.run does
+            seen.append((run_dir / LOCK_FILE).read_text().split(" on host")[0])
+        (run_dir / "checkpoints" / "1").mkdir(parents=True)
+        return {"status": "finished", "env_steps": 1}
+
+    job = run_farm.Job("a", run_dir, steps=1, train=train)
+    with DirectoryLock(run_dir):
+        assert run_farm.held_elsewhere(run_dir) and run_farm.run_state(run_dir, 1)["status"] == "running"
+        outcome = run_farm.run_session(job)
+        assert outcome["action"] == "locked" and outcome["status"] == "running" and seen == []
+        assert not (run_dir / run_farm.SESSIONS_FILE).exists()
+    assert run_farm.run_session(job)["action"] == "trained" and seen == [f"pid {os.getpid()}"]
+    assert not run_farm.held_elsewhere(run_dir)
 
 
 def test_summary_from_log_reads_the_last_top_level_object(tmp_path):
