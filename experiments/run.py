@@ -5,9 +5,10 @@ A training entry point (:mod:`experiments.sac_loop`, :mod:`experiments.sac_brax_
 :class:`RunSpec`, and passes :func:`run` a factory of its :class:`Learner`, the object that holds what differs: how
 to take the next steps, evaluate, save and restore. :func:`run` owns the rest::
 
-    checkpoints, latest = open_checkpoints(run_dir, resume)   # refuses to overwrite a run
-    learner = make_learner(); logger = RunLogger(run_dir, config)
-    resume ? learner.restore(checkpoints, latest) : learner.start(context)
+    lock run_dir; check its files                             # refuses a directory in use, damaged, or a run
+    checkpoints, latest = open_checkpoints(run_dir, resume)   # ... to overwrite (nothing written before here)
+    learner = make_learner(); resume and learner.restore(checkpoints, latest)
+    logger = RunLogger(run_dir, config); resume or learner.start(context)
     while position < total:
         learner.advance(limit, context)        # limit: the next multiple of eval_every or checkpoint_every
         evaluate if a multiple of eval_every was passed (or the run is done)
@@ -21,14 +22,14 @@ each multiple. A :class:`Diverged` raised by the learner ends the run with statu
 other exception propagates after the checkpointer (waiting for a running save), the learner and the logger are
 closed.
 
-**Before anything is written** (:func:`prepare_run_dir`), in this order:
+**Before anything is written**, in this order:
 
 1. the run directory's lock is taken (:class:`lpjax.run_lock.DirectoryLock`, ``run.lock``, held until the run
    ends): a directory another process writes is refused with one line naming it (pid, host, start time);
-2. every run file is checked: with ``resume``, the checkpoints exist, ``config.json`` is a JSON object whose
-   fields match the config (:func:`check_resume_config`) and every line of ``metrics.csv`` parses
-   (:func:`lpjax.run_logging.check_metrics`); a problem is one line naming the file, the line and the problem;
-   without ``resume``, a directory with checkpoints is refused;
+2. every run file is checked (:func:`check_run_files`): with ``resume``, the checkpoints exist, ``config.json`` is
+   a JSON object whose fields match the config (:func:`check_resume_config`) and every line of ``metrics.csv``
+   parses (:func:`lpjax.run_logging.check_metrics`); a problem is one line naming the file, the line and the
+   problem; without ``resume``, a directory with checkpoints is refused;
 3. the checkpoints are restored (a corrupt newest one falls back to the previous one).
 
 A refusal leaves the directory exactly as it was (the lock file included). A new run in a directory that holds

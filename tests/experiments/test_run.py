@@ -325,12 +325,14 @@ def test_a_garbage_metrics_row_is_refused_before_the_config_is_rewritten(tmp_pat
 
 
 def test_no_good_checkpoint_is_a_refusal_that_changes_nothing(tmp_path):
-    _finished_run(tmp_path)
+    """The checkpoints are restored before config.json is rewritten (here with a longer run) and the log truncated."""
+    _finished_run(tmp_path, CONFIG)
     for step in (10, 20):
         (tmp_path / "checkpoints" / str(step) / "metadata" / "metadata").write_text("")
     before = _tree(tmp_path)
+    longer = {**CONFIG, "total_steps": 40}
     with pytest.raises(ValueError, match=r"every checkpoint in .* is corrupt \(steps \[10, 20\]\)"):
-        run({}, tmp_path, _spec(total=30), lambda: ScriptedLearner([5]), resume=True, progress=False)
+        run(longer, tmp_path, _spec(total=40), lambda: ScriptedLearner([5]), resume=True, progress=False)
     assert _tree(tmp_path) == before
 
 
