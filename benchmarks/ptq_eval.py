@@ -59,7 +59,6 @@ from experiments import sac_loop
 from experiments.sac_loop import load_run
 from lpjax import quant
 from lpjax.agents import sac
-from lpjax.nn import TanhGaussianActor
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RUN_DIR = (
@@ -111,9 +110,8 @@ class RecordingEnv:
 @jax.jit
 def gaussian(agent: sac.SACState, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(mean, log_std)`` of the pre-tanh Gaussian of ``agent``'s policy at ``obs``, in float32."""
-    cfg = agent.config
-    actor = TanhGaussianActor(cfg.hidden_dims, agent.action_dim, cfg.log_std_bounds, cfg.policy, cfg.matmul_impl)
-    features = sac.SACCritic(cfg).apply(agent.critic.params, obs, method=sac.SACCritic.encode)
+    actor, critic = sac.networks(agent.config, agent.action_dim)
+    features = critic.apply(agent.critic.params, obs, method=sac.SACCritic.encode)
     mean, log_std = actor.apply(agent.actor.params, features)
     return mean.astype(jnp.float32), log_std.astype(jnp.float32)
 

@@ -13,8 +13,11 @@ Configurations (``lpjax.agents.sac.SACConfig``):
 * ``fp16``: ``SACConfig(policy="fp16", methods=PrecisionMethods.paper())`` (hAdam, compound loss scaling,
   Kahan-gradients, Kahan-momentum, softplus-fix and normal-fix);
 * beyond the paper, ``fp16_sr``: ``fp16`` with stochastic rounding instead of the two Kahan buffers and a float16
-  replay, and ``fp16_sr_8bit``: the same with hAdam's moments blockwise 8-bit (``moment_dtype="fp8"``): goals
-  ``BEYOND_GOALS`` (2.0x and 2.5x);
+  replay, and ``fp16_sr_8bit``: the same with hAdam's moments blockwise 8-bit (``moment_dtype="fp8"``), and
+  ``fp16_sr_8bit_remat``: that with ``rematerialize=True`` (the backward passes recompute the networks'
+  activations instead of holding them, one more forward pass per gradient): goals ``BEYOND_GOALS`` (2.0x, 2.5x
+  and 2.5x). The rematerialization's cost in time is measured on this CPU (``--time_size``, interleaved rounds
+  of the compiled update with and without it, :mod:`benchmarks.timing`): ``rematerialize_time`` in the json;
 
 each with two hidden layers of width 1024 or 4096 (actor and both critics) and batch 1024 or 4096 (the paper's
 sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in dm_control; ``--obs-dim`` and
@@ -91,7 +94,6 @@ import numpy as np
 import lpjax
 from benchmarks.common import command_line, write_results
 from lpjax.agents import sac
-from lpjax.agents.sac.learner import SACCritic, _actor_loss, _critic_loss, _networks, _temperature_loss
 from lpjax.methods import PrecisionMethods
 from lpjax.optim import loss_scale_or_one
 
@@ -115,12 +117,15 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "fp16": dict(policy="fp16", methods=PrecisionMethods.paper()),
     "fp16_sr": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR)),
     "fp16_sr_8bit": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR, moment_dtype="fp8")),
+    "fp16_sr_8bit_remat": dict(
+        policy="fp16", methods=PrecisionMethods.paper(**_SR, moment_dtype="fp8"), rematerialize=True
+    ),
 }
-REPLAY_DTYPES = {"fp16_sr": jnp.float16, "fp16_sr_8bit": jnp.float16}
+REPLAY_DTYPES = {"fp16_sr": jnp.float16, "fp16_sr_8bit": jnp.float16, "fp16_sr_8bit_remat": jnp.float16}
 """The replay's float dtype where it is not float32: the stochastic-rounding configs store float16 transitions
 (``experiments/configs/sac/fp16_sr.py``: ``replay_dtype = "fp16"``), so their batch is float16."""
 BASE, LOW = "fp32", "fp16"
-BEYOND_GOALS = {"fp16_sr": 2.0, "fp16_sr_8bit": 2.5}
+BEYOND_GOALS = {"fp16_sr": 2.0, "fp16_sr_8bit": 2.5, "fp16_sr_8bit_remat": 2.5}
 """Beyond the paper: fp32 / total goals of fp16 with stochastic rounding instead of the Kahan buffers, with
 hAdam's moments in float16 or blockwise 8-bit (float8 e4m3 codes, a float32 scale per 256 elements)."""
 LOSSES = ("critic", "actor", "temperature")
@@ -227,35 +232,35 @@ def _scaled(loss_fn: Callable, opt_state: Any, *args) -> Callable:
 
 def _inputs(state: sac.SACState, batch: dict):
     """Keys and features as ``sac.update`` builds them (from states: features are the cast observations)."""
-    _, critic_net = _networks(state.config, state.action_dim)
+    _, critic_net = sac.networks(state.config, state.action_dim)
     _, critic_key, actor_key, _ = jax.random.split(state.key, 4)
     next_features = jax.lax.stop_gradient(
-        critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
+        critic_net.apply(state.critic.params, batch["next_obs"], method=sac.SACCritic.encode)
     )
-    features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, batch["obs"], method=SACCritic.encode))
+    features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, batch["obs"], method=sac.SACCritic.encode))
     return critic_key, actor_key, next_features, features
 
 
 def critic_vjp(state: sac.SACState, batch: dict):
     """``jax.vjp``'s backward function of the critic loss w.r.t. the critic's parameters."""
     critic_key, _, next_features, _ = _inputs(state, batch)
-    fn = _scaled(_critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
+    fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
     return jax.vjp(fn, state.critic.params)[1]
 
 
 def actor_vjp(state: sac.SACState, batch: dict):
     """``jax.vjp``'s backward function of the actor loss w.r.t. the actor's parameters."""
     _, actor_key, _, features = _inputs(state, batch)
-    fn = _scaled(_actor_loss, state.actor.opt_state, state, features, actor_key)
+    fn = _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key)
     return jax.vjp(fn, state.actor.params)[1]
 
 
 def temperature_vjp(state: sac.SACState, batch: dict):
     """``jax.vjp``'s backward function of the temperature loss w.r.t. ``log_alpha``."""
     _, actor_key, _, features = _inputs(state, batch)
-    _, log_prob = _actor_loss(state.actor.params, state, features, actor_key)
+    _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
     target_entropy = -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
-    fn = _scaled(_temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
+    fn = _scaled(sac.temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
     return jax.vjp(fn, state.temperature.params)[1]
 
 
@@ -465,16 +470,16 @@ def saved_residuals_of(loss: str, state: sac.SACState, batch: dict) -> list[tupl
     """
     critic_key, actor_key, next_features, features = _inputs(state, batch)
     if loss == "critic":
-        fn = _scaled(_critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
+        fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
         params = state.critic.params
     elif loss == "actor":
-        fn, params = _scaled(_actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
+        fn, params = _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
     else:
-        _, log_prob = _actor_loss(state.actor.params, state, features, actor_key)
+        _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
         target_entropy = (
             -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
         )
-        fn = _scaled(_temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
+        fn = _scaled(sac.temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
         params = state.temperature.params
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -608,6 +613,44 @@ def run_benchmark(
     }
 
 
+def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int, rounds: int = 5) -> dict:
+    """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize`` at one
+    size, on this machine: medians of interleaved rounds (:func:`benchmarks.timing.interleaved`), states donated."""
+    from benchmarks.common import random_transitions
+    from benchmarks.timing import interleaved
+
+    rng = np.random.default_rng(0)
+    batch = jax.tree.map(
+        lambda x: jnp.asarray(x, jnp.float16), random_transitions(rng, batch_size, obs_dim, action_dim)
+    )
+    states, steps = {}, {}
+    for name in ("fp16_sr_8bit", "fp16_sr_8bit_remat"):
+        config = make_config(name, width, batch_size)
+        states[name] = sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)
+        steps[name] = sac.update.lower(states[name], batch).compile()
+
+    def variant(name):
+        def run():
+            states[name], metrics = steps[name](states[name], batch)
+            return metrics
+
+        return run
+
+    timing = interleaved({name: variant(name) for name in states}, rounds)
+    ms = {name: 1e3 * timing[name]["median_s"] for name in states}
+    return {
+        "width": width,
+        "batch_size": batch_size,
+        "backend": jax.default_backend(),
+        "ms_per_update": ms,
+        "time_ratio": ms["fp16_sr_8bit_remat"] / ms["fp16_sr_8bit"],
+        "rounds": rounds,
+        "machine": timing["machine"],
+        "note": "float16 is emulated on a CPU: the ratio, not the milliseconds, is the figure; on a GPU the "
+        "recomputed forward passes cost about a third of a backward pass each",
+    }
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:10.2f}"
 
@@ -673,6 +716,13 @@ def format_table(result: dict) -> str:
             for p, v in result["comparisons"][0]["state_part_ratios"].items()
         )
     )
+    if "rematerialize_time" in result:
+        t = result["rematerialize_time"]
+        lines.append(
+            f"rematerialize, time per update at w{t['width']} b{t['batch_size']} ({t['backend']}): "
+            f"{t['ms_per_update']['fp16_sr_8bit']:.1f} -> {t['ms_per_update']['fp16_sr_8bit_remat']:.1f} ms "
+            f"({t['time_ratio']:.2f}x)"
+        )
     check = result["cross_check"]
     lines.append(
         f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
@@ -774,7 +824,7 @@ def plot(result: dict, path: Path) -> None:
         zorder=3,
         label="total's ceiling with the Kahan state",
     )
-    for precision, marker in zip(BEYOND_GOALS, ("o", "s")):
+    for precision, marker in zip(BEYOND_GOALS, ("o", "s", "^")):
         ax_r.scatter(
             x,
             [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision],
@@ -840,17 +890,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--time_size",
+        type=_sizes,
+        default=None,
+        help="WIDTHxBATCH at which to time fp16_sr_8bit with and without rematerialize on this machine "
+        "(default 1024x1024; none with --quick)",
+    )
     args = parser.parse_args(argv)
     if args.obs_dim < 1 or args.action_dim < 1:
         parser.error("--obs-dim and --action-dim must be >= 1")
     if args.sizes is None:
         args.sizes = list(QUICK_SIZES if args.quick else FULL_SIZES)
+    if args.time_size is None and not args.quick:
+        args.time_size = [(1024, 1024)]
+    if args.time_size is not None and len(args.time_size) != 1:
+        parser.error("--time_size takes one WIDTHxBATCH")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run_benchmark(args.sizes, args.obs_dim, args.action_dim)
+    if args.time_size:
+        result["rematerialize_time"] = rematerialize_time(*args.time_size[0], args.obs_dim, args.action_dim)
     result["quick"] = bool(args.quick)
     result["command"] = command_line("benchmarks.sac_memory", argv)
     write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)

@@ -96,6 +96,29 @@ def test_the_fused_optimizer_trains_bit_for_bit_as_per_leaf(methods):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_rematerialize_computes_the_same_update_and_holds_fewer_residuals():
+    """``rematerialize`` recomputes the networks' activations in the backward passes: float32 training follows the
+    plain one to rounding, and the critic loss's backward pass holds less."""
+    config = sac.SACConfig(hidden_dims=(32, 32), batch_size=16)
+    plain, plain_history = _train(config, 5)
+    remat, remat_history = _train(dataclasses.replace(config, rematerialize=True), 5)
+    for a, b in zip(
+        jax.tree.leaves((plain.actor.params, plain.critic.params)),
+        jax.tree.leaves((remat.actor.params, remat.critic.params)),
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(plain_history[-1]["critic_loss"], remat_history[-1]["critic_loss"], rtol=1e-5)
+
+    def residual_bytes(state):
+        _, critic_net = sac.networks(state.config, state.action_dim)
+        batch = _batch(16, 0)
+        features = critic_net.apply(state.critic.params, batch["next_obs"], method=sac.SACCritic.encode)
+        loss = lambda p: sac.critic_loss(p, state, batch, features, jax.random.key(1))[0]
+        return sum(x.nbytes for x in jax.tree.leaves(jax.vjp(loss, state.critic.params)[1]))
+
+    assert residual_bytes(remat) < residual_bytes(plain) / 2
+
+
 def test_fp16_with_stochastic_rounding_trains_finite_and_its_keys_advance():
     methods = PrecisionMethods.paper(
         kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="fp8"

@@ -19,7 +19,10 @@ class SACConfig(OffPolicyConfig):
 
     Networks: ``hidden_dims`` of actor and critic MLPs, ``log_std_bounds``, ``sigma_eps`` (added to sigma; the
     paper uses 1e-4 from pixels), ``pixels`` (a :class:`lpjax.nn.PixelEncoder` owned by the critic; the actor
-    sees its features without gradient), ``encoder_features``, ``augmentation_pad`` (random shift of pixels).
+    sees its features without gradient), ``encoder_features``, ``augmentation_pad`` (random shift of pixels),
+    ``rematerialize`` (the losses' differentiated forward passes run under ``jax.checkpoint``: the backward pass
+    recomputes the networks' activations from their inputs instead of holding them, one more forward pass per
+    gradient for the memory of the saved activations; the same values).
 
     Precision: ``policy`` (a name or spec for :func:`lpjax.precision.get_policy`), ``matmul_impl`` (the MLPs'
     matmul implementation, see :class:`lpjax.nn.Dense`: ``"xla"`` by default, ``"pallas"`` or ``"reference"`` to
@@ -45,6 +48,7 @@ class SACConfig(OffPolicyConfig):
     augmentation_pad: int = 4
     weight_standardization: bool = False
     encoder_clip: float | None = None
+    rematerialize: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_dims", tuple(int(w) for w in self.hidden_dims))

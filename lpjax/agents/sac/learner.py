@@ -97,7 +97,9 @@ class SACState:
     temperature: Trainable
 
 
-def _networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
+def networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SACCritic]:
+    """The Flax modules ``(actor, critic)`` of ``config`` for ``action_dim`` actions (the state holds their
+    parameters: ``actor.apply(state.actor.params, features)``)."""
     actor = TanhGaussianActor(
         config.hidden_dims,
         action_dim,
@@ -132,7 +134,7 @@ def init(key: jax.Array, observation: jax.Array, action_dim: int, config: SACCon
         raise ValueError(f"SAC from states needs flat observations, got shape {observation.shape}.")
     if action_dim < 1:
         raise ValueError(f"action_dim must be >= 1, got {action_dim}.")
-    actor_net, critic_net = _networks(config, action_dim)
+    actor_net, critic_net = networks(config, action_dim)
     actor_tx, critic_tx, temperature_tx = _optimizers(config)
     key, actor_key, critic_key = jax.random.split(key, 3)
     obs = observation[None]
@@ -167,41 +169,55 @@ def random_shift(key: jax.Array, images: jax.Array, pad: int) -> jax.Array:
     return jax.vmap(crop)(padded.reshape((-1,) + padded.shape[-3:]), offsets.reshape(-1, 2)).reshape(images.shape)
 
 
+def _differentiated(config: SACConfig, net: nn.Module, method=None):
+    """``net.apply`` (of ``method``) for a forward pass the loss differentiates: under ``jax.checkpoint`` with
+    ``config.rematerialize``, so the backward pass recomputes the network's activations from its inputs and
+    parameters instead of holding them (the same values, one more forward pass)."""
+    apply = functools.partial(net.apply, method=method)
+    return jax.checkpoint(apply) if config.rematerialize else apply
+
+
 def _sample_action(config: SACConfig, actor_net, actor_params, features, key):
-    mean, log_std = actor_net.apply(actor_params, features)
+    mean, log_std = _differentiated(config, actor_net)(actor_params, features)
     methods = config.methods
     return sample_and_log_prob(
         key, mean, log_std, normal_fix=methods.normal_fix, softplus_fix=methods.softplus_fix, sigma_eps=config.sigma_eps
     )
 
 
-def _critic_loss(critic_params, state: SACState, batch, next_features, key):
+def critic_loss(critic_params, state: SACState, batch, next_features, key):
+    """``(L_Q, {"q", "target_q"})`` of the module docstring for ``critic_params``, the rest read from ``state``
+    (``next_features``: the critic's encoding of ``batch["next_obs"]``, without gradient; ``key``: the next
+    actions' sample). What :func:`critic_update` differentiates."""
     config = state.config
-    actor_net, critic_net = _networks(config, state.action_dim)
+    actor_net, critic_net = networks(config, state.action_dim)
     alpha = jnp.exp(state.temperature.params)
     next_action, next_log_prob = _sample_action(config, actor_net, state.actor.params, next_features, key)
     target_q = critic_net.apply(state.target_critic, batch["next_obs"], next_action)
     dtype = target_q.dtype
     next_value = jnp.min(target_q, axis=0) - alpha.astype(dtype) * next_log_prob.astype(dtype)
     target = batch["reward"].astype(dtype) + (config.gamma * batch["discount"]).astype(dtype) * next_value
-    q = critic_net.apply(critic_params, batch["obs"], batch["action"])
+    q = _differentiated(config, critic_net)(critic_params, batch["obs"], batch["action"])
     errors = q - jax.lax.stop_gradient(target)
     loss = jnp.mean(jnp.sum(jnp.square(errors), axis=0), dtype=jnp.float32)
     return loss, {"q": jnp.mean(q, dtype=jnp.float32), "target_q": jnp.mean(target, dtype=jnp.float32)}
 
 
-def _actor_loss(actor_params, state: SACState, features, key):
+def actor_loss(actor_params, state: SACState, features, key):
+    """``(L_pi, log pi(a|s))`` of the module docstring for ``actor_params`` on the critic's ``features`` of the
+    observations; what :func:`actor_update` differentiates."""
     config = state.config
-    actor_net, critic_net = _networks(config, state.action_dim)
+    actor_net, critic_net = networks(config, state.action_dim)
     alpha = jnp.exp(state.temperature.params)
     action, log_prob = _sample_action(config, actor_net, actor_params, features, key)
-    q = critic_net.apply(state.critic.params, features, action, method=SACCritic.from_features)
+    q = _differentiated(config, critic_net, SACCritic.from_features)(state.critic.params, features, action)
     dtype = q.dtype
     loss = jnp.mean(alpha.astype(dtype) * log_prob.astype(dtype) - jnp.min(q, axis=0), dtype=jnp.float32)
     return loss, log_prob
 
 
-def _temperature_loss(log_alpha, log_prob, target_entropy):
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """``(L_alpha, None)`` of the module docstring given the actor's ``log_prob`` (detached)."""
     entropy_gap = jax.lax.stop_gradient(-log_prob.astype(jnp.float32) - target_entropy)
     return jnp.mean(jnp.exp(log_alpha) * entropy_gap), None
 
@@ -213,12 +229,12 @@ def critic_update(state: SACState, batch: dict, key: jax.Array) -> tuple[SACStat
     and ``target_q``. Runs under the name scopes ``critic`` and ``target`` (metadata for :mod:`lpjax.inspect`).
     """
     config = state.config
-    _, critic_net = _networks(config, state.action_dim)
+    _, critic_net = networks(config, state.action_dim)
     critic_tx = _optimizers(config)[1]
     with jax.named_scope("critic"):
         next_features = critic_net.apply(state.critic.params, batch["next_obs"], method=SACCritic.encode)
-        critic, critic_loss, critic_aux = gradient_step(
-            state.critic, critic_tx, _critic_loss, state, batch, jax.lax.stop_gradient(next_features), key
+        critic, critic_value, critic_aux = gradient_step(
+            state.critic, critic_tx, critic_loss, state, batch, jax.lax.stop_gradient(next_features), key
         )
     state = state.replace(critic=critic)
     with jax.named_scope("target"):
@@ -227,7 +243,7 @@ def critic_update(state: SACState, batch: dict, key: jax.Array) -> tuple[SACStat
         )
     return (
         state.replace(target_critic=target_critic, target_compensation=compensation),
-        {"critic_loss": critic_loss, **critic_aux},
+        {"critic_loss": critic_value, **critic_aux},
     )
 
 
@@ -239,20 +255,20 @@ def actor_update(state: SACState, obs: jax.Array, key: jax.Array) -> tuple[SACSt
     ``temperature_loss`` and ``entropy``. Runs under the name scopes ``actor`` and ``temperature``.
     """
     config = state.config
-    _, critic_net = _networks(config, state.action_dim)
+    _, critic_net = networks(config, state.action_dim)
     actor_tx, _, temperature_tx = _optimizers(config)
     features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, obs, method=SACCritic.encode))
     target_entropy = -float(state.action_dim) if config.target_entropy is None else config.target_entropy
     with jax.named_scope("actor"):
-        actor, actor_loss, log_prob = gradient_step(state.actor, actor_tx, _actor_loss, state, features, key)
+        actor, actor_value, log_prob = gradient_step(state.actor, actor_tx, actor_loss, state, features, key)
     with jax.named_scope("temperature"):
-        temperature, temperature_loss, _ = gradient_step(
-            state.temperature, temperature_tx, _temperature_loss, log_prob, target_entropy
+        temperature, temperature_value, _ = gradient_step(
+            state.temperature, temperature_tx, temperature_loss, log_prob, target_entropy
         )
     entropy = -jnp.mean(log_prob, dtype=jnp.float32)
     return (
         state.replace(actor=actor, temperature=temperature),
-        {"actor_loss": actor_loss, "temperature_loss": temperature_loss, "entropy": entropy},
+        {"actor_loss": actor_value, "temperature_loss": temperature_value, "entropy": entropy},
     )
 
 
@@ -312,7 +328,7 @@ scaler has skipped so far (:func:`lpjax.optim.skipped_steps`; 0 without loss sca
 @functools.partial(jax.jit, static_argnames="deterministic")
 def act(state: SACState, obs: jax.Array, key: jax.Array, deterministic: bool = False) -> jax.Array:
     """Actions in [-1, 1] for a batch of observations: ``tanh(mean)`` if ``deterministic``, else a sample."""
-    actor_net, critic_net = _networks(state.config, state.action_dim)
+    actor_net, critic_net = networks(state.config, state.action_dim)
     features = critic_net.apply(state.critic.params, obs, method=SACCritic.encode)
     mean, log_std = actor_net.apply(state.actor.params, features)
     if deterministic:
