@@ -40,6 +40,10 @@ are unaffected, the tests check it). The next save, :meth:`Checkpointer.restore`
 and :meth:`Checkpointer.close` wait for it. Call ``close()`` (or use the checkpointer as a context manager)
 before the process exits, or the last checkpoint may be lost.
 
+Checkpoints beyond ``max_to_keep`` are deleted atomically: orbax renames a step's directory into ``deleted/``, which
+the next save, wait or close empties (a process killed meanwhile leaves only the trash, emptied at the next
+process's first save).
+
 Steps must increase: saving a step at or below the latest one raises (orbax would silently skip it); after
 resuming from an older checkpoint, drop the newer ones with :meth:`Checkpointer.delete_after`.
 
@@ -101,6 +105,10 @@ from lpjax.jsonable import to_jsonable
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 _TMP_DIR = re.compile(r"^\d+\.orbax-checkpoint-tmp")
+# Where orbax moves a step it deletes (old ones beyond max_to_keep, delete_after), by one rename, before this module
+# removes it: deleting a step's files one by one, as orbax otherwise does, leaves a step directory without its
+# metadata when the process is killed meanwhile, which every later CheckpointManager warns about.
+_TRASH_DIR = "deleted"
 # Orbax's JSON files in a step directory, and whether restoring needs them (orbax tolerates the others missing).
 _JSON_FILES = (
     ("_CHECKPOINT_METADATA", False),
@@ -397,7 +405,10 @@ class Checkpointer:
         self._pending: int | None = None  # the step of an asynchronous save not waited for yet
         logging.getLogger("absl").addFilter(_OUT_OF_SPACE_FILTER)  # orbax logs through absl (idempotent)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=async_save,
+            create=True,
+            todelete_subdir=_TRASH_DIR,  # a step is deleted by one rename, then the trash is emptied
         )
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -485,10 +496,16 @@ class Checkpointer:
         raise failure
 
     def _remove_stale_tmp_dirs(self) -> None:
-        """Removes ``<step>.orbax-checkpoint-tmp*`` left by a crashed writer (one writer per directory)."""
+        """Removes ``<step>.orbax-checkpoint-tmp*`` left by a crashed writer (one writer per directory), and what a
+        crashed writer left in the trash."""
         for path in self.directory.iterdir():
             if _TMP_DIR.match(path.name) and path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
+        self._empty_trash()
+
+    def _empty_trash(self) -> None:
+        """Removes the steps orbax deleted (moved to ``_TRASH_DIR``)."""
+        shutil.rmtree(self.directory / _TRASH_DIR, ignore_errors=True)
 
     def restore(self, step: int | None = None, target: Any = None) -> tuple[Any, dict]:
         """Restores checkpoint ``step`` (default: the latest complete one). Waits for a running save first.
@@ -604,8 +621,10 @@ class Checkpointer:
         self.wait()
         self._manager.reload()
         deleted = [s for s in self.all_steps() if s > int(step)]
+        self._empty_trash()
         for s in deleted:
             self._manager.delete(s)
+        self._empty_trash()
         self._manager.reload()
         return deleted
 
@@ -619,6 +638,7 @@ class Checkpointer:
         step, self._pending = self._pending, None
         self._writing(step, self._manager.wait_until_finished)
         if step is not None:
+            self._empty_trash()  # the steps the save made old
             _remove_unraisable_filter()  # nothing was abandoned
 
     def close(self) -> None:

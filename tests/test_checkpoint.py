@@ -178,6 +178,21 @@ def test_restore_errors_name_what_is_missing_or_different(tmp_path):
             ckpt.restore(target=wrong_key)
 
 
+def test_old_steps_are_deleted_through_the_trash_and_a_killed_process_s_trash_is_emptied(tmp_path):
+    """Orbax deletes a step by renaming it into deleted/ (one atomic step: a process killed while deleting never
+    leaves a step directory without its metadata, which every later CheckpointManager would warn about)."""
+    (tmp_path / "deleted" / "7" / "state").mkdir(parents=True)  # what a process killed while emptying it left
+    (tmp_path / "deleted" / "7" / "state" / "d").write_bytes(b"x" * 100)
+    with Checkpointer(tmp_path, max_to_keep=2) as ckpt:
+        assert ckpt.all_steps() == []
+        for step in (1, 2, 3):
+            ckpt.save(step, {"x": jnp.full(4, step)})
+            ckpt.wait()
+            assert not (tmp_path / "deleted").exists()
+        assert ckpt.all_steps() == [2, 3] and ckpt.delete_after(2) == [3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2"]
+
+
 def test_steps_must_increase_and_delete_after_allows_resuming_from_an_older_step(tmp_path):
     state = {"x": jnp.zeros(2)}
     with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
