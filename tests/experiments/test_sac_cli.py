@@ -72,6 +72,7 @@ def test_bare_config_names_resolve_and_unknown_ones_list_the_choices():
         (dict(replay_dtype="fp17"), "Unknown dtype name 'fp17'"),
         (dict(replay_dtype="fp8"), "replay_dtype must be a 16- or 32-bit float"),
         (dict(mesh=dict(data=4, fsdp=1)), r"4 devices, but there are 1 .*xla_force_host_platform_device_count"),
+        (dict(mesh=dict(data=1, fsdp=2)), r"mesh.fsdp=2 shards .* add --config.agent.fused_optimizer=False"),
         (dict(replay_shards=3), r"replay_shards \(3\) must be a multiple"),
         (dict(replay_shards=4, seed_steps=2), r"seed_steps must be >= replay_shards - 1 \(3\)"),
     ],
@@ -315,7 +316,7 @@ def test_chaos_runs_killed_at_random_moments_end_bit_identical_to_an_uninterrupt
     sac_loop.train(_tiny(), reference, progress=False)
     reference_leaves, reference_rows = _loop_leaves(reference, 1000), _logged(reference)
     for trial in range(4):
-        run_dir = tmp_path / f"chaos{trial}"
+        run_dir, sessions = tmp_path / f"chaos{trial}", []
         for attempt in range(12):
             resume = bool(checkpoint_steps(run_dir))  # a complete checkpoint (not a killed save's tmp directory)
             child = _start(run_dir, *(["--resume"] if resume else []), stderr=subprocess.PIPE)
@@ -339,11 +340,15 @@ def test_chaos_runs_killed_at_random_moments_end_bit_identical_to_an_uninterrupt
                 if child.poll() is None:
                     child.send_signal(signum)
             _, stderr = child.communicate(timeout=600)
+            sessions.append(f"{signal.Signals(signum).name} {moment}: exit {child.returncode}")
             if child.returncode == 0:
+                print(f"run {trial}: {'; '.join(sessions)}")  # shown with pytest -s
                 break
             assert child.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGINT), stderr[-3000:]
             if child.returncode != -signal.SIGKILL:
-                assert re.fullmatch(r"interrupted (at step \d+; |before the run started; |by SIG)[^\n]*\n", stderr), stderr
+                assert re.fullmatch(r"interrupted (at step \d+; |before the run started; |by SIG)[^\n]*\n", stderr), (
+                    stderr
+                )
         else:
             pytest.fail(f"run {trial} did not finish in 12 sessions")
         for a, b in zip(_loop_leaves(run_dir, 1000), reference_leaves, strict=True):
