@@ -41,7 +41,7 @@ CORE_TESTS    := tests/optim tests/test_numerics.py tests/test_precision.py test
 OLDEST_TESTS  := $(CORE_TESTS) tests/inference
 
 .PHONY: python venv venv-newest venv-oldest lint demo numerics-demo test test-newest test-oldest test-notebooks notebooks \
-        test-slow test-gpu bench clean
+        test-slow test-gpu bench bench-gpu bench-gpu-train gpu-wheels gpu-lpjax clean
 
 python:
 	@echo "full tier: $(PYTHON)"; echo "newest:    $(PYTHON_NEWEST)"; echo "oldest:    $(PYTHON_OLDEST)"
@@ -109,6 +109,42 @@ notebooks: $(STAMP)
 # every kernel test compiled on the GPU instead of interpreted, and the full-size ones (marker gpu).
 test-gpu:
 	$(PY_GPU) -m pytest -m "not slow" tests/kernels $(PYTEST_ARGS)
+
+# The GPU suite and the fp32-vs-fp16 training race, on the GPU machine (its python3 has jax with CUDA, flax, optax,
+# orbax and chex, and no network): run `make gpu-wheels` here first and carry gpu-wheels/ there. Both install the
+# carried wheels into $(GPU_SITE) once (the one-line install: python3 -m pip install -q --no-index --no-deps
+# --no-compile --no-cache-dir --target /tmp/site gpu-wheels/*.whl && export PYTHONPATH=/tmp/site), copy lpjax with
+# its kernels there (what `pip install .` installs), and run from $(GPU_SITE) with PYTHONPATH=$(GPU_SITE):<checkout>
+# (no .venv needed; from the checkout `python -m` would import its lpjax/, which lacks lpjax.kernels). Paths in
+# BENCH_ARGS must be absolute. Without the wheels the suite still runs; its jitted_loop part records the missing
+# import.
+GPU_WHEELS      := gpu-wheels
+GPU_SITE        ?= /tmp/site
+GPU_WHEEL_FILES := $(wildcard $(GPU_WHEELS)/*.whl)
+BENCH_ARGS      ?=
+
+gpu-wheels:
+	@test -n "$(PYTHON)" || { echo "no Python 3.12 found (PATH or pyenv); set PYTHON=..." >&2; exit 1; }
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    --dest $(GPU_WHEELS) -r constraints/gpu-wheels.txt
+	du -sh $(GPU_WHEELS)
+
+$(GPU_SITE)/.wheels-installed: $(GPU_WHEEL_FILES)
+	mkdir -p $(GPU_SITE)
+	$(if $(GPU_WHEEL_FILES),$(PY_GPU) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_SITE) $(GPU_WHEEL_FILES),@echo "no wheels in $(GPU_WHEELS)/: the MJX parts will record that")
+	touch $@
+
+gpu-lpjax: $(GPU_SITE)/.wheels-installed
+	rm -rf $(GPU_SITE)/lpjax && cp -r lpjax $(GPU_SITE)/lpjax && cp -r kernels $(GPU_SITE)/lpjax/kernels
+
+bench-gpu: gpu-lpjax
+	cd $(GPU_SITE) && PYTHONPATH=$(GPU_SITE):$(CURDIR) $(PY_GPU) -m benchmarks.gpu_suite $(BENCH_ARGS)
+
+bench-gpu-train: gpu-lpjax
+	cd $(GPU_SITE) && PYTHONPATH=$(GPU_SITE):$(CURDIR) $(PY_GPU) -m benchmarks.gpu_train $(BENCH_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)

@@ -43,13 +43,22 @@ devices), each part's seconds, and every goal of issue 29 beside its measured fi
 programs go to a persistent cache (``--compilation_cache``), so a second run on the same machine compiles less.
 
 The 8 minutes. Budgets (s): ceilings 15, table10 160, optimizer 25, fp8_rollout 130, jitted_loop 90, matmul 25
-(445), plus about 15 for the worker's start; the deadline is 470. They come from (i) compile times measured on
-this project's 2-core CPU for the same programs (SAC update 4-14 s, the 1B decode 4-5 s, the MJX loop chunk
-13 s of CPU, its initialization 11 s, the optimizer step about 1 s), assumed no slower on the GPU machine's 16
-cores; (ii) the H100's recorded SAC update times (``kernels_gpu.json``: 0.34-0.67 ms GPU, 1.1-3.1 ms wall at
-1024/1024), scaled by flops to 4096/4096 (64x: ~50 ms in fp32-highest); (iii) the decode's traffic model (the
-loop body moves ~18 GB per token step in bf16 on XLA:CPU's HLO, mostly copies of the stacked KV cache: ~6 ms at
-3 TB/s, ~6 s per 1024-token call, two calls per variant). See ``estimate`` in the json.
+(445), plus ~15 for the worker's start (jax, CUDA, lpjax); the deadline is 470. No GPU was available to measure
+them; the estimate per part, from compile times measured on this project's (loaded) 2-core CPU for the same
+programs, assumed no slower on the GPU host's 16 cores, and from the H100's recorded times
+(``kernels_gpu.json``): ceilings: three small compiles and eleven 8192^3 dots, ~7 s. table10: per item a jitted
+init (~1 s), the update's compile (4-14 s on the CPU; ~4-6 s assumed) and the measurement (2 warm-up and 2
+calibration calls, a loop calibrated to 0.4 s, the same loop under CUPTI: ~1-1.5 s; fp32-highest at 4096/4096
+is ~50 ms per update by flops), ~7 s x 24 = ~170 s: the last rows in the item order (the secondary precisions at
+1024/4096 and 4096/1024) are skipped if compiling is slower. optimizer: 3 compiles (~1-2 s), 101M parameters
+(2.8 GB per fp32 Adam step: ~1 ms at 3 TB/s), loops of 0.3 s: ~15 s. fp8_rollout: 2 parameter inits and 2 KV
+calibrations (~3-5 s each), 4 compiles (~5 s on the CPU), 2 calls per variant of 1024 decode steps; XLA:CPU's
+program moves 18-45 GB per step (the stacked KV cache is sliced and re-stacked every step), 6-15 ms at 3 TB/s,
+so 6-15 s per call: 90-170 s, the fourth variant (fp8 W8A8 alone) at risk. jitted_loop: per precision the
+chunk's compile (13 s of CPU time here) and the loop's initialization (11 s), loops of 1.5 s twice: 75-130 s,
+bf16 (last) at risk. matmul: 18 pairs of small compiles and 10 CUPTI calls each: ~20 s. A part stops starting
+items at its budget, so the suite ends by the deadline whatever the compile times; each item records its
+``compile_s`` and ``seconds``, which calibrate the budgets after the first run on a GPU.
 
 ``--quick`` runs every part at toy sizes (on the CPU, in the default test tier): the same code paths, no
 meaningful figures. Run ``python -m benchmarks.gpu_suite`` (or ``make bench-gpu`` on the GPU machine).
@@ -441,9 +450,11 @@ QUICK_SAC_PRECISIONS = ("fp32 highest", "fp16 (paper methods)", "fp8")
 def part_table10(part: Part) -> None:
     sizes = QUICK_TABLE10_SIZES if part.quick else TABLE10_SIZES
     labels = list(QUICK_SAC_PRECISIONS if part.quick else SAC_PRECISIONS)
-    order = [(label, size) for label in labels[:2] for size in sizes] + [
-        (label, size) for size in sizes for label in labels[2:]
-    ]
+    # What the goals compare first (fp32-highest and fp16 at every size), then the other rows at the corners
+    # (1024/1024, 4096/4096), then at the other sizes: items past the budget are skipped in this order.
+    corners = [size for size in sizes if size[0] == size[1]]
+    order = [(label, size) for label in labels[:2] for size in sizes]
+    order += [(label, size) for size in corners + [s for s in sizes if s not in corners] for label in labels[2:]]
     part.result["obs_dim"], part.result["action_dim"] = OBS_DIM, ACTION_DIM
     for label, (width, batch) in order:
         part.item(
@@ -882,7 +893,8 @@ def plot(result: dict, path: Path) -> None:
         ax.bar(np.arange(len(sizes)) + i * 0.8 / len(labels), values, 0.8 / len(labels), label=label)
     ax.set_xticks(np.arange(len(sizes)) + 0.4 - 0.4 / len(labels), list(sizes), fontsize=8)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set(title="a. SAC update: speedup over fp32-highest (GPU time)", ylabel="x")
+    timed = "GPU time" if any(_get(r, "fp32 highest", "gpu_ms_per_step") for r in sizes.values()) else "wall time"
+    ax.set(title=f"a. SAC update: speedup over fp32-highest ({timed})", ylabel="x")
     ax.legend(fontsize=6)
     _bars(axes[1], _get(parts, "fp8_rollout", "variants") or {}, "tokens_per_s", "c. decode tokens/s")
     variants = _get(parts, "optimizer", "variants") or {}

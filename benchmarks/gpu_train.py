@@ -12,7 +12,8 @@ updates/s for fp32, bf16 and fp16.
 Protocol. Every compiled function (loop initialization, a chunk of :data:`CHUNK_ITERATIONS` iterations, the
 evaluation) is compiled first, outside the budget, and its time recorded (``compile_s``). Then the two learners
 alternate chunk by chunk, the one with less training time going next, so the machine's state affects both alike,
-until each has trained ``--budget_s`` seconds of wall-clock (chunks timed to completion). Every
+until each has trained ``--budget_s`` seconds of wall-clock (chunks timed to completion), or, if the compilation
+left too little of ``--deadline_s`` for that, an equal shorter budget (recorded as ``settings.budget_s``). Every
 ``--eval_every_s`` seconds of its own training time a learner is evaluated (``--eval_episodes`` deterministic
 episodes from the same seeded initial states; evaluation time is not training time). Reported per learner: the
 curve of evaluation return against training wall-clock, env steps and updates, and ``time_to_target_s``, the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import time
 import traceback
 from collections.abc import Sequence
@@ -38,6 +40,7 @@ from typing import Any
 import jax
 
 from benchmarks.common import command_line, run_environment, write_results
+from benchmarks.gpu_suite import CACHE_DIR, enable_compilation_cache
 
 ENV = "mjx:cartpole-swingup"
 TARGET_RETURN = 800.0
@@ -48,6 +51,9 @@ LOOP = {"brax_num_envs": 64, "updates_per_step": 8, "seed_steps": 5120, "replay_
 AGENT = {"actor_lr": 3e-4, "critic_lr": 3e-4}
 CHUNK_ITERATIONS = 250
 """Iterations per compiled chunk: 16,000 env steps and 2,000 updates with :data:`LOOP`."""
+
+DEADLINE_S = 340.0
+"""The run's limit by default: 6 minutes less the interpreter's start and the final plot."""
 
 QUICK_LOOP = {"brax_num_envs": 4, "updates_per_step": 1, "seed_steps": 8, "replay_capacity": 4096}
 QUICK_AGENT = {"hidden_dims": (32, 32), "batch_size": 32}
@@ -138,8 +144,25 @@ class Learner:
         }
 
 
-def race(precisions: Sequence[str], budget_s: float, eval_every_s: float, episodes: int, quick: bool) -> dict:
-    """Trains every precision for ``budget_s`` seconds of wall-clock, alternating chunks (module docstring)."""
+def affordable_budget(budget_s: float, left_s: float, learners: int, eval_s: float, eval_every_s: float) -> float:
+    """The training budget each of ``learners`` gets when ``left_s`` seconds remain: ``budget_s`` if it fits, else
+    what does once each learner's evaluations (``eval_s`` every ``eval_every_s`` of training) and one chunk's
+    overshoot (2 s) are paid for."""
+    fits = (left_s / max(learners, 1) - 2.0) / (1.0 + eval_s / eval_every_s)
+    return max(0.0, min(budget_s, fits))
+
+
+def race(
+    precisions: Sequence[str],
+    budget_s: float,
+    eval_every_s: float,
+    episodes: int,
+    quick: bool,
+    deadline: float = math.inf,
+) -> tuple[dict, float]:
+    """Trains every precision for the same wall-clock budget, alternating chunks (module docstring): ``budget_s``,
+    or less if that would end after ``deadline`` (a ``time.perf_counter()`` value). Returns the runs and the
+    budget used."""
     learners, failed = [], {}
     for precision in precisions:
         try:
@@ -148,6 +171,8 @@ def race(precisions: Sequence[str], budget_s: float, eval_every_s: float, episod
             failed[precision] = {"error": _error(error)}
     for learner in learners:
         learner.evaluate()  # the untrained policy, at 0 s
+    eval_s = max((learner.eval_s for learner in learners), default=0.0)
+    budget_s = affordable_budget(budget_s, deadline - time.perf_counter(), len(learners), eval_s, eval_every_s)
     next_eval = {learner.precision: eval_every_s for learner in learners}
     active = list(learners)
     while active:
@@ -163,7 +188,7 @@ def race(precisions: Sequence[str], budget_s: float, eval_every_s: float, episod
             continue
         if learner.train_s >= budget_s:
             active.remove(learner)
-    return {**{learner.precision: learner.summary() for learner in learners}, **failed}
+    return {**{learner.precision: learner.summary() for learner in learners}, **failed}, budget_s
 
 
 def _error(error: BaseException) -> str:
@@ -206,6 +231,10 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget_s", type=float, default=100.0, help="training wall-clock per precision")
+    parser.add_argument(
+        "--deadline_s", type=float, default=DEADLINE_S, help="the run's limit: the budget shrinks (equally) to fit"
+    )
+    parser.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
     parser.add_argument("--eval_every_s", type=float, default=5.0, help="training seconds between evaluations")
     parser.add_argument("--eval_episodes", type=int, default=10)
     parser.add_argument("--precisions", default="fp32,fp16", help=f"comma-separated, of {tuple(CONFIGS)}")
@@ -233,16 +262,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "target_return": TARGET_RETURN,
         },
     }
+    enable_compilation_cache("" if args.quick else args.compilation_cache)
     try:
         result["device"] = jax.devices()[0].device_kind
-        result["runs"] = race(precisions, args.budget_s, args.eval_every_s, args.eval_episodes, args.quick)
+        result["runs"], result["settings"]["budget_s"] = race(
+            precisions, args.budget_s, args.eval_every_s, args.eval_episodes, args.quick, started + args.deadline_s
+        )
     except Exception as error:  # e.g. no MuJoCo Playground: the json says so
         result["device"] = result.get("device")
         result["runs"] = {}
         result["error"] = _error(error)
     result["goal"] = goal(result["runs"])
     result["seconds"] = time.perf_counter() - started
-    lines = [f"{result['device']}: SAC on {ENV}, {args.budget_s:.0f} s of training each"]
+    lines = [f"{result['device']}: SAC on {ENV}, {result['settings']['budget_s']:.0f} s of training each"]
     for precision, run in result["runs"].items():
         if "curve" not in run:
             lines.append(f"{precision:6s} {run['error'].splitlines()[0]}")

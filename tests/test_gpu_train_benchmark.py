@@ -37,6 +37,13 @@ def test_goal_is_fp16_reaching_the_target_first():
     assert gpu_train.goal(runs(None, None))["met"] is None  # neither: unmeasured, not missed
 
 
+def test_the_budget_shrinks_equally_to_fit_the_deadline():
+    assert gpu_train.affordable_budget(100.0, 400.0, 2, 0.5, 5.0) == 100.0  # fits
+    fits = gpu_train.affordable_budget(100.0, 180.0, 2, 0.5, 5.0)
+    assert fits == pytest.approx((90.0 - 2.0) / 1.1)  # both learners, with their evaluations, in 180 s
+    assert gpu_train.affordable_budget(100.0, -5.0, 2, 0.5, 5.0) == 0.0
+
+
 def test_quick_race_and_jitted_loop_part_on_mjx(tmp_path):
     pytest.importorskip("mujoco_playground")
     gpu_suite.main(["--quick", "--in_process", "--parts", "b", "--out_dir", str(tmp_path)])
