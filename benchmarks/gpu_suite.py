@@ -650,10 +650,24 @@ def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any
     }
 
 
+LOOP_MODULES = ("ml_collections", "mujoco", "mujoco_playground", "brax", "tqdm")
+"""What the jitted MJX loop imports beyond JAX's own stack (the wheels of ``make gpu-wheels``)."""
+
+
 def part_jitted_loop(part: Part) -> None:
+    import importlib.util
+
     import jax
 
     from benchmarks import gpu_train
+
+    missing = [name for name in LOOP_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        part.result["error"] = (
+            f"not installed: {', '.join(missing)}. Run `make gpu-wheels` on a machine with network, carry "
+            "gpu-wheels/ and run `make bench-gpu` (it installs them), see WORKSPACE.md"
+        )
+        return
 
     part.result["settings"] = {
         "env": gpu_train.ENV,

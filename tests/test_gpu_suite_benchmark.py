@@ -212,3 +212,15 @@ def test_gpu_programs_lower_for_an_abstract_h100():
     sample = lambda p, prompts, key, s: rollout.sample(model, p, prompts, key, settings, s)
     lowered = _lower_for_h100(sample, params, jnp.zeros((2, 4), jnp.int32), jax.random.key(0), scales)
     assert lowered["mosaic_gpu_calls"] > 0 and lowered["triton_calls"] == 0
+
+
+def test_without_the_carried_wheels_the_jitted_loop_says_what_to_do(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mujoco_playground" else real(name)
+    )
+    part = gpu_suite.Part("jitted_loop", 10.0, True, {}, lambda: None)
+    gpu_suite.part_jitted_loop(part)
+    assert part.result["error"].startswith("not installed: mujoco_playground. Run `make gpu-wheels`")
