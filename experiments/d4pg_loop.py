@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 import lpjax.envs
-from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, replay_strata
+from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, learner_mesh, replay_strata
 from experiments.run import RunSpec, check_config, check_resumable, run
 from lpjax.agents import d4pg
 from lpjax.checkpoint import Checkpointer
@@ -87,6 +87,7 @@ def validate(config: ml_collections.ConfigDict) -> d4pg.D4PGConfig:
         (config.eval_episodes >= 1 and config.log_every >= 1, "eval_episodes and log_every must be >= 1"),
     ]
     check_config("D4PG run", checks)
+    check_state_layout(config, agent)
     return agent
 
 

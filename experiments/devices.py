@@ -40,6 +40,19 @@ def learner_mesh(config: Any) -> Mesh | None:
     return None if mesh_devices(config) == 1 and jax.process_count() == 1 else mesh
 
 
+def check_state_layout(config: Any, agent: Any) -> None:
+    """Raises ``ValueError`` (one line) for a mesh with ``fsdp > 1`` and a learner whose optimizer keeps its state
+    in one flat buffer per dtype (``agent.fused_optimizer``): FSDP splits the state leaf by leaf, and would
+    replicate the flat buffers whole on every device."""
+    fsdp = (config.get("mesh") or {}).get("fsdp", 1)
+    if fsdp > 1 and agent.fused_optimizer:
+        raise ValueError(
+            f"mesh.fsdp={fsdp} shards the learner's state leaf by leaf, but agent.fused_optimizer=True keeps the "
+            "optimizer state in one flat buffer per dtype, which every device would hold whole: add "
+            "--config.agent.fused_optimizer=False."
+        )
+
+
 def mesh_config_fields(config: Any) -> None:
     """Adds ``config.mesh`` (1 x 1) and ``config.distributed`` (unset) to a learner's base config."""
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1))

@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from experiments.devices import learner_mesh
+from experiments.devices import check_state_layout, learner_mesh
 from experiments.run import RunSpec, check_config, run
 from lpjax.agents.grpo import (
     GRPOConfig,
@@ -72,6 +72,7 @@ def validate(config: ml_collections.ConfigDict) -> tuple[GRPOConfig, Any]:
             (config.warm_start_steps >= 0, "warm_start_steps must be >= 0"),
         ],
     )
+    check_state_layout(config, agent)
     return agent, task
 
 

@@ -74,7 +74,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 import lpjax.envs
-from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, mesh_devices, replay_strata
+from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, learner_mesh, mesh_devices, replay_strata
 from experiments.run import Diverged, check_config, check_resumable, run
 from experiments.sac_loop import run_spec
 from lpjax.agents import sac
@@ -215,6 +215,7 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
                 f"Bad SAC run config: {field} ({config[field]}) must be a multiple of brax_num_envs "
                 f"({num_envs}): one iteration steps every environment once."
             )
+    check_state_layout(config, agent)
     return agent
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 import lpjax.envs
 from experiments.configs.sac import _base
-from experiments.devices import REPLAY_SHARDS_METADATA, learner_mesh, replay_strata
+from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, learner_mesh, replay_strata
 from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
@@ -97,6 +97,7 @@ def validate(config: ml_collections.ConfigDict) -> sac.SACConfig:
         (config.action_repeat >= 0 and config.frame_stack >= 1, "action_repeat >= 0 and frame_stack >= 1"),
     ]
     check_config("SAC run", checks)
+    check_state_layout(config, agent)
     return agent
 
 

@@ -177,7 +177,9 @@ class LearnerConfig:
       methods: the low-precision methods (:class:`lpjax.methods.PrecisionMethods`); a mapping is converted.
       b1, b2, adam_eps: Adam's hyper-parameters, for :func:`network_optimizer`.
       fused_optimizer: run the optimizer and the target update over one flat buffer per dtype
-        (:func:`lpjax.optim.fused`): the same bits as per leaf, in a fixed handful of kernels.
+        (:func:`lpjax.optim.fused`): the same bits as per leaf, in a fixed handful of kernels. FSDP (a mesh with
+        ``fsdp > 1``) splits the state leaf by leaf and needs it off (the runs refuse the pair in one line); it is
+        part of a run's config, so a run resumes with the layout it started with.
 
     Subclasses call :meth:`validate` with their own checks at the end of ``__post_init__``.
     """

@@ -23,6 +23,7 @@ def learner(mesh, strata):
     config.update(env="dmc:cartpole-balance", replay_capacity=256, min_replay_size=32)
     config.agent.update(actor_hidden=(32, 32), critic_hidden=(32, 32), batch_size=32, num_atoms=11)
     config.mesh.data, config.mesh.fsdp = mesh
+    config.agent.fused_optimizer = mesh[1] == 1  # FSDP shards the optimizer state leaf by leaf
     mesh = learner_mesh(config)  # joins the processes (if any) before JAX computes anything
     agent = d4pg_loop.validate(config)
     env = lpjax.envs.make(config.env, seed=0)
@@ -106,6 +107,7 @@ def config(mesh, total):
              backend="inprocess")
     c.agent.update(actor_hidden=(32, 32), critic_hidden=(32, 32), batch_size=32, num_atoms=11)
     c.mesh.data, c.mesh.fsdp = mesh
+    c.agent.fused_optimizer = mesh[1] == 1  # FSDP shards the optimizer state leaf by leaf
     return c
 
 tmp = pathlib.Path(tempfile.mkdtemp())

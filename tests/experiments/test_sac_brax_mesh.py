@@ -26,6 +26,7 @@ def config(mesh, env="brax:inverted_pendulum", total=480, **overrides):
              eval_every=480, eval_episodes=4, log_every=160, checkpoint_every=480, **overrides)
     c.agent.update(hidden_dims=(32, 32), batch_size=32)
     c.mesh.data, c.mesh.fsdp = mesh
+    c.agent.fused_optimizer = mesh[1] == 1  # FSDP shards the optimizer state leaf by leaf
     return c
 
 def settings(c):
