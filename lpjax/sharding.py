@@ -11,9 +11,9 @@ one ``jax.jit`` over arrays carrying these shardings, and XLA's SPMD partitioner
   leaf with two or more axes is split over ``"fsdp"`` along its largest axis that ``fsdp`` divides
   (:func:`fsdp_spec`); vectors, scalars, counters and PRNG keys stay replicated. The rule reads a leaf's shape
   only, so an optimizer state shaped like its parameter (Adam's and hAdam's moments, the Kahan compensation
-  buffers) is sharded exactly like the parameter, and stochastic rounding's key (one key, folded per leaf)
-  is replicated: with ``jax_threefry_partitionable`` (JAX's default) the random bits drawn for a sharded leaf
-  are the bits drawn for the whole leaf, so the roundings do not depend on the mesh.
+  buffers) is sharded exactly like the parameter, and stochastic rounding's key is replicated: each element's
+  random word is a function of the key and the element's index (:func:`lpjax.optim._rounding.element_bits`),
+  which a sharded leaf computes for its own elements, so the roundings do not depend on the mesh.
 * **replay** (:func:`replay_shardings`): the capacity axis is split over both axes. The buffer is stratified
   (:func:`lpjax.replay.replay_sample`): its ``strata`` (a multiple of the device count) are spread evenly over
   the devices, and each device samples its batch rows from its own strata (:func:`sharded_replay_sample`),
