@@ -34,9 +34,8 @@ reacher-easy's sparse reward.
 from the latest one (bit-identically, see ``sac_loop``); one with ``done.json``, or whose latest checkpoint is at
 ``--steps``, is final and skipped; one without a checkpoint starts over. A diverged run (``sac_loop`` reports
 ``status: diverged: ...`` when the policy outputs non-finite actions) is final too: resuming would diverge again.
-The directory's ``config.json`` must match the config the flags build (``checkpoint_every`` aside; a run saved
-before the methods were nested in ``agent.methods`` matches too), else the run is reported as ``config_mismatch``
-and left alone.
+The directory's ``config.json`` must match the config the flags build (``checkpoint_every`` aside), else the run is
+reported as ``config_mismatch`` and left alone.
 
 **A session** trains the selected runs that are not final, resumed (partial) runs first, then in plan order
 seed by seed (all cells get seed 0 before any gets seed 1), at most ``--max_runs`` of them, ``--workers`` at a

@@ -36,7 +36,6 @@ from benchmarks.sac_reproduction_plan import (
     removed_method,
     run_dir_of,
 )
-from lpjax.methods import nest_method_fields
 
 RESULT_NAME = "sac_reproduction"
 TARGET_RATIO = 0.95  # fp16 mean final return / fp32's (paper Table 7: within ~3%)
@@ -75,20 +74,13 @@ def _jsonable_config(config) -> dict:
     return json.loads(json.dumps(to_jsonable(config)))
 
 
-def _nest_methods(stored: dict) -> dict:
-    """A stored config as it reads today: a run started before the methods were nested in ``agent.methods``
-    holds their fields (``hadam``, ``init_scale``, ...) in ``agent`` itself."""
-    agent = stored.get("agent")
-    return {**stored, "agent": nest_method_fields(agent)} if isinstance(agent, dict) else stored
-
-
 def config_differences(run_dir: pathlib.Path, expected_config) -> list[str]:
     """How the run's ``config.json`` differs from ``expected_config`` (none without a ``config.json``), fields
     that may differ on resume (:data:`CONFIG_FIELDS_IGNORED`) aside."""
     path = pathlib.Path(run_dir) / "config.json"
     if not path.exists():
         return []
-    return _config_differences(_nest_methods(run_farm.read_json(path) or {}), _jsonable_config(expected_config))
+    return _config_differences(run_farm.read_json(path) or {}, _jsonable_config(expected_config))
 
 
 def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:

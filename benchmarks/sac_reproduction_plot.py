@@ -15,6 +15,7 @@ COLORS = {
     "fp16": "tab:green",
     "fp16_naive": "tab:red",
     "fp8": "black",
+    "fp8_bf16_ends": "dimgray",
     "fp16_sr": "darkgoldenrod",
     "fp16_sr_8bit": "darkviolet",
     "fp16_sr_params": "teal",

@@ -43,7 +43,6 @@ from ml_collections import config_flags
 
 from lpjax.inspect import PrecisionReport, precision_report
 from lpjax.inspect.formats import is_narrow
-from lpjax.methods import split_method_fields
 
 ALGOS = ("sac", "d4pg")
 DTYPES = ("auto", "none", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -82,11 +81,7 @@ def what_if_dtype(choice: str, compute_dtype) -> Any:
 
 
 def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) -> ml_collections.ConfigDict:
-    """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`.
-
-    A run saved before the methods were nested holds their fields at the agent's top level, where they would
-    override the copied ``methods``; they are dropped.
-    """
+    """``config``, or with ``checkpoint`` the run's config with ``config``'s :data:`PRECISION_FIELDS`."""
     if checkpoint is None:
         return config
     from experiments import sac_loop
@@ -95,7 +90,7 @@ def inspected_config(config: ml_collections.ConfigDict, checkpoint: str | None) 
         run_config = sac_loop.load_run_config(checkpoint)
     except FileNotFoundError as error:
         raise ValueError(f"--checkpoint={checkpoint}: {error}") from error
-    agent, _ = split_method_fields(run_config.agent.to_dict())
+    agent = run_config.agent.to_dict()
     inspected = config.agent.to_dict()
     agent.update({field: inspected[field] for field in PRECISION_FIELDS if field in inspected})
     run_config.agent = ml_collections.ConfigDict(agent)

@@ -67,7 +67,6 @@ import tqdm
 from lpjax.checkpoint import Checkpointer, CorruptCheckpoint
 from lpjax.disk import DiskFull, disk_full, is_out_of_space
 from lpjax.jsonable import to_jsonable
-from lpjax.methods import nest_method_fields
 from lpjax.plots import plot_run_curve
 from lpjax.run_lock import DirectoryLock
 from lpjax.run_logging import CONFIG_FILE, METRICS_FILE, RunLogger, check_metrics, json_line, read_config
@@ -123,11 +122,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_changes(stored: dict, config: Any) -> list[str]:
     """``["field: stored -> new", ...]`` for the fields both configs hold with different values, outside
     :data:`SAFE_RESUME_CHANGES`. Fields only one of them holds (added or removed since the run started) are not
-    changes; method switches saved at the agent's top level (before they were nested in ``agent.methods``) are
-    compared with their nested counterparts."""
-    stored = dict(stored)
-    if isinstance(stored.get("agent"), dict):
-        stored["agent"] = nest_method_fields(stored["agent"])
+    changes."""
     old, new = _flatten(stored), _flatten(to_jsonable(config))
     return [
         f"{key}: {old[key]!r} -> {new[key]!r}"

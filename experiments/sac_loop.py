@@ -37,7 +37,6 @@ from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, lear
 from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
-from lpjax.methods import nest_method_fields
 from lpjax.precision import dtype_of
 from lpjax.replay import ReplayBuffer, replay_add, replay_cast, replay_init, with_float_dtype
 from lpjax.run_logging import CONFIG_FILE
@@ -354,7 +353,6 @@ def load_run_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
             "experiments.sac` (config.json + checkpoints/)."
         )
     stored = json.loads(config_path.read_text())
-    stored["agent"] = nest_method_fields(stored.get("agent", {}))  # a run saved before they were nested
     if lpjax.envs.is_jitted(str(stored.get("env", ""))):
         raise ValueError(
             f"{run_dir} is a {stored['env']} run of the jitted loop; this loads dm_control runs (experiments.sac_loop)."

@@ -151,26 +151,4 @@ def moment_dtype_of(name: str) -> np.dtype:
         raise ValueError(f"{error} (moment_dtype also accepts 'int8')") from None
 
 
-def split_method_fields(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(other, methods)``: a flat learner mapping split into the fields of :class:`PrecisionMethods` and the rest.
-
-    Learner configs saved before the methods were nested (an old run's ``config.json``) hold the method fields
-    at the top level; :meth:`lpjax.agents.training.LearnerConfig.from_mapping` moves them into ``methods``.
-    """
-    names = {f.name for f in dataclasses.fields(PrecisionMethods)}
-    return ({k: v for k, v in values.items() if k not in names}, {k: v for k, v in values.items() if k in names})
-
-
-def nest_method_fields(agent: Mapping[str, Any]) -> dict[str, Any]:
-    """A learner mapping as it reads today: method fields found at its top level (an old run's ``config.json``,
-    saved before the methods were nested) moved into ``methods``, over what ``methods`` holds (today's defaults,
-    when an old file is merged over them). A mapping without such fields is returned as a dict, unchanged."""
-    other, flat = split_method_fields(agent)
-    if not flat:
-        return other
-    nested = other.get("methods") or {}
-    nested = dataclasses.asdict(nested) if isinstance(nested, PrecisionMethods) else dict(nested)
-    return {**other, "methods": {**nested, **flat}}
-
-
-__all__ = ["PrecisionMethods", "moment_dtype_of", "nest_method_fields", "split_method_fields"]
+__all__ = ["PrecisionMethods", "moment_dtype_of"]

@@ -1,5 +1,5 @@
-"""PrecisionMethods (validation, switches, the paper's set, mappings), the learner configs that nest it (legacy
-flat mappings, round trips, hashing, command-line overrides) and method_optimizer against optax's optimizers."""
+"""PrecisionMethods (validation, switches, the paper's set, mappings), the learner configs that nest it (round
+trips, hashing, command-line overrides) and method_optimizer against optax's optimizers."""
 
 import dataclasses
 
@@ -17,7 +17,7 @@ from lpjax import optim
 from lpjax.agents import PrecisionMethods as ExportedPrecisionMethods
 from lpjax.agents.d4pg import D4PGConfig
 from lpjax.agents.sac import SACConfig
-from lpjax.methods import PrecisionMethods, split_method_fields
+from lpjax.methods import PrecisionMethods
 from tests.optim.helpers import max_relative_error, random_tree, run_steps
 
 PAPER = ("hadam", "loss_scaling", "kahan_gradients", "kahan_momentum", "softplus_fix", "normal_fix")
@@ -79,30 +79,7 @@ def test_from_mapping_converts_dicts_and_config_dicts_and_names_the_valid_keys()
         PrecisionMethods.from_mapping({"hadm": True})
 
 
-def test_split_method_fields():
-    other, methods = split_method_fields({"policy": "fp16", "hadam": True, "gamma": 0.9, "moment_dtype": "bf16"})
-    assert other == {"policy": "fp16", "gamma": 0.9} and methods == {"hadam": True, "moment_dtype": "bf16"}
-
-
 # ------------------------------------------------------------------------------------------ learner configs
-
-
-@pytest.mark.parametrize("config_class", CONFIGS)
-def test_legacy_flat_method_keys_move_into_methods(config_class):
-    config = config_class.from_mapping({"policy": "fp16", "hadam": True, "kahan_momentum": True})
-    assert config.policy == "fp16" and config.methods == PrecisionMethods(hadam=True, kahan_momentum=True)
-
-
-@pytest.mark.parametrize("config_class", CONFIGS)
-def test_legacy_keys_win_over_the_nested_defaults_they_are_merged_over(config_class):
-    # An old run's config.json (flat method keys) merged over today's defaults (a nested ``methods``).
-    old = {"policy": "fp16", "hadam": True, "loss_scaling": True, "init_scale": 64.0, "normal_fix": False}
-    today = dataclasses.asdict(config_class(methods=PrecisionMethods(normal_fix=True, growth_interval=7)))
-    config = config_class.from_mapping({**today, **old})
-    assert config.methods == PrecisionMethods(hadam=True, loss_scaling=True, init_scale=64.0, growth_interval=7)
-    # The same with the nested methods as an instance and as a ConfigDict.
-    for nested in (PrecisionMethods(normal_fix=True, growth_interval=7), ml_collections.ConfigDict(today["methods"])):
-        assert config_class.from_mapping({**today, "methods": nested, **old}).methods == config.methods
 
 
 @pytest.mark.parametrize("config_class", CONFIGS)
@@ -119,7 +96,7 @@ def test_a_config_round_trips_through_asdict_and_stays_hashable(config_class):
     assert hash(from_dict) == hash(config)  # a static argument of jax.jit
     with pytest.raises(ValueError, match="Unknown precision method keys"):
         config_class.from_mapping({"methods": {"kahan": True}})
-    with pytest.raises(ValueError, match="config keys \\['lr'\\]"):
+    with pytest.raises(ValueError, match="config keys \\['hadam', 'lr'\\]"):  # methods belong in ``methods``
         config_class.from_mapping({"lr": 1e-3, "hadam": True})
 
 

@@ -2,7 +2,7 @@
 (fp32, fp16) on one task, the aggregate json/png, a second invocation that skips the final runs, and a
 deliberately partial run that the aggregate marks incomplete and the next session resumes. Also: the plan's
 configs and the ``python -m experiments.sac`` command lines of its workers (sac_reproduction_plan.py), and the
-aggregation's reading of runs (sac_reproduction_aggregate.py), old run directories included."""
+aggregation's reading of runs (sac_reproduction_aggregate.py)."""
 
 import dataclasses
 import json
@@ -95,7 +95,8 @@ def test_help_is_fast_and_lists_the_flags():
 
 def test_plan_and_ablation_configs():
     runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
-    assert len(runs) == 3 * (3 * 6 + 6) and len(set(runs)) == len(runs)  # (main + beyond) x tasks + ablation
+    per_task = len(plan.MAIN_CONFIGS + plan.BEYOND_CONFIGS)
+    assert len(runs) == 3 * (3 * per_task + 6) and len(set(runs)) == len(runs)  # (main + beyond) x tasks + ablation
     assert [s.seed for s in runs] == sorted(s.seed for s in runs)  # seed 0 of every cell first
     # The ablation rows are the methods the paper's agent turns on; a switch it leaves off has no row.
     paper = PrecisionMethods.paper()
@@ -282,34 +283,6 @@ def test_fields_added_since_a_run_started_match_at_their_old_behaviour():
     assert agg._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "xla"}, "seed": 0}) == []
     diffs = agg._config_differences(stored, {"agent": {"policy": "fp16", "matmul_impl": "pallas"}, "seed": 0})
     assert diffs == ["agent.matmul_impl: run has '<absent>', flags give 'pallas'"]
-
-
-@pytest.mark.parametrize("name", ["fp16", "fp16_no_kahan_momentum", "fp32"])
-def test_old_run_with_flat_method_fields_still_matches(tmp_path, name):
-    """A config.json saved before the methods were nested in ``agent.methods`` (and before ``moment_dtype`` and
-    ``stochastic_rounding`` existed) matches the config the flags build today, and aggregates as a result."""
-    scale = plan.Scale(width=32, batch=32, steps=400, seed_steps=100, eval_every=200, eval_episodes=1, action_repeat=8)
-    spec = plan.RunSpec(name, "walker-walk", 0)
-    config = json.loads(json.dumps(to_jsonable(plan.make_config(spec, scale))))
-    methods = config["agent"].pop("methods")
-    del methods["moment_dtype"], methods["stochastic_rounding"]
-    config["agent"].update(methods)  # the old, flat layout
-    run_dir = plan.run_dir_of(tmp_path, scale, spec)
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(config))
-    (run_dir / "metrics.csv").write_text("step,eval/return\n200,10.0\n400,12.5\n")
-    (run_dir / run_farm.DONE_FILE).write_text(
-        json.dumps({"status": "finished", "detail": "finished", "env_steps": 400, "time": "t"})
-    )
-    record = agg.inspect_run(run_dir, scale, plan.make_config(spec, scale))
-    assert record["status"] == "finished" and record["final_return"] == 12.5
-    config["agent"]["hadam"] = not config["agent"]["hadam"]  # a real difference is still one
-    (run_dir / "config.json").write_text(json.dumps(config))
-    record = agg.inspect_run(run_dir, scale, plan.make_config(spec, scale))
-    assert record["status"] == "config_mismatch"
-    assert record["config_differences"] == [
-        f"agent.methods.hadam: run has {config['agent']['hadam']!r}, flags give {not config['agent']['hadam']!r}"
-    ]
 
 
 def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():

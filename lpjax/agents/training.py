@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpjax.methods import PrecisionMethods, nest_method_fields
+from lpjax.methods import PrecisionMethods
 from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
     OPTIMIZER_SCOPE,
@@ -214,13 +214,9 @@ class LearnerConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Self:
-        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``.
-
-        ``methods`` may be a nested mapping. A mapping saved before the methods were nested (an old run's
-        ``config.json``) holds their fields at the top level: they are moved into ``methods``, over what
-        ``methods`` holds (today's defaults, when an old file is merged over them).
-        """
-        values = nest_method_fields(values)
+        """Builds a config from a dict or ``ml_collections.ConfigDict`` (``methods`` may be a nested mapping);
+        unknown keys raise ``ValueError`` naming the valid ones."""
+        values = dict(values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -151,14 +151,13 @@ def test_precision_fields_are_the_learner_configs_numerics_with_the_whole_method
 
 
 def test_checkpoint_config_takes_policy_matmul_and_every_method_from_the_config(tmp_path):
-    """The run gives everything but the precision fields; a run saved with flat method fields (before they were
-    nested) does not override the copied methods."""
+    """The run gives everything but the precision fields (policy, matmul implementation, methods)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     stored = {
         "env": "dmc:cartpole-swingup",
         "action_repeat": 4,
-        "agent": {"policy": "fp32", "hidden_dims": [32, 32], "hadam": False, "normal_fix": False},
+        "agent": {"policy": "fp32", "hidden_dims": [32, 32], "methods": {"hadam": False, "normal_fix": False}},
     }
     (run_dir / "config.json").write_text(json.dumps(stored))
     config = fp16.get_config()
@@ -166,7 +165,6 @@ def test_checkpoint_config_takes_policy_matmul_and_every_method_from_the_config(
     assert inspected.agent.policy == "fp16" and inspected.agent.matmul_impl == config.agent.matmul_impl
     assert inspected.agent.methods.to_dict() == config.agent.methods.to_dict()
     assert inspected.agent.methods.hadam and inspected.agent.methods.normal_fix
-    assert "hadam" not in inspected.agent and "normal_fix" not in inspected.agent
     assert tuple(inspected.agent.hidden_dims) == (32, 32) and inspected.action_repeat == 4
     agent = sac_loop.validate(inspected)
     assert agent.methods == PrecisionMethods.from_mapping(config.agent.methods.to_dict())

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.run import Diverged, Interrupted, RunSpec, config_changes, open_checkpoints, passed_multiple, run
+from experiments.run import Diverged, Interrupted, RunSpec, open_checkpoints, passed_multiple, run
 from lpjax.checkpoint import Checkpointer
 
 
@@ -182,14 +182,6 @@ def test_a_resume_that_changes_the_config_is_refused_before_anything_is_written(
     longer = {**config, "total_steps": 20, "eval_every": 5}  # safe changes, and a field the run did not have
     summary = run(longer, tmp_path, _spec(total=20), lambda: ScriptedLearner([5, 5]), resume=True, progress=False)
     assert summary["env_steps"] == 20 and json.loads((tmp_path / "config.json").read_text())["total_steps"] == 20
-
-
-def test_method_switches_of_an_old_config_compare_with_their_nested_fields():
-    old = {"agent": {"policy": "fp16", "hadam": True, "methods": {"hadam": False}}}
-    assert config_changes(old, {"agent": {"policy": "fp16", "methods": {"hadam": True}}}) == []
-    assert config_changes(old, {"agent": {"policy": "fp16", "methods": {"hadam": False}}}) == [
-        "agent.methods.hadam: True -> False"
-    ]
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path, capsys):
