@@ -52,7 +52,9 @@ calibration calls, a loop calibrated to 0.4 s, the same loop under CUPTI: ~1-1.5
 is ~50 ms per update by flops), ~7 s x 24 = ~170 s: the last rows in the item order (the secondary precisions at
 1024/4096 and 4096/1024) are skipped if compiling is slower. optimizer: 3 compiles (~1-2 s), 101M parameters
 (2.8 GB per fp32 Adam step: ~1 ms at 3 TB/s), loops of 0.3 s: ~15 s. fp8_rollout: 2 parameter inits and 2 KV
-calibrations (~3-5 s each), 4 compiles (~5 s on the CPU), 2 calls per variant of 1024 decode steps; XLA:CPU's
+calibrations (~3-5 s each), 4 compiles (~5 s on the CPU, plus for each fp8-GEMM variant the lowering of its
+192 Mosaic GPU kernels, 16 layers x 6 GEMMs x prefill and decode: 84 s for an abstract H100 on the loaded CPU,
+perhaps 20-30 s on the GPU host), 2 calls per variant of 1024 decode steps; XLA:CPU's
 program moves 18-45 GB per step (the stacked KV cache is sliced and re-stacked every step), 6-15 ms at 3 TB/s,
 so 6-15 s per call: 90-170 s, the fourth variant (fp8 W8A8 alone) at risk. jitted_loop: per precision the
 chunk's compile (13 s of CPU time here) and the loop's initialization (11 s), loops of 1.5 s twice: 75-130 s,
@@ -230,7 +232,8 @@ def part_limit_s(name: str, args: argparse.Namespace) -> float:
 def supervise(
     parts: Sequence[str], args: argparse.Namespace, progress: Path, on_update: Callable[[dict], None]
 ) -> dict:
-    """Runs the parts in worker processes (module docstring, "Robustness"); returns the progress state."""
+    """Runs the parts in worker processes (module docstring, "Robustness"); returns the progress state.
+    ``on_update(state)`` is called after every part (the caller writes the json)."""
     started = time.monotonic()
     remaining = list(parts)
     state: dict = {"parts": {}, "done": []}
@@ -252,10 +255,13 @@ def supervise(
         tail: collections.deque = collections.deque(maxlen=30)
         reader = threading.Thread(target=_echo, args=(proc.stdout, tail), daemon=True)
         reader.start()
-        killed = None
+        killed, reported = None, len(state.get("done", []))
         while proc.poll() is None:
             time.sleep(0.5)
             state = _read_json(progress) or state
+            if len(state.get("done", [])) > reported:  # a part finished: the json has it, whatever happens next
+                reported = len(state["done"])
+                on_update(state)
             current = state.get("current")
             if time.monotonic() - started > args.deadline_s:
                 killed = f"suite deadline of {args.deadline_s:.0f} s reached"
@@ -983,9 +989,10 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     parser.add_argument("--in_process", action="store_true", help="run the parts here, without a worker process")
     parser.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
     parser.add_argument("--out_dir", type=Path, default=RESULTS)
-    parser.add_argument("--name", default="gpu_suite", help="basename of the json/png")
+    parser.add_argument("--name", help="basename of the json/png (default gpu_suite, gpu_suite_quick with --quick)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.name = args.name or ("gpu_suite_quick" if args.quick else "gpu_suite")
     try:
         parts = parse_parts(args.parts)
         args.part_limit = parse_limits(args.part_limit)

@@ -240,8 +240,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--precisions", default="fp32,fp16", help=f"comma-separated, of {tuple(CONFIGS)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds of budget: a smoke run")
     parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--name", default="gpu_train", help="basename of the json/png")
+    parser.add_argument("--name", help="basename of the json/png (default gpu_train, gpu_train_quick with --quick)")
     args = parser.parse_args(argv)
+    args.name = args.name or ("gpu_train_quick" if args.quick else "gpu_train")
     precisions = [p for p in args.precisions.split(",") if p]
     for precision in precisions:
         if precision not in CONFIGS:

@@ -22,8 +22,8 @@ from lpjax.nn import transformer_causal_lm
 
 def _run(tmp_path, *args):
     result = gpu_suite.main(["--quick", "--out_dir", str(tmp_path), *args])
-    recorded = json.loads((tmp_path / "gpu_suite.json").read_text())
-    assert (tmp_path / "gpu_suite.png").stat().st_size > 0
+    recorded = json.loads((tmp_path / "gpu_suite_quick.json").read_text())
+    assert (tmp_path / "gpu_suite_quick.png").stat().st_size > 0
     assert recorded["environment"]["versions"]["jax"] == jax.__version__
     assert recorded["environment"]["lpjax"]["sources_sha256"]
     assert recorded["device"]["backend"] == "cpu" and recorded["quick"] is True

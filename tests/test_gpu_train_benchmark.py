@@ -47,7 +47,7 @@ def test_the_budget_shrinks_equally_to_fit_the_deadline():
 def test_quick_race_and_jitted_loop_part_on_mjx(tmp_path):
     pytest.importorskip("mujoco_playground")
     gpu_suite.main(["--quick", "--in_process", "--parts", "b", "--out_dir", str(tmp_path)])
-    part = json.loads((tmp_path / "gpu_suite.json").read_text())["parts"]["jitted_loop"]
+    part = json.loads((tmp_path / "gpu_suite_quick.json").read_text())["parts"]["jitted_loop"]
     entry = part["devices"]["1"]["fp16"]
     assert "error" not in entry, entry.get("error")
     assert entry["env_steps_per_s"] > 0 and entry["updates_per_s"] > 0 and entry["actions_finite"]
@@ -58,8 +58,8 @@ def test_quick_race_and_jitted_loop_part_on_mjx(tmp_path):
         ["--quick", "--precisions", "fp16", "--budget_s", "0.5", "--eval_every_s", "0.2", "--eval_episodes", "2"]
         + ["--out_dir", str(tmp_path)]
     )
-    assert (tmp_path / "gpu_train.png").stat().st_size > 0
-    run = json.loads((tmp_path / "gpu_train.json").read_text())["runs"]["fp16"]
+    assert (tmp_path / "gpu_train_quick.png").stat().st_size > 0
+    run = json.loads((tmp_path / "gpu_train_quick.json").read_text())["runs"]["fp16"]
     assert "error" not in run, run.get("error")
     assert run["train_s"] >= 0.5 and run["compile_s"] > 0
     curve = run["curve"]
