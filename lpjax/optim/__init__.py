@@ -15,8 +15,15 @@ Everything here is an ``optax.GradientTransformation`` (or a pure init/update pa
 
 :func:`compound_loss_scaling` wraps any optax optimizer: the paper's compound path where the gradients go to
 hAdam (or an injected ``optax.adam``) first, the true gradients everywhere else.
+
+Wiring that would train silently wrong is refused at trace or init time, in one line that names the fix: an
+increment transform (``kahan_summation``, ``stochastic_rounding``) anywhere but last, ``scaled_value_and_grad``
+given ``None``, the optimizer or the parameters instead of the optimizer's state, ``optax.apply_if_finite``
+inside the scaler with float16 parameters; a scaler whose loss nobody scaled warns once
+(:class:`UnscaledLossWarning`). See :mod:`lpjax.optim._misuse`.
 """
 
+from lpjax.optim._misuse import UnscaledLossWarning
 from lpjax.optim.alias import inject_hyperparams, low_precision_adam, method_optimizer
 from lpjax.optim.flat import FlatBuffer, FusedState, fused, fused_target_update
 from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
@@ -51,6 +58,7 @@ __all__ = [
     "BlockQuantized",
     "StochasticRoundingPolyak",
     "StochasticRoundingState",
+    "UnscaledLossWarning",
     "stochastic_round",
     "stochastic_rounding",
     "stochastic_rounding_polyak",

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.optim import quantized_moments
+from lpjax.optim import _misuse, quantized_moments
 from lpjax.optim._hyperparameters import concrete, require_wide
 from lpjax.optim._rounding import element_bits, fold_key
 
@@ -171,6 +171,7 @@ def scale_by_hadam(
 
     def update_fn(updates, state, params=None):
         del params
+        _misuse.refuse_increments(updates, "scale_by_hadam")  # e.g. chain(kahan_summation(), hadam(lr))
         apply = state.apply
         step = optax.safe_increment(state.count)
         count = jnp.where(apply, step, state.count)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lpjax.optim import _misuse
 from lpjax.optim._rounding import round_to_nearest
 
 
@@ -86,6 +87,11 @@ def kahan_summation(compensation_dtype: Any = None) -> optax.GradientTransformat
     non-finite. An all-zero update (a step skipped by :func:`lpjax.optim.compound_loss_scaling`) leaves the
     parameters and the compensation bit-identical.
 
+    A transform after it would receive increments instead of gradients (``chain(kahan_summation(), hadam(lr))``
+    never moves float16 parameters): lpjax's transforms refuse its output at trace time, and
+    :func:`lpjax.optim.loss_scale` and :func:`lpjax.optim.scaled_value_and_grad` refuse a state where it is not
+    last (see :mod:`lpjax.optim._misuse`).
+
     Args:
       compensation_dtype: dtype of the compensation buffer; ``None`` uses each parameter's dtype (the paper's
         setting: float16 parameters with a float16 buffer). A float32 buffer compensates more finely.
@@ -101,8 +107,9 @@ def kahan_summation(compensation_dtype: Any = None) -> optax.GradientTransformat
     def update_fn(updates, state, params=None):
         if params is None:
             raise ValueError("kahan_summation needs the parameters: call update(updates, state, params).")
+        _misuse.refuse_increments(updates, "kahan_summation")
         increments, compensation = _map_pair(_kahan_step, params, updates, state.compensation)
-        return increments, KahanSummationState(compensation)
+        return _misuse.mark_increments(increments, "kahan_summation"), KahanSummationState(compensation)
 
     return optax.GradientTransformation(init_fn, update_fn)
 

@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.optim import quantized_moments
+from lpjax.optim import _misuse, quantized_moments
 from lpjax.optim._hyperparameters import concrete, require_wide
 from lpjax.optim.hadam import ScaleByHAdamState
 
@@ -255,6 +255,18 @@ def _check_injected_eps(inner_state) -> None:
     visit(inner_state)
 
 
+def _check_no_apply_if_finite(inner_state, params) -> None:
+    """Raises for ``optax.apply_if_finite`` inside the scaler with parameters narrower than float32: the scaler
+    hands the inner chain float32 gradients, and apply_if_finite's ``lax.cond`` fails on the dtype mismatch."""
+    is_guard = lambda node: isinstance(node, optax.ApplyIfFiniteState)
+    narrow = [x for x in _floating_leaves(params) if jnp.promote_types(jnp.result_type(x), jnp.float32) != x.dtype]
+    if narrow and any(is_guard(node) for node in jax.tree.leaves(inner_state, is_leaf=is_guard)):
+        raise ValueError(
+            f"optax.apply_if_finite inside compound_loss_scaling cannot take {narrow[0].dtype} parameters, and is not "
+            "needed: the scaler already skips non-finite steps. Remove apply_if_finite."
+        )
+
+
 def compound_loss_scaling(
     inner: optax.GradientTransformation,
     init_scale: float = 1e4,
@@ -293,10 +305,12 @@ def compound_loss_scaling(
     if isinstance(growth_interval, float) and not growth_interval.is_integer():
         raise ValueError(f"growth_interval must be a positive integer, got {growth_interval}.")
     inner = optax.with_extra_args_support(inner)
+    reads = _misuse.watch_scale_reads()  # warns once if the gradients' loss was never multiplied by the scale
 
     def init_fn(params):
         inner_state = inner.init(params)
         _check_injected_eps(inner_state)
+        _check_no_apply_if_finite(inner_state, params)
         return CompoundLossScalingState(
             scale=jnp.asarray(init_scale, jnp.float32),
             inner_scale=jnp.ones([], jnp.float32),
@@ -306,6 +320,8 @@ def compound_loss_scaling(
         )
 
     def update_fn(updates, state, params=None, **extra_args):
+        _misuse.refuse_increments(updates, "compound_loss_scaling")
+        _misuse.check_scale_was_read(state.scale, reads)
         scale = jnp.asarray(state.scale, jnp.float32)
         consumer = _first_consumer(state.inner_state)
         finite = all_finite(updates)

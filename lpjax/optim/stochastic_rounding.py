@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lpjax.optim import _misuse
 from lpjax.optim._rounding import choose_far, element_bits, round_to_nearest, split_key
 
 ROUNDED_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -121,8 +122,8 @@ class StochasticRoundingState(NamedTuple):
 def stochastic_rounding(seed: int | jax.Array = 0) -> optax.GradientTransformation:
     """Makes the updates of an optax chain land on float16/bfloat16 parameters with stochastic rounding.
 
-    Put it **last** in the chain (where :func:`lpjax.optim.kahan_summation` would go) and apply its output with
-    ``optax.apply_updates``. It needs ``params`` in ``update``. It returns the increment ``d = SR(p + u) - p``
+    Put it **last** in the chain (where :func:`lpjax.optim.kahan_summation` would go; lpjax refuses it elsewhere,
+    see :mod:`lpjax.optim._misuse`) and apply its output with ``optax.apply_updates``. It needs ``params`` in ``update``. It returns the increment ``d = SR(p + u) - p``
     in the parameters' dtype, which is exact for every update small against its parameter, so ``p + d`` is
     ``SR(p + u)`` bit for bit (for jumps by more than a factor 2, ``d`` is rounded once). Where ``p + u`` is not
     finite in the parameter's dtype, ``d = 0``. An all-zero update leaves the parameters bit-identical; the key
@@ -144,10 +145,11 @@ def stochastic_rounding(seed: int | jax.Array = 0) -> optax.GradientTransformati
     def update_fn(updates, state, params=None):
         if params is None:
             raise ValueError("stochastic_rounding needs the parameters: call update(updates, state, params).")
+        _misuse.refuse_increments(updates, "stochastic_rounding")
         key, step_key = split_key(state.key)
         new = jax.tree.map(_rounded_sum, params, updates, element_bits(step_key, params))
         increments = jax.tree.map(lambda n, p: (n - p).astype(p.dtype), new, params)
-        return increments, StochasticRoundingState(key)
+        return _misuse.mark_increments(increments, "stochastic_rounding"), StochasticRoundingState(key)
 
     return optax.GradientTransformation(init_fn, update_fn)
 

@@ -1,6 +1,8 @@
 """loss_scale / scaled_value_and_grad / skipped_steps: finding the scaler in any holder, scaling in float32,
 counting skipped updates, refusing placements that cannot be correct."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,3 +191,67 @@ def test_apply_if_finite_outside_the_scaler_would_freeze_the_scale():
     state = tx.init(jnp.ones((2,)))
     _, state = tx.update(jnp.asarray([jnp.inf, 1.0]), state, jnp.ones((2,)))
     assert float(state.inner_state.scale) == 64.0  # never backed off
+
+
+# --- nnx models with Dropout, BatchNorm and nnx.Rngs: flax's MNIST CNN ---------------------------------------------
+
+
+def _mnist_cnn_problem(seed=0):
+    """flax's MNIST example CNN (benchmarks.ports.flax_mnist), its loss, and a random batch of 28x28 images."""
+    from benchmarks.ports import flax_mnist
+
+    keys = jax.random.split(jax.random.key(seed))
+    batch = {"image": jax.random.uniform(keys[0], (16, 28, 28, 1)), "label": jax.random.randint(keys[1], (16,), 0, 10)}
+    return flax_mnist, flax_mnist.CNN(rngs=nnx.Rngs(seed)), batch
+
+
+def test_nnx_model_with_dropout_batchnorm_and_rngs_is_differentiated_as_nnx_value_and_grad_does():
+    port, model, batch = _mnist_cnn_problem()
+    optimizer = nnx.Optimizer(model, optax.chain(_scaler(64.0), optim.kahan_summation()), wrt=nnx.Param)
+    scaled_model, plain_model = nnx.clone(model), nnx.clone(model)
+    scaled_rngs, plain_rngs = nnx.Rngs(7), nnx.Rngs(7)  # the same dropout masks
+
+    (loss, logits), grads = optim.scaled_value_and_grad(port.loss_fn, has_aux=True)(
+        optimizer, scaled_model, batch, scaled_rngs
+    )
+    (ref_loss, ref_logits), ref_grads = nnx.value_and_grad(port.loss_fn, has_aux=True)(plain_model, batch, plain_rngs)
+
+    assert float(loss) == float(ref_loss) and bool(jnp.all(logits == ref_logits))
+    assert isinstance(grads, nnx.State) and jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+    assert jax.tree.structure(grads) == jax.tree.structure(nnx.state(model, nnx.Param))  # parameters only
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), 64.0 * np.asarray(r), rtol=1e-5, atol=1e-6)
+    # Everything that is not a parameter was updated in place, exactly as nnx.value_and_grad updates it.
+    np.testing.assert_array_equal(
+        np.asarray(scaled_model.batch_norm1.mean.get_value()), np.asarray(plain_model.batch_norm1.mean.get_value())
+    )
+    assert not np.array_equal(
+        np.asarray(scaled_model.batch_norm1.mean.get_value()), np.asarray(model.batch_norm1.mean.get_value())
+    )
+    assert int(scaled_rngs.default.count.get_value()) == int(plain_rngs.default.count.get_value()) > 0
+
+
+def test_flax_mnist_cnn_trains_in_float16_through_the_helper_under_nnx_jit():
+    """The call of the issue, ``scaled_value_and_grad(loss_fn, has_aux=True)(optimizer, model, batch, rngs)``, in
+    flax's own train step with the model in float16 (lpjax.precision.set_policy): no error, no warning."""
+    from lpjax.precision import set_policy
+
+    port, model, batch = _mnist_cnn_problem()
+    model = set_policy(model, "fp16")
+    tx = optax.chain(optim.compound_loss_scaling(optax.sgd(0.05, 0.9)), optim.kahan_summation())
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    rngs = nnx.Rngs(1)
+
+    @nnx.jit
+    def train_step(model, optimizer, batch, rngs):
+        (loss, logits), grads = optim.scaled_value_and_grad(port.loss_fn, has_aux=True)(optimizer, model, batch, rngs)
+        optimizer.update(model, grads)
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dtype (FutureWarning) or unscaled-loss warning
+        losses = [float(train_step(model, optimizer, batch, rngs)) for _ in range(30)]
+    assert all(np.isfinite(losses)) and losses[-1] < 0.2 * losses[0], losses
+    assert model.conv1.kernel.get_value().dtype == jnp.float16
+    assert model.batch_norm1.mean.get_value().dtype == jnp.float32
+    assert int(optim.skipped_steps(optimizer)) == 0
