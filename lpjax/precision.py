@@ -22,6 +22,7 @@ gradients and optimizer state all in float16), the setting in which the paper's 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -224,3 +225,236 @@ def get_policy(spec: str | Policy) -> Policy:
     fields.setdefault("compute_dtype", fields["param_dtype"])
     fields.setdefault("output_dtype", fields["compute_dtype"])
     return Policy(**fields)
+
+
+# --- flax models under a policy ----------------------------------------------------------------------------------
+
+
+def _normalization_layers() -> tuple[type, ...]:
+    """flax's normalization layers, linen and nnx: kept in float32 by :func:`set_policy` unless told otherwise."""
+    from flax import linen, nnx
+
+    names = ("BatchNorm", "LayerNorm", "GroupNorm", "RMSNorm", "InstanceNorm")
+    return tuple(getattr(module, name) for module in (linen, nnx) for name in names if hasattr(module, name))
+
+
+def _is_floating_dtype(dtype) -> bool:
+    try:
+        return dtype is not None and jnp.issubdtype(np.dtype(dtype), jnp.floating)
+    except TypeError:
+        return False
+
+
+def _cast_inputs(tree: Any, dtype: np.dtype) -> Any:
+    """:func:`_cast_floating` that leaves ``nnx`` objects (``nnx.Rngs``, modules) whole: they are references."""
+    from flax import nnx
+
+    is_node = nnx.graph.is_graph_node
+    return jax.tree.map(lambda x: x if is_node(x) else _cast_floating(x, dtype), tree, is_leaf=is_node)
+
+
+def _override_dtypes(module: Any, dtype: np.dtype, param_dtype: np.dtype | None, setter) -> None:
+    """Sets ``module.dtype`` (and ``param_dtype``) where the module has them and they hold a floating dtype or
+    ``None``: flax's layers compute in ``dtype`` (``None``: their inputs' and parameters' promoted dtype)."""
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value is None or not hasattr(module, name):
+            continue
+        current = getattr(module, name)
+        if current is None or _is_floating_dtype(current):
+            setter(module, name, value)
+
+
+_POLICY_CLASSES: dict[tuple, type] = {}
+
+
+def _policy_class(base: type, role: str, policy: Policy) -> type:
+    """A subclass of the nnx module class ``base`` whose ``__call__`` casts under ``policy``.
+
+    ``role="model"``: floating inputs to the compute dtype, outputs to the output dtype (the model's boundary).
+    ``role="float32"``: floating inputs to float32, outputs to the compute dtype (a layer kept in float32). The
+    subclass has ``base``'s name and adds no state, so the module's variables, paths and checkpoints are unchanged.
+    """
+    base = getattr(base, "_lpjax_policy_base", base)
+    key = (base, role, policy)
+    if key not in _POLICY_CLASSES:
+        into, out = (
+            (policy.compute_dtype, policy.output_dtype)
+            if role == "model"
+            else (np.dtype("float32"), policy.compute_dtype)
+        )
+
+        def call(self, *args, **kwargs):
+            result = super(cls, self).__call__(*_cast_inputs(args, into), **_cast_inputs(kwargs, into))
+            return _cast_inputs(result, out)
+
+        namespace = {
+            "__call__": call,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+            "_lpjax_policy_base": base,
+            "_lpjax_policy": (role, policy),
+        }
+        cls = type(base)(base.__name__, (base,), namespace, pytree=base._pytree__is_pytree)
+        _POLICY_CLASSES[key] = cls
+    return _POLICY_CLASSES[key]
+
+
+def _set_nnx_policy(model: Any, policy: Policy, keep: tuple[type, ...]) -> Any:
+    from flax import nnx
+
+    float32 = np.dtype("float32")
+    nodes = [node for _, node in nnx.iter_graph(model)]
+    modules = [node for node in nodes if isinstance(node, nnx.Module)]
+    kept = [module for module in modules if isinstance(module, keep)]
+    kept_variables = {id(v) for module in kept for _, v in nnx.iter_graph(module) if isinstance(v, nnx.Variable)}
+    for variable in nodes:
+        if not isinstance(variable, nnx.Variable):
+            continue
+        value = variable.get_value()
+        if not (hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.floating)):
+            continue
+        if id(variable) in kept_variables:
+            variable.set_value(value.astype(float32))  # parameters and statistics of a kept layer
+        elif isinstance(variable, nnx.Param):
+            variable.set_value(value.astype(policy.param_dtype))
+    for module in modules:
+        if isinstance(module, keep):
+            _override_dtypes(module, float32, float32, setattr)
+            module.__class__ = _policy_class(type(module), "float32", policy)
+        else:
+            _override_dtypes(module, policy.compute_dtype, policy.param_dtype, setattr)
+    if not isinstance(model, keep):  # a kept model casts to float32 and back to compute already
+        model.__class__ = _policy_class(type(model), "model", policy)
+    return model
+
+
+def _linen_interceptor(policy: Policy, keep: tuple[type, ...], kept_paths: list | None):
+    """The method interceptor that puts every linen module of a call under ``policy`` (see :func:`set_policy`)."""
+    float32 = np.dtype("float32")
+    force = object.__setattr__  # linen modules are frozen dataclasses; each call binds fresh copies
+
+    def interceptor(next_fun, args, kwargs, context):
+        module = context.module
+        if not isinstance(module, keep):
+            _override_dtypes(module, policy.compute_dtype, None, force)
+            return next_fun(*args, **kwargs)
+        _override_dtypes(module, float32, float32, force)
+        if kept_paths is not None:
+            kept_paths.append(tuple(module.path))
+        out = next_fun(*_cast_floating(args, float32), **_cast_floating(kwargs, float32))
+        return out if context.method_name == "setup" else _cast_floating(out, policy.compute_dtype)
+
+    return interceptor
+
+
+def _cast_params(variables: Any, dtype: np.dtype, kept_paths: list) -> Any:
+    """``variables`` with its ``params`` collection cast to ``dtype``, except under the modules of ``kept_paths``."""
+
+    def cast(path, x):
+        names = tuple(getattr(key, "key", None) for key in path)
+        if any(names[: len(kept)] == kept for kept in kept_paths):
+            return x
+        return _cast_floating(x, dtype)
+
+    if "params" not in variables:
+        return variables
+    params = {"params": jax.tree_util.tree_map_with_path(cast, variables["params"])}
+    return type(variables)({**variables, **params}) if isinstance(variables, dict) else variables.copy(params)
+
+
+def _linen_policy_class(base: type, policy: Policy, keep: tuple[type, ...]) -> type:
+    """A subclass of the linen module class ``base`` whose ``init``/``apply`` run under ``policy``."""
+    from flax import linen
+
+    base = getattr(base, "_lpjax_policy_base", base)
+    key = (base, "linen", policy, keep)
+    if key in _POLICY_CLASSES:
+        return _POLICY_CLASSES[key]
+
+    @linen.nowrap
+    def init_with_output(self, rngs, *args, **kwargs):
+        kept_paths: list = []
+        with linen.intercept_methods(_linen_interceptor(policy, keep, kept_paths)):
+            out, variables = super(cls, self).init_with_output(
+                rngs, *_cast_floating(args, policy.compute_dtype), **kwargs
+            )
+        return _cast_floating(out, policy.output_dtype), _cast_params(variables, policy.param_dtype, kept_paths)
+
+    @linen.nowrap
+    def apply(self, variables, *args, **kwargs):
+        with linen.intercept_methods(_linen_interceptor(policy, keep, None)):
+            result = super(cls, self).apply(variables, *_cast_floating(args, policy.compute_dtype), **kwargs)
+        if kwargs.get("mutable", False) is not False:
+            out, state = result
+            return _cast_floating(out, policy.output_dtype), state
+        return _cast_floating(result, policy.output_dtype)
+
+    namespace = {
+        "init_with_output": init_with_output,
+        "apply": apply,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__,
+        "_lpjax_policy_base": base,
+        "_lpjax_policy": ("linen", policy),
+    }
+    cls = type(base.__name__, (base,), namespace)
+    _POLICY_CLASSES[key] = cls
+    return cls
+
+
+def set_policy(model: Any, policy: str | Policy, keep_float32: Sequence[type] | None = None) -> Any:
+    """Puts a flax model (linen or nnx) under a precision :class:`Policy`, in the spirit of Haiku's
+    ``hk.mixed_precision.set_policy``, which flax lacks. Works on any model, not only lpjax's own modules.
+
+    Under the policy:
+
+    * parameters are stored in ``param_dtype``: the model's own initial values (float32 for flax's layers),
+      rounded once. Batch statistics stay as flax stores them, in float32: flax computes them in float32 whatever
+      a layer's dtype, and a narrower store would raise jax's scatter dtype warning at every update;
+    * every module with a ``dtype`` attribute (all of flax's layers; ``None`` or a floating dtype) computes in
+      ``compute_dtype``, even where the model's code says ``dtype=jnp.float32``; the model's floating inputs are
+      cast to ``compute_dtype`` first, so functional code between layers (activations, pooling) follows;
+    * the model's floating outputs are cast to ``output_dtype``;
+    * the layers of ``keep_float32`` (flax's normalization layers by default: ``BatchNorm``, ``LayerNorm``,
+      ``GroupNorm``, ``RMSNorm``, ``InstanceNorm``, linen's and nnx's) keep float32 parameters, normalize in
+      float32 from float32 inputs (the statistics of a float16 normalization are float32 values rounded to
+      float16 before they are used) and return ``compute_dtype``, as mixed-precision recipes keep them.
+
+    No dtype promotion warning is raised (casting a model's state by hand raises jax's FutureWarning about
+    scatter dtypes at every batch-statistics update).
+
+    Args:
+      model: an ``nnx.Module`` (changed in place: its variables cast, its layers' ``dtype``/``param_dtype`` set,
+        and its class and the kept layers' classes replaced by same-named subclasses that cast at ``__call__``;
+        variables, paths and checkpoints are unchanged) or a linen ``Module`` (returned as a copy whose
+        ``init``/``init_with_output``/``apply`` run under the policy: ``init`` returns the parameters in
+        ``param_dtype``, ``apply`` takes them; use it as the top-level module, e.g. as a ``TrainState``'s
+        ``apply_fn``).
+      policy: a :class:`Policy` or anything :func:`get_policy` reads (``"fp16"``, ``"mixed_bf16"``,
+        ``"p=f32,c=f16,o=f32"``, ...).
+      keep_float32: module types kept in float32 (instances of subclasses too); ``None`` for flax's
+        normalization layers, ``()`` for none (every layer in the policy's dtypes).
+
+    Returns:
+      The model under the policy: the same nnx object, or a new linen module.
+
+    Raises:
+      TypeError: ``model`` is neither an nnx nor a linen module.
+
+    Only ``__call__`` of an nnx model casts its inputs and outputs (call other methods with inputs of the compute
+    dtype); code that reads parameters directly (``x @ self.w``) computes in the promotion of its operands'
+    dtypes. Calling ``set_policy`` again replaces the policy.
+    """
+    from flax import linen, nnx
+
+    policy = get_policy(policy)
+    keep = _normalization_layers() if keep_float32 is None else tuple(keep_float32)
+    if isinstance(model, nnx.Module):
+        return _set_nnx_policy(model, policy, keep)
+    if isinstance(model, linen.Module):
+        cls = _linen_policy_class(type(model), policy, keep)
+        fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.init and f.name != "parent"}
+        return cls(**fields)
+    raise TypeError(f"set_policy takes a flax linen or nnx Module, got {type(model).__name__}.")

@@ -301,3 +301,178 @@ def test_matmul_dtype_defaults_to_compute_and_parses():
     assert get_policy("p=f32,c=bf16,o=f32,m=e4m3") == fp8
     with pytest.raises(ValueError, match="matmul_dtype twice"):
         get_policy("matmul=e4m3,m=e4m3")
+
+
+# --- set_policy: flax models nobody here wrote ---------------------------------------------------------------------
+
+
+def _matmul_operand_dtypes(fn, *args) -> list[tuple[str, ...]]:
+    """The operand dtypes of every dot and convolution ``fn(*args)`` traces to."""
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return [
+        tuple(str(v.aval.dtype) for v in eqn.invars)
+        for eqn in jaxpr.jaxpr.eqns
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated")
+    ]
+
+
+def _variable_dtypes(model, variable_type) -> dict[str, np.dtype]:
+    from flax import nnx
+
+    state = nnx.state(model, variable_type)
+    return {jax.tree_util.keystr(path): leaf.dtype for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+
+
+def _mnist_cnn(seed=0):
+    from flax import nnx
+
+    from benchmarks.ports.flax_mnist import CNN
+
+    return CNN(rngs=nnx.Rngs(seed))
+
+
+@pytest.fixture
+def no_warnings():
+    """Turns every warning into an error (dtype promotion warnings are FutureWarnings)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+@pytest.mark.usefixtures("no_warnings")
+def test_set_policy_puts_flax_mnist_cnn_in_float16_with_batchnorm_in_float32():
+    from flax import nnx
+
+    reference = _mnist_cnn()
+    model = precision.set_policy(_mnist_cnn(), "fp16")
+    params = _variable_dtypes(model, nnx.Param)
+    assert {k for k, d in params.items() if d == F32} == {
+        f"['batch_norm{i}']['{name}'].value" for i in (1, 2) for name in ("scale", "bias")
+    }
+    assert {k for k, d in params.items() if d == F16} == {
+        f"['{layer}']['{name}'].value"
+        for layer in ("conv1", "conv2", "linear1", "linear2")
+        for name in ("kernel", "bias")
+    }
+    assert set(_variable_dtypes(model, nnx.BatchStat).values()) == {F32}
+    # The model's own initial values, rounded once.
+    np.testing.assert_array_equal(
+        np.asarray(model.linear1.kernel.get_value()), np.asarray(reference.linear1.kernel.get_value(), np.float16)
+    )
+    model.eval()
+    x = jax.random.uniform(jax.random.key(0), (4, 28, 28, 1))
+    out = model(x, None)
+    assert out.dtype == F16 and out.shape == (4, 10)
+    operands = _matmul_operand_dtypes(lambda x: model(x, None), x)
+    assert len(operands) == 4 and set(operands) == {("float16", "float16")}
+    # Same classes for isinstance, same variables and paths (checkpoints of the fp32 model still fit).
+    assert isinstance(model, type(reference)) and isinstance(model.batch_norm1, nnx.BatchNorm)
+    assert jax.tree.structure(nnx.state(model)) == jax.tree.structure(nnx.state(reference))
+
+
+@pytest.mark.usefixtures("no_warnings")
+def test_set_policy_batchnorm_statistics_are_float32_sums_of_the_float16_activations():
+    from flax import nnx
+
+    model = precision.set_policy(_mnist_cnn(), "fp16")
+    norm, reference = model.batch_norm1, nnx.BatchNorm(32, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (8, 26, 26, 32), jnp.float16) * 3 + 1
+    y = norm(x)
+    expected = reference(x.astype(jnp.float32))
+    assert y.dtype == F16 and norm.mean.get_value().dtype == F32
+    np.testing.assert_allclose(np.asarray(norm.mean.get_value()), np.asarray(reference.mean.get_value()), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(norm.var.get_value()), np.asarray(reference.var.get_value()), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(expected.astype(jnp.float16)))
+
+
+@pytest.mark.usefixtures("no_warnings")
+def test_set_policy_trains_flax_mnist_cnn_with_flax_train_step_and_no_dtype_warning():
+    """flax's own train step (nnx.value_and_grad, nnx.Optimizer, nnx.MultiMetric) on the model under the policy:
+    casting its state by hand instead raises jax's FutureWarning about scatter dtypes (the BatchNorm statistics)."""
+    import optax
+    from flax import nnx
+
+    from benchmarks.ports import flax_mnist
+
+    batch = {"image": jax.random.uniform(jax.random.key(0), (16, 28, 28, 1)), "label": jnp.arange(16) % 10}
+    for keep in (None, ()):
+        model = precision.set_policy(_mnist_cnn(), "fp16", keep_float32=keep)
+        optimizer = nnx.Optimizer(model, optax.sgd(0.05, 0.9), wrt=nnx.Param)
+        metrics = nnx.MultiMetric(accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss"))
+        for _ in range(3):
+            flax_mnist.train_step(model, optimizer, metrics, batch, nnx.Rngs(1))
+        assert np.isfinite(float(metrics.compute()["loss"]))
+        assert set(_variable_dtypes(model, nnx.BatchStat).values()) == {F32}  # as flax computes them
+        norm_params = {d for k, d in _variable_dtypes(model, nnx.Param).items() if "batch_norm" in k}
+        assert norm_params == ({F32} if keep is None else {F16})
+
+
+def test_set_policy_keeps_the_types_it_is_given_and_follows_mixed_policies():
+    from flax import nnx
+
+    model = precision.set_policy(_mnist_cnn(), "mixed_fp16")  # float32 parameters, float16 compute and output f32
+    params = _variable_dtypes(model, nnx.Param)
+    assert set(params.values()) == {F32}
+    model.eval()
+    x = jnp.ones((2, 28, 28, 1))
+    assert model(x, None).dtype == F32
+    assert set(_matmul_operand_dtypes(lambda x: model(x, None), x)) == {("float16", "float16")}
+
+    kept = precision.set_policy(_mnist_cnn(), "fp16", keep_float32=(nnx.Linear,))  # replaces the default
+    params = _variable_dtypes(kept, nnx.Param)
+    assert {k.split("'")[1] for k, d in params.items() if d == F32} == {"linear1", "linear2"}
+    kept.eval()
+    assert _matmul_operand_dtypes(lambda x: kept(x, None), x) == [
+        ("float16", "float16"),
+        ("float16", "float16"),
+        ("float32", "float32"),
+        ("float32", "float32"),
+    ]
+    assert {d for k, d in _variable_dtypes(kept, nnx.Param).items() if "batch_norm" in k} == {F16}  # not kept
+
+    again = precision.set_policy(kept, "fp32")  # a new policy replaces the old one
+    assert set(_variable_dtypes(again, nnx.Param).values()) == {F32}
+    assert again(x, None).dtype == F32 and type(again).__mro__[1] is type(_mnist_cnn())
+
+
+@pytest.mark.usefixtures("no_warnings")
+def test_set_policy_overrides_a_linen_model_that_fixes_float32():
+    from tests.flax_examples import AtariActorCritic
+
+    network = precision.set_policy(AtariActorCritic(num_outputs=4), "fp16")
+    x = jnp.zeros((2, 84, 84, 4), jnp.uint8)
+    variables = network.init(jax.random.key(0), x)
+    assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {F16}
+    reference = AtariActorCritic(num_outputs=4).init(jax.random.key(0), x)
+    np.testing.assert_array_equal(
+        np.asarray(variables["params"]["hidden"]["kernel"]), np.asarray(reference["params"]["hidden"]["kernel"], F16)
+    )
+    log_probs, value = jax.jit(network.apply)(variables, x)
+    assert log_probs.dtype == F16 and value.dtype == F16
+    assert set(_matmul_operand_dtypes(network.apply, variables, x)) == {("float16", "float16")}
+    assert isinstance(network, AtariActorCritic) and network.num_outputs == 4
+
+
+@pytest.mark.usefixtures("no_warnings")
+def test_set_policy_linen_resnet_keeps_batchnorm_and_its_statistics_in_float32():
+    from tests.flax_examples import ResNet1
+
+    network = precision.set_policy(ResNet1(num_classes=10, num_filters=8), "fp16")
+    x = jax.random.normal(jax.random.key(0), (4, 32, 32, 3))
+    variables = network.init(jax.random.key(1), x)
+    params = {jax.tree_util.keystr(p): leaf.dtype for p, leaf in jax.tree_util.tree_leaves_with_path(variables)}
+    norms = {k: d for k, d in params.items() if "bn_" in k or "BatchNorm" in k or "norm_proj" in k}
+    assert norms and set(norms.values()) == {F32}
+    assert {d for k, d in params.items() if k not in norms} == {F16}
+    logits, updated = network.apply(variables, x, mutable=["batch_stats"])
+    assert logits.dtype == F16 and {leaf.dtype for leaf in jax.tree.leaves(updated)} == {F32}
+    assert set(_matmul_operand_dtypes(lambda v, x: network.apply(v, x, train=False), variables, x)) == {
+        ("float16", "float16")
+    }
+
+
+def test_set_policy_refuses_what_is_not_a_flax_module():
+    with pytest.raises(TypeError, match="flax linen or nnx Module, got dict"):
+        precision.set_policy({"w": jnp.ones(3)}, "fp16")
