@@ -1,0 +1,201 @@
+"""flax's MNIST CNN made fp16 with lpjax (benchmarks/ports/flax_mnist.py: nnx, BatchNorm, Dropout, SGD with
+momentum) on scikit-learn's digits: fp32, naive fp16 and lpjax fp16 side by side, with an ablation.
+
+    python -m benchmarks.port_cnn                # 30 epochs (330 steps), seeds 0-2
+    python -m benchmarks.port_cnn --quick        # a smoke run: 1 epoch, seed 0, the three main variants
+
+The variants are the fp32 program with a few lines replaced (:mod:`benchmarks.ports`); their diffs are in the
+json. The metric is flax's: test accuracy after the last epoch, with BatchNorm in eval mode (its running
+averages). Beside it, the same model evaluated with the test batch's own statistics (``use_running_average=False``)
+says whether a gap is in the trained weights or in the running averages. Needs scikit-learn (the ``examples``
+extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import time
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import lpjax
+from benchmarks import ports
+from benchmarks.common import write_results
+
+RESULT_NAME = "port_cnn"
+MODULE = "benchmarks.ports.flax_mnist"
+
+_IMPORT = ("from flax import nnx", "from flax import nnx\nimport lpjax")
+_MODEL = "model = CNN(rngs=nnx.Rngs(seed))"
+_OPTIMIZER = "optimizer = nnx.Optimizer(model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param)"
+_LPJAX_EDITS = (
+    (
+        _OPTIMIZER,
+        "tx = lpjax.optim.compound_loss_scaling(optax.sgd(config.learning_rate, config.momentum))\n"
+        "optimizer = nnx.Optimizer(model, optax.chain(tx, lpjax.optim.kahan_summation()), wrt=nnx.Param)",
+    ),
+    (
+        "grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)",
+        "grad_fn = lpjax.optim.scaled_value_and_grad(loss_fn, has_aux=True)",
+    ),
+    (
+        "(loss, logits), grads = grad_fn(model, batch, rngs)",
+        "(loss, logits), grads = grad_fn(optimizer, model, batch, rngs)",
+    ),
+)
+
+
+def _model(policy_args: str) -> tuple[str, str]:
+    return _MODEL, f"model = lpjax.precision.set_policy(CNN(rngs=nnx.Rngs(seed)), {policy_args})"
+
+
+VARIANTS = {
+    "fp32": ports.Variant("fp32", description="flax's program as written"),
+    "fp16_naive": ports.Variant(
+        "fp16_naive",
+        (_IMPORT, _model('"fp16", keep_float32=()')),
+        "everything in float16, BatchNorm included (its running statistics stay float32, as flax computes them), "
+        "flax's SGD and nnx.value_and_grad",
+    ),
+    "fp16_lpjax": ports.Variant(
+        "fp16_lpjax",
+        (_IMPORT, _model('"fp16"'), *_LPJAX_EDITS),
+        "set_policy (BatchNorm in float32), SGD inside compound_loss_scaling, Kahan-summed "
+        "updates, gradients of the scaled loss",
+    ),
+    "fp16_lpjax_norms16": ports.Variant(
+        "fp16_lpjax_norms16",
+        (_IMPORT, _model('"fp16", keep_float32=()'), *_LPJAX_EDITS),
+        "ablation: fp16_lpjax with BatchNorm in float16 too (as in fp16_naive)",
+    ),
+}
+MAIN_VARIANTS = ("fp32", "fp16_naive", "fp16_lpjax")
+
+
+def batch_statistics_accuracy(model, images: np.ndarray, labels: np.ndarray) -> float:
+    """Test accuracy with every BatchNorm normalizing by the test batch's own statistics (dropout off)."""
+    model.eval()
+    norms = [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.BatchNorm)]
+    for norm in norms:
+        norm.use_running_average = False
+    logits = model(jnp.asarray(images), None)  # the running averages move; the model is not used after this
+    for norm in norms:
+        norm.use_running_average = True
+    return float(jnp.mean(jnp.argmax(logits, axis=-1) == jnp.asarray(labels)))
+
+
+def run(variant: str, seed: int, epochs: int) -> dict:
+    """Trains ``variant`` for ``epochs`` from ``seed``; returns its record."""
+    module = ports.load(MODULE, VARIANTS[variant])
+    config = module.get_config()
+    config.num_epochs = epochs
+    start = time.perf_counter()
+    history, model, optimizer = module.train_and_evaluate(config, seed)
+    seconds = time.perf_counter() - start
+    _, test = module.load_digits()
+    return {
+        "test_accuracy": history["test_accuracy"][-1],
+        "test_accuracy_batch_statistics": batch_statistics_accuracy(model, test["image"], test["label"]),
+        "train_loss": history["train_loss"][-1],
+        "skipped_steps": int(lpjax.optim.skipped_steps(optimizer)),
+        "final_loss_scale": float(lpjax.optim.loss_scale_or_one(optimizer)),
+        "history": {name: [round(v, 4) for v in values] for name, values in history.items()},
+        "seconds_with_compilation": round(seconds, 1),
+    }
+
+
+def plot(result: dict, out_png: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    names = list(result["results"])
+    for name in names:
+        runs = result["results"][name]
+        accuracy = np.asarray([run["history"]["test_accuracy"] for run in runs])
+        epochs = np.arange(1, accuracy.shape[1] + 1)
+        (line,) = curves.plot(epochs, accuracy.mean(axis=0), label=name)
+        curves.fill_between(epochs, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.15)
+    curves.set_title(f"flax MNIST CNN on digits: test accuracy ({len(result['config']['seeds'])} seeds)")
+    curves.set_xlabel("epoch")
+    curves.set_ylabel("test accuracy (BatchNorm running averages)")
+    curves.set_ylim(0.0, 1.0)
+    curves.legend(loc="lower right")
+    x = np.arange(len(names))
+    for offset, key, label in (
+        (-0.2, "test_accuracy", "running averages (flax's eval)"),
+        (0.2, "test_accuracy_batch_statistics", "the test batch's statistics"),
+    ):
+        values = [[run[key] for run in result["results"][name]] for name in names]
+        bars.bar(x + offset, [np.mean(v) for v in values], width=0.4, label=label, alpha=0.8)
+        for i, v in enumerate(values):
+            bars.plot([x[i] + offset] * len(v), v, "k.", markersize=4)
+    bars.set_xticks(x, names, rotation=20, fontsize=8)
+    bars.set_ylim(0.8, 1.0)
+    bars.set_title("final test accuracy by BatchNorm statistics")
+    bars.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"{'variant':<19} {'test acc per seed':<24} {'mean':>6} {'over fp32':>9} {'batch-stat acc':>15} {'skip':>5}"
+    ]
+    for name, row in result["summary"]["test_accuracy"].items():
+        runs = result["results"][name]
+        per_seed = ", ".join(f"{v:.3f}" for v in row["per_seed"])
+        batch = np.mean([run["test_accuracy_batch_statistics"] for run in runs])
+        skipped = sum(run["skipped_steps"] for run in runs)
+        lines.append(
+            f"{name:<19} {per_seed:<24} {row['mean']:>6.3f} {row['over_baseline_of_means']:>9.3f} {batch:>15.3f} "
+            f"{skipped:>5d}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = ports.argument_parser(__doc__, RESULT_NAME, VARIANTS)
+    parser.add_argument("--epochs", type=int, default=30, help="epochs of 11 batches of 128 (flax's config: 10)")
+    parser.add_argument("--quick", action="store_true", help="1 epoch, seed 0, fp32/fp16_naive/fp16_lpjax")
+    args = ports.parse_args(parser, argv)
+    if args.quick:
+        args.variants, args.seeds, args.epochs = list(MAIN_VARIANTS), [0], 1
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    results = {name: [run(name, seed, args.epochs) for seed in args.seeds] for name in args.variants}
+    variants = {name: VARIANTS[name] for name in args.variants}
+    result = {
+        **ports.result_header(
+            RESULT_NAME, argv, MODULE, variants, {"seeds": args.seeds, "epochs": args.epochs, "quick": args.quick}
+        ),
+        "results": results,
+        "summary": {
+            key: ports.over_baseline({name: [run[key] for run in runs] for name, runs in results.items()})
+            for key in ("test_accuracy", "test_accuracy_batch_statistics")
+        },
+        "notes": [
+            "test_accuracy: flax's eval (model.eval(): dropout off, BatchNorm normalizing by its running averages) "
+            "on the 360 held-out digits after the last epoch; test_accuracy_batch_statistics: the same weights "
+            "with BatchNorm normalizing by the test batch's own mean and variance. over_baseline divides by fp32's "
+            "accuracy on the same seed.",
+            "Seed k: the model's initialization, dropout and the order of the batches (the train/test split is "
+            "fixed). The images are digits' 8x8 resized to 28x28, the input size of flax's CNN.",
+        ],
+    }
+    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
+    return result
+
+
+if __name__ == "__main__":
+    main()
