@@ -209,7 +209,6 @@ class GRPOLearner:
             "policy": self.agent.policy,
             "rollout_policy": rollout.policy,
             "kv_cache_dtype": rollout.kv_cache_dtype,
-            "tis": self.agent.tis,
             "rollout_correction": self.agent.rollout_correction,
         }
 

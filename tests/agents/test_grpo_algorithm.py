@@ -176,8 +176,8 @@ def test_tis_off_is_plain_grpo_and_tis_without_mismatch_is_the_identity():
     logp_new = logp_old + jnp.asarray(rng.normal(0, 0.2, (4, 5)), jnp.float32)
     logp_rollout = logp_old + jnp.asarray(rng.normal(0, 0.5, (4, 5)), jnp.float32)
     adv, mask = jnp.array([1.0, -1.0, 0.5, -0.5]), jnp.ones((4, 5))
-    plain = grpo.grpo_loss(logp_new, logp_old, None, adv, mask, tis_cap=None)[0]
-    off = grpo.grpo_loss(logp_new, logp_old, logp_rollout, adv, mask, tis_cap=None)
+    plain = grpo.grpo_loss(logp_new, logp_old, None, adv, mask, correction="none")[0]
+    off = grpo.grpo_loss(logp_new, logp_old, logp_rollout, adv, mask, correction="none")
     on_matched = grpo.grpo_loss(logp_new, logp_old, logp_old, adv, mask)[0]
     on = grpo.grpo_loss(logp_new, logp_old, logp_rollout, adv, mask)[0]
     assert float(off[0]) == float(plain) == float(on_matched)
@@ -250,13 +250,15 @@ def test_sequence_logprobs_shift_convention():
 def test_config_defaults_and_derived_values():
     c = grpo.GRPOConfig()
     assert (c.group_size, c.eps_low, c.effective_eps_high, c.tis_cap, c.beta, c.ppo_epochs) == (8, 0.2, 0.2, 2, 0, 1)
-    assert c.loss_kwargs() == dict(eps_low=0.2, eps_high=0.2, tis_cap=2.0, beta=0.0, loss_normalization="all_tokens")
+    assert c.loss_kwargs() == dict(
+        eps_low=0.2, eps_high=0.2, correction="tis", tis_cap=2.0, beta=0.0, loss_normalization="all_tokens"
+    )
     assert grpo.GRPOConfig(clip_higher=True).effective_eps_high == 0.28
-    assert grpo.GRPOConfig(tis=False).loss_kwargs()["tis_cap"] is None
+    assert "tis_cap" not in grpo.GRPOConfig(rollout_correction="none").loss_kwargs()
     assert c.rollout == grpo.ROLLOUT_PRESETS["bf16"] and c.precision == get_policy("fp32")
     assert c.batch_size == 64 and c.minibatch_size == 64 and hash(c) == hash(dataclasses.replace(c))
     assert grpo.GRPOConfig(num_minibatches=4).minibatch_size == 16
-    assert grpo.GRPOConfig.from_mapping({"group_size": 4, "tis": False}).group_size == 4
+    assert grpo.GRPOConfig.from_mapping({"group_size": 4, "rollout_correction": "none"}).group_size == 4
     with pytest.raises(ValueError, match="Unknown GRPO config keys"):
         grpo.GRPOConfig.from_mapping({"gruop_size": 4})
 
@@ -289,23 +291,11 @@ def test_rollout_presets_build_models_of_that_precision():
     assert params["params"]["block_0"]["fc1"]["kernel"].dtype == jnp.float16  # the training policy's params
 
 
-def test_from_mapping_reads_old_flat_configs():
-    """An old run's config.json: flat rollout_precision / kv_cache_dtype / method fields and the unused seed."""
-    old = dict(group_size=4, rollout_precision="fp8", kv_cache_dtype="fp8", seed=3, hadam=True, loss_scaling=True)
-    c = grpo.GRPOConfig.from_mapping(old)
+def test_from_mapping_reads_nested_configs_and_refuses_unknown_keys():
+    c = grpo.GRPOConfig.from_mapping(dict(group_size=4, rollout=dict(policy="fp8", kv_cache_dtype="fp8")))
     assert c.rollout == grpo.RolloutConfig("fp8", "fp8") and c.group_size == 4
-    assert c.methods.hadam and c.methods.loss_scaling and not c.methods.kahan_gradients
-    for precision, kv in [("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "bf16"), ("fp8_kv", "fp8")]:
-        for flat in (dict(rollout_precision=precision), dict(rollout_precision=precision, kv_cache_dtype=None)):
-            assert grpo.GRPOConfig.from_mapping(flat).rollout == grpo.RolloutConfig.preset(precision)
-            assert grpo.GRPOConfig.from_mapping(flat).rollout.kv_cache_dtype == kv
-    # merged over today's nested defaults (as a loader does): the flat keys win
-    merged = dict(dataclasses.asdict(grpo.GRPOConfig()), rollout_precision="fp32", kv_cache_dtype="fp8")
-    assert grpo.GRPOConfig.from_mapping(merged).rollout == grpo.RolloutConfig("fp32", "fp8")
-    only_kv = dict(rollout=dict(policy="fp8", kv_cache_dtype="bf16"), kv_cache_dtype="fp8")
-    assert grpo.GRPOConfig.from_mapping(only_kv).rollout == grpo.RolloutConfig("fp8", "fp8")
-    with pytest.raises(ValueError, match="rollout preset"):
-        grpo.GRPOConfig.from_mapping(dict(rollout_precision="int8"))
+    with pytest.raises(ValueError, match=r"Unknown GRPO config keys \['rollout_precision'\]"):
+        grpo.GRPOConfig.from_mapping(dict(rollout_precision="fp8"))
     with pytest.raises(ValueError, match="Unknown rollout config keys"):
         grpo.GRPOConfig.from_mapping(dict(rollout=dict(precision="fp8")))
 
@@ -338,4 +328,4 @@ def test_from_mapping_reads_old_flat_configs():
 def test_config_validation_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         grpo.GRPOConfig(**kwargs)
-    assert grpo.GRPOConfig(tis=False, tis_cap=0.0).loss_kwargs()["tis_cap"] is None
+    assert grpo.GRPOConfig(rollout_correction="none", tis_cap=0.0).loss_kwargs()["correction"] == "none"

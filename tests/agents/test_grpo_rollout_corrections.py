@@ -1,6 +1,6 @@
 """GRPO's rollout-mismatch corrections beside TIS: sequence-level masked IS (MIS) and geometric-mean rejection with
-a veto, on hand-computed examples; their use in grpo_loss; the config's rollout_correction and its old ``tis``
-switch; the fp8 experiment configs."""
+a veto, on hand-computed examples; their use in grpo_loss; verl's conventions; the config's rollout_correction;
+the fp8 experiment configs."""
 
 import dataclasses
 
@@ -173,12 +173,12 @@ def test_grpo_loss_correction_argument():
     adv, mask = jnp.array([1.0]), jnp.ones((1, 2))
     with pytest.raises(ValueError, match="correction must be one of"):
         grpo.grpo_loss(x, x, x, adv, mask, correction="is")
-    with pytest.raises(ValueError, match="needs a tis_cap"):
-        grpo.grpo_loss(x, x, x, adv, mask, correction="tis", tis_cap=None)
-    # correction=None reads tis_cap: a float is TIS, None is no correction
+    with pytest.raises(ValueError, match="tis_cap must be > 0"):
+        grpo.grpo_loss(x, x, x, adv, mask, correction="tis", tis_cap=0.0)
+    # the default is TIS at cap 2
     lt, lr = _logs([[3.0, 1.0]])
     tis = grpo.grpo_loss(lt, lt, lr, adv, mask)[1]
-    off = grpo.grpo_loss(lt, lt, lr, adv, mask, tis_cap=None)[1]
+    off = grpo.grpo_loss(lt, lt, lr, adv, mask, correction="none")[1]
     assert float(tis["correction/weight_mean"]) == pytest.approx(1.5) and float(tis["tis_clip_frac"]) == 0.5
     assert float(off["correction/weight_mean"]) == 1.0 and float(off["tis_clip_frac"]) == 0.0
 
@@ -241,42 +241,23 @@ def test_kept_tokens_normalization_reproduces_verl_on_a_worked_example():
 # --- config ---------------------------------------------------------------------------------------------------
 
 
-def test_config_rollout_correction_defaults_and_derived_tis():
+def test_config_rollout_correction_defaults_and_loss_arguments():
     c = grpo.GRPOConfig()
-    assert (c.rollout_correction, c.tis, c.tis_cap, c.mis_cap, c.geo_threshold, c.geo_veto) == (
-        "tis",
-        True,
-        2.0,
-        2.0,
-        1.5,
-        1e-4,
-    )
-    assert grpo.GRPOConfig(tis=False).rollout_correction == "none"
-    assert grpo.GRPOConfig(rollout_correction="none").tis is False
-    assert grpo.GRPOConfig(rollout_correction="mis").tis is False
-    assert grpo.GRPOConfig(tis=False, rollout_correction="mis").rollout_correction == "mis"
-    assert grpo.GRPOConfig(tis=False) == grpo.GRPOConfig(rollout_correction="none")
+    assert (c.rollout_correction, c.tis_cap, c.mis_cap, c.geo_threshold, c.geo_veto) == ("tis", 2.0, 2.0, 1.5, 1e-4)
     for correction in algorithm.ROLLOUT_CORRECTIONS:  # written back and read again: the same config
         c = grpo.GRPOConfig(rollout_correction=correction)
         assert grpo.GRPOConfig.from_mapping(dataclasses.asdict(c)) == c
     base = dict(eps_low=0.2, eps_high=0.2, beta=0.0, loss_normalization="all_tokens")
-    assert grpo.GRPOConfig().loss_kwargs() == dict(base, tis_cap=2.0)
-    assert grpo.GRPOConfig(rollout_correction="none").loss_kwargs() == dict(base, tis_cap=None)
+    assert grpo.GRPOConfig().loss_kwargs() == dict(base, correction="tis", tis_cap=2.0)
+    assert grpo.GRPOConfig(rollout_correction="none").loss_kwargs() == dict(base, correction="none")
     assert grpo.GRPOConfig(rollout_correction="mis", mis_cap=3.0).loss_kwargs() == dict(
-        base, tis_cap=None, correction="mis", mis_cap=3.0
+        base, correction="mis", mis_cap=3.0
     )
     assert grpo.GRPOConfig(rollout_correction="geo_reject", geo_veto=0.0).loss_kwargs() == dict(
-        base, tis_cap=None, correction="geo_reject", geo_threshold=1.5, geo_veto=0.0
+        base, correction="geo_reject", geo_threshold=1.5, geo_veto=0.0
     )
-
-
-def test_old_config_with_tis_false_loads_as_no_correction():
-    assert grpo.GRPOConfig.from_mapping({"tis": False}).rollout_correction == "none"
-    assert grpo.GRPOConfig.from_mapping({"tis": True}).rollout_correction == "tis"
-    # merged over today's defaults (as a loader does): the default rollout_correction "tis" is there too
-    merged = dict(dataclasses.asdict(grpo.GRPOConfig()), tis=False)
-    c = grpo.GRPOConfig.from_mapping(merged)
-    assert c.rollout_correction == "none" and not c.tis and c.loss_kwargs()["tis_cap"] is None
+    with pytest.raises(ValueError, match=r"Unknown GRPO config keys \['tis'\]"):
+        grpo.GRPOConfig.from_mapping({"tis": False})  # the correction is rollout_correction
 
 
 @pytest.mark.parametrize(
@@ -305,14 +286,10 @@ def test_fp8_experiment_configs():
 
     for module, correction in [(fp8_tis, "tis"), (fp8_no_tis, "none"), (fp8_mis, "mis"), (fp8_geo, "geo_reject")]:
         agent = grpo.GRPOConfig.from_mapping(dict(module.get_config().agent))
-        assert agent.rollout_correction == correction and agent.tis == (correction == "tis"), module.__name__
+        assert agent.rollout_correction == correction, module.__name__
         assert agent.rollout == grpo.RolloutConfig("fp8", "fp8"), module.__name__
     # only the correction differs from fp8_tis
     for module, correction in [(fp8_mis, "mis"), (fp8_geo, "geo_reject")]:
         tis = fp8_tis.get_config()
         tis.agent.rollout_correction = correction
         assert module.get_config().to_dict() == tis.to_dict(), module.__name__
-    # fp8_no_tis as written before rollout_correction existed (tis: False over today's defaults): no correction
-    old = fp8_no_tis.get_config().agent.to_dict()
-    old["rollout_correction"] = "tis"
-    assert grpo.GRPOConfig.from_mapping(old).rollout_correction == "none"

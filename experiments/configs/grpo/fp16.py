@@ -9,5 +9,4 @@ def get_config():
     config.agent.policy = "fp16"
     config.agent.methods.update(hadam=True, loss_scaling=True, kahan_gradients=True)
     config.agent.rollout.update(policy="fp16", kv_cache_dtype="fp16")
-    config.agent.tis = True
     return config

@@ -6,5 +6,4 @@ from experiments.configs.grpo import _base as base
 def get_config():
     config = base.get_config()
     config.agent.rollout.update(policy="fp32", kv_cache_dtype="fp8")
-    config.agent.tis = True
     return config

@@ -7,6 +7,5 @@ from experiments.configs.grpo import _base as base
 def get_config():
     config = base.get_config()
     config.agent.rollout.update(policy="fp8", kv_cache_dtype="fp8")
-    config.agent.tis = False
     config.agent.rollout_correction = "none"
     return config

@@ -6,6 +6,5 @@ from experiments.configs.grpo import _base as base
 def get_config():
     config = base.get_config()
     config.agent.rollout.update(policy="fp8", kv_cache_dtype="fp8")
-    config.agent.tis = True
     config.agent.rollout_correction = "tis"
     return config

@@ -38,8 +38,6 @@ clips (``r_t A_b`` beyond the clipped value).
 
 from __future__ import annotations
 
-from typing import Any
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -271,10 +269,10 @@ def grpo_loss(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
-    tis_cap: float | None = 2.0,
+    correction: str = "tis",
+    tis_cap: float = 2.0,
     beta: float = 0.0,
     logp_ref: chex.Array | None = None,
-    correction: str | None = None,
     mis_cap: float = 2.0,
     geo_threshold: float = 1.5,
     geo_veto: float = 1e-4,
@@ -303,9 +301,6 @@ def grpo_loss(
       - ``"geo_reject"``: 1, or 0 for a sequence whose geometric-mean ratio is outside
         ``[1 / geo_threshold, geo_threshold]`` or that holds a token with ratio ``< geo_veto``
         (:func:`geometric_rejection_weights`).
-
-      ``correction=None`` (the default) means ``"tis"``, or ``"none"`` when ``tis_cap is None``, so the older
-      spelling ``tis_cap=None`` still means no correction.
     * ``loss_normalization`` (:data:`LOSS_NORMALIZATIONS`) decides what a token rejected by MIS or the geometric
       rejection counts for. ``"all_tokens"`` (the default): it contributes nothing but still counts in the token
       mean's ``N``, as any weight does, so the loss's scale does not depend on how much was rejected.
@@ -333,11 +328,10 @@ def grpo_loss(
       advantages: ``(B,)`` per sequence (broadcast to its tokens) or ``(B, T)`` per token.
       mask: ``(B, T)``, nonzero for response tokens. Masked positions may hold anything finite or ``-inf``.
       eps_low, eps_high: PPO clip range ``[1 - eps_low, 1 + eps_high]`` of ``r_t``.
-      tis_cap: TIS truncation ``C`` (> 0), or ``None`` for no importance correction (plain GRPO) when
-        ``correction`` is ``None``; unused by the other corrections.
+      correction: one of :data:`ROLLOUT_CORRECTIONS` (default ``"tis"``).
+      tis_cap: the TIS truncation ``C`` (> 0) of ``"tis"``.
       beta: KL coefficient (>= 0).
       logp_ref: ``(B, T)`` log-probs under the reference policy, or ``None``.
-      correction: one of :data:`ROLLOUT_CORRECTIONS`, or ``None`` (from ``tis_cap``, see above).
       mis_cap: the MIS sequence-ratio cap (> 0) of ``"mis"``.
       geo_threshold, geo_veto: the geometric-mean band (> 1) and the per-token veto ratio (in ``[0, 1)``; 0: no
         veto) of ``"geo_reject"``.
@@ -360,34 +354,14 @@ def grpo_loss(
         ``mismatch_kl_k1`` is the plain ``mean(logp_rollout - logp_old)`` (unbiased, may be negative).
         ``pi_train`` is the pre-update training policy, as for TIS.
     """
-    if logp_ref is None and isinstance(beta, (int, float)) and beta != 0:
-        raise ValueError("grpo_loss: beta != 0 needs logp_ref (the reference policy's log-probs).")
-    if tis_cap is not None and isinstance(tis_cap, (int, float)) and not tis_cap > 0:
-        raise ValueError(f"grpo_loss: tis_cap must be > 0 or None, got {tis_cap}.")
-    if correction is None:
-        correction = "none" if tis_cap is None else "tis"
-    if correction not in ROLLOUT_CORRECTIONS:
-        raise ValueError(f"grpo_loss: correction must be one of {ROLLOUT_CORRECTIONS}, got {correction!r}.")
-    if correction == "tis" and tis_cap is None:
-        raise ValueError("grpo_loss: correction='tis' needs a tis_cap.")
-    if loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ValueError(
-            f"grpo_loss: loss_normalization must be one of {LOSS_NORMALIZATIONS}, got {loss_normalization!r}."
-        )
+    _check_loss_arguments(tis_cap, beta, logp_ref, correction, loss_normalization)
     chex.assert_equal_shape([logp_new, logp_old, mask])
     if logp_rollout is None:
         logp_rollout = logp_old
     chex.assert_equal_shape([logp_new, logp_rollout])
     if logp_ref is not None:
         chex.assert_equal_shape([logp_new, logp_ref])
-    advantages = jnp.asarray(advantages, jnp.float32)
-    if advantages.ndim == 1:
-        chex.assert_axis_dimension(advantages, 0, logp_new.shape[0])
-        advantages = advantages[:, None]
-    else:
-        chex.assert_equal_shape([advantages, logp_new])
-    advantages = jnp.broadcast_to(advantages, logp_new.shape)
-
+    advantages = _per_token(advantages, logp_new.shape)
     valid = jnp.asarray(mask) != 0
 
     def log_ratio(a, b):  # a - b on valid tokens, 0 elsewhere: padding's -inf gives neither NaN nor NaN grads
@@ -398,21 +372,12 @@ def grpo_loss(
     ratio = jnp.exp(jnp.clip(log_ratio(logp_new, logp_old), -MAX_LOG_RATIO, MAX_LOG_RATIO))
     mismatch = jax.lax.stop_gradient(log_ratio(logp_old, logp_rollout))  # log(pi_train / pi_rollout)
     weights, kept = _correction(correction, mismatch, valid, tis_cap, mis_cap, geo_threshold, geo_veto)
-    tis_w = weights if correction == "tis" else jnp.ones_like(ratio)
-    tis_clipped = (mismatch > jnp.log(jnp.float32(tis_cap))) if correction == "tis" else jnp.zeros_like(valid)
-
-    def token_mean(over):
-        count = jnp.sum(over, dtype=jnp.float32)
-        return count, lambda x: jnp.sum(jnp.where(over, x, 0.0)) / jnp.maximum(count, 1.0)
-
-    num_tokens, masked_mean = token_mean(valid)
-    loss_tokens, loss_mean = token_mean(kept if loss_normalization == "kept_tokens" else valid)
+    num_tokens, masked_mean = _token_mean(valid)
+    loss_tokens, loss_mean = _token_mean(kept if loss_normalization == "kept_tokens" else valid)
 
     unclipped_obj = ratio * advantages
     clipped_obj = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
-    pg = -weights * jnp.minimum(unclipped_obj, clipped_obj)
-    pg_loss = loss_mean(pg)
-
+    pg_loss = loss_mean(-weights * jnp.minimum(unclipped_obj, clipped_obj))
     if logp_ref is None:
         ref_kl = jnp.zeros((), jnp.float32)
         loss = pg_loss
@@ -420,24 +385,68 @@ def grpo_loss(
         ref_kl = loss_mean(_k3(log_ratio(logp_ref, logp_new)))
         loss = pg_loss + beta * ref_kl
 
-    def masked_extreme(x, reduce, fill):
-        return jnp.where(num_tokens > 0, reduce(jnp.where(valid, x, fill)), 0.0)
-
-    metrics: dict[str, Any] = {
+    metrics = {
         "pg_loss": pg_loss,
         "ref_kl": ref_kl,
         "ppo_clip_frac": loss_mean((clipped_obj < unclipped_obj).astype(jnp.float32)),
         "ratio_mean": loss_mean(ratio),
         "num_tokens": num_tokens,
         "loss_tokens": loss_tokens,
+        **_mismatch_metrics(correction, weights, kept, mismatch, valid, tis_cap, masked_mean),
+    }
+    return loss, jax.tree.map(lambda m: jax.lax.stop_gradient(jnp.asarray(m, jnp.float32)), metrics)
+
+
+def _check_loss_arguments(tis_cap, beta, logp_ref, correction: str, loss_normalization: str) -> None:
+    """:func:`grpo_loss`'s argument errors (concrete values only: a traced ``beta`` or cap is not checked)."""
+    if logp_ref is None and isinstance(beta, (int, float)) and beta != 0:
+        raise ValueError("grpo_loss: beta != 0 needs logp_ref (the reference policy's log-probs).")
+    if correction not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"grpo_loss: correction must be one of {ROLLOUT_CORRECTIONS}, got {correction!r}.")
+    if correction == "tis" and isinstance(tis_cap, (int, float)) and not tis_cap > 0:
+        raise ValueError(f"grpo_loss: tis_cap must be > 0, got {tis_cap}.")
+    if loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(
+            f"grpo_loss: loss_normalization must be one of {LOSS_NORMALIZATIONS}, got {loss_normalization!r}."
+        )
+
+
+def _per_token(advantages: chex.Array, shape: tuple[int, ...]) -> chex.Array:
+    """Advantages ``(B,)`` per sequence or ``(B, T)`` per token, as float32 ``(B, T)``."""
+    advantages = jnp.asarray(advantages, jnp.float32)
+    if advantages.ndim == 1:
+        chex.assert_axis_dimension(advantages, 0, shape[0])
+        advantages = advantages[:, None]
+    else:
+        chex.assert_shape(advantages, shape)
+    return jnp.broadcast_to(advantages, shape)
+
+
+def _token_mean(over: chex.Array):
+    """``(count, mean)``: the number of tokens ``over`` selects and the float32 mean over them of a ``(B, T)``
+    array (0 when there are none)."""
+    count = jnp.sum(over, dtype=jnp.float32)
+    return count, lambda x: jnp.sum(jnp.where(over, x, 0.0)) / jnp.maximum(count, 1.0)
+
+
+def _mismatch_metrics(correction, weights, kept, mismatch, valid, tis_cap, masked_mean) -> dict[str, chex.Array]:
+    """The rollout correction's and the engine mismatch's metrics of :func:`grpo_loss`, over every response
+    token."""
+    tis = correction == "tis"
+    tis_w = weights if tis else jnp.ones_like(weights)
+    tis_clipped = mismatch > jnp.log(jnp.float32(tis_cap)) if tis else jnp.zeros_like(valid)
+    any_token = jnp.any(valid)
+
+    def extreme(x, reduce, fill):
+        return jnp.where(any_token, reduce(jnp.where(valid, x, fill)), 0.0)
+
+    return {
         "tis_weight_mean": masked_mean(tis_w),
-        "tis_weight_min": masked_extreme(tis_w, jnp.min, jnp.inf),
-        "tis_weight_max": masked_extreme(tis_w, jnp.max, -jnp.inf),
+        "tis_weight_min": extreme(tis_w, jnp.min, jnp.inf),
+        "tis_weight_max": extreme(tis_w, jnp.max, -jnp.inf),
         "tis_clip_frac": masked_mean(tis_clipped.astype(jnp.float32)),
         "correction/weight_mean": masked_mean(weights),
         "correction/rejected_fraction": masked_mean((valid & ~kept).astype(jnp.float32)),
         "mismatch_kl": masked_mean(_k3(mismatch)),
         "mismatch_kl_k1": masked_mean(-mismatch),
     }
-    metrics = jax.tree.map(lambda m: jax.lax.stop_gradient(jnp.asarray(m, jnp.float32)), metrics)
-    return loss, metrics

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
@@ -96,8 +96,6 @@ ROLLOUT_PRESETS: dict[str, RolloutConfig] = {
 }
 """The named rollout precisions (see the module docstring's table)."""
 
-_LEGACY_KEYS = ("rollout_precision", "kv_cache_dtype", "seed")
-
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(LearnerConfig):
@@ -126,13 +124,6 @@ class GRPOConfig(LearnerConfig):
     token mean counts: ``"all_tokens"`` (every response token, a rejected one with weight 0) or ``"kept_tokens"``
     (verl's: the tokens the correction keeps).
 
-    ``tis`` is derived: after construction it is ``True`` exactly when the correction is TIS. As an input it is the
-    switch of configs written before ``rollout_correction`` existed: ``tis=False`` with ``rollout_correction="tis"``
-    (its default) means ``"none"``, so an old ``config.json`` with ``tis: false`` (read alone or merged over
-    today's defaults) still means no correction; with any other ``rollout_correction``, ``tis`` is ignored. The
-    fields are stored resolved (``GRPOConfig(tis=False)`` has ``rollout_correction="none"``), so a config written
-    back and read again means the same.
-
     Optimizer (:func:`lpjax.agents.training.network_optimizer`): Adam (``b1``, ``b2``, ``adam_eps``) with the
     ``methods`` (hAdam, loss scaling, Kahan gradients, ...), AdamW's decoupled ``weight_decay`` and global-norm
     clipping at ``max_grad_norm`` (``None``: none), at ``learning_rate``.
@@ -151,7 +142,6 @@ class GRPOConfig(LearnerConfig):
     eps_low: float = 0.2
     eps_high: float | None = None
     clip_higher: bool = False
-    tis: bool = True
     tis_cap: float = 2.0
     rollout_correction: str = "tis"
     mis_cap: float = 2.0
@@ -169,9 +159,6 @@ class GRPOConfig(LearnerConfig):
 
     def __post_init__(self):
         object.__setattr__(self, "rollout", RolloutConfig.from_value(self.rollout))
-        if self.rollout_correction == "tis" and not self.tis:
-            object.__setattr__(self, "rollout_correction", "none")
-        object.__setattr__(self, "tis", self.rollout_correction == "tis")
         correction = self.rollout_correction
         self.validate(
             [
@@ -193,7 +180,7 @@ class GRPOConfig(LearnerConfig):
                     correction in ROLLOUT_CORRECTIONS,
                     f"rollout_correction must be one of {', '.join(ROLLOUT_CORRECTIONS)}, got {correction!r}",
                 ),
-                (correction != "tis" or self.tis_cap > 0, "tis_cap must be > 0 (or tis=False)"),
+                (correction != "tis" or self.tis_cap > 0, "tis_cap must be > 0"),
                 (correction != "mis" or self.mis_cap > 0, "mis_cap must be > 0"),
                 (correction != "geo_reject" or self.geo_threshold > 1, "geo_threshold must be > 1"),
                 (correction != "geo_reject" or 0 <= self.geo_veto < 1, "geo_veto must be in [0, 1) (0: no veto)"),
@@ -234,50 +221,22 @@ class GRPOConfig(LearnerConfig):
         return CLIP_HIGHER_EPS if self.clip_higher else float(self.eps_low)
 
     def loss_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`lpjax.agents.grpo.grpo_loss` for this config.
-
-        TIS and no correction are spelled by ``tis_cap`` alone (a float, or ``None`` for none: ``grpo_loss``'s
-        ``correction=None`` reads it so); MIS and the geometric rejection add ``correction`` and their thresholds.
-        """
-        kwargs: dict[str, Any] = dict(
+        """Keyword arguments of :func:`lpjax.agents.grpo.grpo_loss` for this config: the clip range, the correction
+        with its own thresholds, ``beta`` and the loss normalization."""
+        thresholds = {
+            "none": {},
+            "tis": dict(tis_cap=float(self.tis_cap)),
+            "mis": dict(mis_cap=float(self.mis_cap)),
+            "geo_reject": dict(geo_threshold=float(self.geo_threshold), geo_veto=float(self.geo_veto)),
+        }[self.rollout_correction]
+        return dict(
             eps_low=float(self.eps_low),
             eps_high=self.effective_eps_high,
-            tis_cap=float(self.tis_cap) if self.rollout_correction == "tis" else None,
+            correction=self.rollout_correction,
+            **thresholds,
             beta=float(self.beta),
             loss_normalization=self.loss_normalization,
         )
-        if self.rollout_correction == "mis":
-            kwargs.update(correction="mis", mis_cap=float(self.mis_cap))
-        elif self.rollout_correction == "geo_reject":
-            kwargs.update(
-                correction="geo_reject", geo_threshold=float(self.geo_threshold), geo_veto=float(self.geo_veto)
-            )
-        return kwargs
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> Self:
-        """Builds a config from a dict or ``ml_collections.ConfigDict``; unknown keys raise ``ValueError``.
-
-        ``rollout`` and ``methods`` may be nested mappings. A mapping saved before they were nested (an old run's
-        ``config.json``) may hold, besides the flat method fields (see
-        :meth:`lpjax.agents.training.LearnerConfig.from_mapping`):
-
-        * ``rollout_precision``: a preset name of :data:`ROLLOUT_PRESETS`, which replaces ``rollout``;
-        * ``kv_cache_dtype``: the KV cache's dtype name, over the preset's (``None``: the preset's);
-        * ``seed``: never read by the learner (runs are seeded by the run config), dropped.
-        """
-        values = dict(values)
-        legacy = {key: values.pop(key) for key in _LEGACY_KEYS if key in values}
-        if "rollout_precision" in legacy or legacy.get("kv_cache_dtype") is not None:
-            rollout = (
-                RolloutConfig.preset(legacy["rollout_precision"])
-                if "rollout_precision" in legacy
-                else RolloutConfig.from_value(values.get("rollout", RolloutConfig()))
-            )
-            if legacy.get("kv_cache_dtype") is not None:
-                rollout = dataclasses.replace(rollout, kv_cache_dtype=legacy["kv_cache_dtype"])
-            values["rollout"] = rollout
-        return super().from_mapping(values)
 
 
 def _is_int(value: Any) -> bool:
