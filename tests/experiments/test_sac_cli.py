@@ -72,6 +72,7 @@ def test_bare_config_names_resolve_and_unknown_ones_list_the_choices():
         (dict(replay_dtype="fp17"), "Unknown dtype name 'fp17'"),
         (dict(replay_dtype="fp8"), "replay_dtype must be a 16- or 32-bit float"),
         (dict(mesh=dict(data=4, fsdp=1)), r"4 devices, but there are 1 .*xla_force_host_platform_device_count"),
+        (dict(mesh=dict(data=1, fsdp=2)), r"mesh.fsdp=2 shards .* add --config.agent.fused_optimizer=False"),
         (dict(replay_shards=3), r"replay_shards \(3\) must be a multiple"),
         (dict(replay_shards=4, seed_steps=2), r"seed_steps must be >= replay_shards - 1 \(3\)"),
     ],
