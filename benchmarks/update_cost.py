@@ -1,29 +1,18 @@
 """What one SAC update costs on this CPU, per precision, with the optimizer per leaf and fused: kernels and time.
 
-For each precision (``fp32``, ``bf16``, naive ``fp16``, ``fp16`` with the paper's methods, ``fp16_sr``) and each
-optimizer layout (``per_leaf``: every transform mapped over the parameters' leaves; ``fused``: the same chain over
-one flat buffer per dtype, :func:`lpjax.optim.fused`, the learners' default) it records
-
-* **kernels per update**: the work instructions of the compiled update's optimized HLO
-  (:func:`benchmarks.hlo_traffic.kernel_count`), XLA:CPU's stand-in for the kernels a GPU launches;
-* **CPU time per update**: the median over interleaved rounds (:func:`benchmarks.timing.interleaved`) of a jitted
-  update on a fixed batch, the state donated as the learners do.
-
-Everything is measured side by side in one process at one size (width and batch, default 256: the SAC
-reproduction's scale). The goal of the fused layout is that fp16 with the paper's methods launches at most 1.1x
-the kernels of fp32; the json compares it with fp32 as it ran before the fused layout (per leaf) and with fp32
-fused. On XLA:CPU, float16 and bfloat16 are emulated (every dot's operands are converted to float32 by kernels of
-their own, which a GPU does not have), so the CPU counts overstate the 16-bit precisions' kernels: ``fp16_naive``
-(no method) shows that part. CPU time is not a low-precision speed-up measurement (there is none on a CPU).
-
-``python -m benchmarks.update_cost [--width 256 --batch 256 --rounds 7 --updates 20] [--quick]``; writes
-``benchmarks/results/update_cost.{json,png}``.
+For ``fp32``, ``bf16``, naive ``fp16``, ``fp16`` (the paper's methods) and ``fp16_sr``, each with the optimizer
+``per_leaf`` (every transform mapped over the leaves) and ``fused`` (one flat buffer per dtype,
+:func:`lpjax.optim.fused`, the learners' default): the work instructions of the compiled update
+(:func:`benchmarks.hlo_traffic.kernel_count`, XLA:CPU's stand-in for the kernels a GPU launches) and the CPU time
+per update (interleaved rounds, :func:`benchmarks.timing.interleaved`, state donated). The goal of the fused
+layout: fp16 with the paper's methods launches at most 1.1x fp32's kernels. XLA:CPU emulates float16/bfloat16
+with conversions of its own (``fp16_naive`` shows that part), and a CPU measures no low-precision speed-up.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Sequence
 
@@ -31,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, random_transitions, run_environment, write_results
+from benchmarks.common import command_line, figure, finish, parser, random_transitions, run_environment
 from benchmarks.hlo_traffic import kernel_count
 from benchmarks.timing import interleaved
 from lpjax.agents import sac
@@ -52,28 +41,22 @@ place of the two Kahan buffers, as ``experiments/configs/sac/fp16_sr.py``)."""
 LAYOUTS = {"per_leaf": False, "fused": True}
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.update_cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=256, help="hidden width of actor and critic (2 layers)")
-    parser.add_argument("--batch", type=int, default=256, help="batch size")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
-    parser.add_argument("--updates", type=int, default=20, help="updates per variant and round")
-    parser.add_argument(
-        "--precisions",
-        default=",".join(PRECISIONS),
-        help=f"comma-separated subset of {', '.join(PRECISIONS)} (fp32 and fp16 are always measured)",
-    )
-    parser.add_argument("--quick", action="store_true", help="toy size, one round (a smoke test)")
-    parser.add_argument("--out_dir", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
-    args = parser.parse_args(argv)
+def parse_args(argv: Sequence[str] | None):
+    cli = parser(RESULT_NAME, __doc__, quick="toy size, one round (a smoke test)")
+    cli.add_argument("--width", type=int, default=256, help="hidden width of actor and critic (2 layers)")
+    cli.add_argument("--batch", type=int, default=256, help="batch size")
+    cli.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    cli.add_argument("--updates", type=int, default=20, help="updates per variant and round")
+    cli.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated (fp32, fp16 always run)")
+    args = cli.parse_args(argv)
     if args.quick:
         args.width, args.batch, args.rounds, args.updates = 16, 8, 1, 2
     if min(args.width, args.batch, args.rounds, args.updates) < 1:
-        parser.error("--width, --batch, --rounds and --updates must be >= 1")
+        cli.error("--width, --batch, --rounds and --updates must be >= 1")
     chosen = {name.strip() for name in args.precisions.split(",") if name.strip()}
     unknown = sorted(chosen - set(PRECISIONS))
     if unknown:
-        parser.error(f"unknown precisions {unknown}; valid: {', '.join(PRECISIONS)}")
+        cli.error(f"unknown precisions {unknown}; valid: {', '.join(PRECISIONS)}")
     args.precisions = [name for name in PRECISIONS if name in chosen | {"fp32", "fp16"}]
     return args
 
@@ -85,7 +68,7 @@ def _config(precision: str, fused: bool, width: int, batch: int) -> sac.SACConfi
     )
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args) -> dict:
     batch = jax.tree.map(jnp.asarray, random_transitions(np.random.default_rng(0), args.batch, OBS_DIM, ACTION_DIM))
     kernels, states, steps = {}, {}, {}
     for precision in args.precisions:
@@ -97,24 +80,19 @@ def measure(args: argparse.Namespace) -> dict:
             kernels[name] = kernel_count(compiled.as_text())
             states[name], steps[name] = state, compiled
 
-    def variant(name):
-        def run():
-            out = None
-            for _ in range(args.updates):
-                states[name], out = steps[name](states[name], batch)
-            return out
+    def update(name):
+        states[name], metrics = steps[name](states[name], batch)
+        return metrics
 
-        return run
-
-    timing = interleaved({name: variant(name) for name in states}, args.rounds)
+    timing = interleaved({name: functools.partial(update, name) for name in states}, args.rounds, args.updates)
     machine = timing.pop("machine")
     rows = {}
     for precision in args.precisions:
         rows[precision] = {
             layout: {
                 "kernels": kernels[f"{precision}/{layout}"],
-                "ms_per_update": 1e3 * timing[f"{precision}/{layout}"]["median_s"] / args.updates,
-                "ms_per_update_min": 1e3 * timing[f"{precision}/{layout}"]["min_s"] / args.updates,
+                "ms_per_update": 1e3 * timing[f"{precision}/{layout}"]["median_s"],
+                "ms_per_update_min": 1e3 * timing[f"{precision}/{layout}"]["min_s"],
             }
             for layout in LAYOUTS
         }
@@ -176,38 +154,31 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(result["rows"])
     x = np.arange(len(names))
-    fig, (kern, ms) = plt.subplots(1, 2, figsize=(11, 4))
-    for offset, layout in ((-0.2, "per_leaf"), (0.2, "fused")):
-        kern.bar(x + offset, [result["rows"][n][layout]["kernels"] for n in names], 0.4, label=layout)
-        ms.bar(x + offset, [result["rows"][n][layout]["ms_per_update"] for n in names], 0.4, label=layout)
-    fp32 = result["rows"]["fp32"]
-    for layout, style in (("per_leaf", ":"), ("fused", "--")):
-        kern.axhline(GOAL_RATIO * fp32[layout]["kernels"], color="k", ls=style, lw=1, label=f"1.1 x fp32 {layout}")
-    kern.set_ylabel("kernels per update (XLA:CPU HLO)")
-    ms.set_ylabel("ms per update (CPU, median)")
-    for ax in (kern, ms):
-        ax.set_xticks(x, names, rotation=20)
-        ax.legend(fontsize=8)
-    settings = result["settings"]
-    fig.suptitle(f"One SAC update, width {settings['width']}, batch {settings['batch']}: per-leaf vs fused optimizer")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (kern, ms)):
+        for offset, layout in ((-0.2, "per_leaf"), (0.2, "fused")):
+            kern.bar(x + offset, [result["rows"][n][layout]["kernels"] for n in names], 0.4, label=layout)
+            ms.bar(x + offset, [result["rows"][n][layout]["ms_per_update"] for n in names], 0.4, label=layout)
+        fp32 = result["rows"]["fp32"]
+        for layout, style in (("per_leaf", ":"), ("fused", "--")):
+            kern.axhline(GOAL_RATIO * fp32[layout]["kernels"], color="k", ls=style, lw=1, label=f"1.1 x fp32 {layout}")
+        kern.set_ylabel("kernels per update (XLA:CPU HLO)")
+        ms.set_ylabel("ms per update (CPU, median)")
+        for ax in (kern, ms):
+            ax.set_xticks(x, names, rotation=20)
+            ax.legend(fontsize=8)
+        settings = result["settings"]
+        fig.suptitle(
+            f"One SAC update, width {settings['width']}, batch {settings['batch']}: per-leaf vs fused optimizer"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     args.argv = argv
     result = measure(args)
-    write_results(result, format_table(result), args.out_dir, RESULT_NAME, plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":

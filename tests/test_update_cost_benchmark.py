@@ -15,7 +15,9 @@ def test_quick_run_records_kernels_and_times_per_layout(tmp_path):
         assert 0 < row["fused"]["kernels"] <= row["per_leaf"]["kernels"]
         assert row["fused"]["ms_per_update"] > 0 and row["per_leaf"]["ms_per_update"] > 0
     # The methods multiply the per-leaf kernels; fused, fp16 with them costs less than per leaf.
-    assert result["rows"]["fp16"]["fused"]["kernels"] < result["rows"]["fp16"]["per_leaf"]["kernels"]
+    fused = result["rows"]["fp16"]["fused"]
+    assert fused["kernels"] < result["rows"]["fp16"]["per_leaf"]["kernels"]
+    assert 0 < fused["kernels_scalars_not_donated"] < fused["kernels"]  # donated scalars cost copies
     goal = result["goal"]
     assert goal["fp16_fused_over_fp32_fused"] == pytest.approx(
         result["rows"]["fp16"]["fused"]["kernels"] / result["rows"]["fp32"]["fused"]["kernels"]
