@@ -1,7 +1,12 @@
-"""What every benchmark does with its result: print it, write ``<name>.json`` and, optionally, ``<name>.png``."""
+"""What every benchmark shares: its command line (:func:`parser`), its result printed and written as
+``<name>.json`` and ``<name>.png`` (:func:`write_results`, :func:`finish`, :func:`figure`), the record of where it
+ran (:func:`run_environment`) and random input. Timing is :mod:`benchmarks.timing` (CPU) and
+:mod:`benchmarks.steady_state` (GPU)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import hashlib
 import importlib.metadata
@@ -12,11 +17,50 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+REPRODUCTION_RUNS = REPO / "runs" / "sac_reproduction" / "w256_b256_steps100000_seed5000_eval10000x10"
+"""The SAC reproduction's run directories (``<config>/<task>/seed<k>``), which some benchmarks read."""
+
+
+def parser(module: str, doc: str, quick: str | None = None, out: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.<module>``, described by the first paragraph of ``doc``:
+    ``--out_dir`` (or ``--out-dir``, or the names ``out``; default ``benchmarks/results``), ``--name`` (the json's
+    and png's basename, default ``module``), ``--no_plot`` (or ``--no-plot``) and, with its help text ``quick``,
+    ``--quick``. :func:`finish` writes what they ask for."""
+    cli = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{module}",
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cli.add_argument("--out_dir", "--out-dir", *out, type=pathlib.Path, default=RESULTS, help="where the json/png go")
+    cli.add_argument("--name", default=module, help="basename of the json/png")
+    cli.add_argument("--no_plot", "--no-plot", action="store_true", help="write no png")
+    if quick:
+        cli.add_argument("--quick", action="store_true", help=quick)
+    return cli
+
+
+def finish(args: argparse.Namespace, result: dict, table: str, plot: Callable[[dict, pathlib.Path], None] | None):
+    """:func:`write_results` to ``args.out_dir`` under ``args.name``, with the png unless ``args.no_plot``."""
+    write_results(result, table, args.out_dir, args.name, None if args.no_plot else plot)
+    return result
+
+
+@contextlib.contextmanager
+def figure(path: pathlib.Path, nrows: int = 1, ncols: int = 1, dpi: int = 120, rect=None, **subplots) -> Iterator:
+    """``(fig, axes)`` of a matplotlib figure (no pyplot state), laid out (in ``rect``) and saved to ``path`` on
+    exit; ``subplots`` go to ``Figure.subplots`` (``figsize`` to the figure)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=subplots.pop("figsize", None))
+    yield fig, fig.subplots(nrows, ncols, **subplots)
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=dpi)
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
@@ -99,6 +143,32 @@ def nvidia_smi() -> list[dict[str, str]] | str:
     except (OSError, subprocess.SubprocessError) as error:
         return f"nvidia-smi unavailable: {type(error).__name__}"
     return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.strip().splitlines()]
+
+
+def cpu_info(prefix: str) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line starting with ``prefix`` (``None`` where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)), None)
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    """This machine and JAX's devices: CPU count, affinity and model, platform, libc, Python, backend."""
+    import jax
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_info("model name") or platform.processor() or None,
+        "libc": " ".join(platform.libc_ver()) or None,
+        "python": platform.python_version(),
+        "jax_backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+    }
 
 
 RUN_PACKAGES = (

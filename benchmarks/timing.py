@@ -2,7 +2,7 @@
 machine's load beside them.
 
 A shared machine slows every variant alike over a round, and a round-robin order spreads what it cannot: each
-round times every variant once, in an order rotated from round to round, after an untimed warm-up call of each.
+round times every variant once, in an order rotated from round to round, after untimed warm-up calls of each.
 A variant is a zero-argument callable that runs the work once and returns something :func:`jax.block_until_ready`
 accepts, so asynchronous dispatch is waited for inside the timed region (and only there).
 """
@@ -13,9 +13,10 @@ import gc
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 
 def machine_load() -> list[float] | None:
@@ -26,43 +27,71 @@ def machine_load() -> list[float] | None:
         return None
 
 
-def interleaved(variants: Mapping[str, Callable[[], object]], rounds: int, calls: int = 1) -> dict[str, dict]:
-    """Seconds per call of each variant: ``rounds`` rounds, each timing ``calls`` consecutive calls of every variant
-    (one ``perf_counter`` span around them, the result blocked on at its end), the variants' order rotated each
-    round, garbage collection off while timing.
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """``{"median", "min", "max"}`` of ``values``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    Returns ``{name: {"median_s", "min_s", "max_s", "rounds_s"}}`` (per call), and the machine's load before and
-    after under the key ``"machine"`` as ``{"load_before", "load_after"}``.
+
+def interleaved(
+    variants: Mapping[str, Callable[[], object]],
+    rounds: int,
+    calls: int | Mapping[str, int] = 1,
+    warmup: int = 1,
+    per_call: bool = False,
+) -> dict[str, dict]:
+    """Seconds per call of each variant: ``warmup`` untimed calls of each, then ``rounds`` rounds, each timing
+    ``calls`` consecutive calls of every variant (one number, or one per variant), the variants' order rotated
+    each round, garbage collection off while timing.
+
+    A round's calls are one ``perf_counter`` span, the last result blocked on at its end; with ``per_call`` each
+    call is its own span, blocked on, and kept (``calls_s``: per round, the seconds of each call).
+
+    Returns ``{name: {"median_s", "min_s", "max_s", "rounds_s"}}``, ``rounds_s`` holding each round's seconds per
+    call (with ``per_call``, the median of its calls), and the machine's load before and after under the key
+    ``"machine"`` as ``{"load_before", "load_after"}``.
     """
-    if rounds < 1 or calls < 1:
-        raise ValueError(f"rounds and calls must be >= 1, got {rounds} and {calls}.")
+    counts = {name: calls[name] if isinstance(calls, Mapping) else calls for name in variants}
+    if rounds < 1 or min(counts.values(), default=1) < 1 or warmup < 0:
+        raise ValueError(f"rounds and calls must be >= 1 and warmup >= 0, got {rounds}, {calls} and {warmup}.")
     names = list(variants)
     for name in names:
-        jax.block_until_ready(variants[name]())
-    per_round: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(warmup):
+            jax.block_until_ready(variants[name]())
+    spans: dict[str, list[list[float]]] = {name: [] for name in names}
     load_before = machine_load()
     enabled = gc.isenabled()
+    gc.collect()
     gc.disable()
+    clock = time.perf_counter
     try:
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                started = time.perf_counter()
+                fn, n = variants[name], counts[name]
+                if per_call:
+                    times = []
+                    for _ in range(n):
+                        started = clock()
+                        out = fn()
+                        if not isinstance(out, (np.ndarray, type(None))):  # host results need no wait
+                            jax.block_until_ready(out)
+                        times.append(clock() - started)
+                    spans[name].append(times)
+                    continue
+                started = clock()
                 out = None
-                for _ in range(calls):
-                    out = variants[name]()
+                for _ in range(n):
+                    out = fn()
                 jax.block_until_ready(out)
-                per_round[name].append((time.perf_counter() - started) / calls)
+                spans[name].append([(clock() - started) / n])
     finally:
         if enabled:
             gc.enable()
-    result: dict[str, dict] = {
-        name: {
-            "median_s": statistics.median(times),
-            "min_s": min(times),
-            "max_s": max(times),
-            "rounds_s": times,
-        }
-        for name, times in per_round.items()
-    }
+    result: dict[str, dict] = {}
+    for name, per_round in spans.items():
+        times = [statistics.median(t) for t in per_round]
+        result[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+        result[name]["rounds_s"] = times
+        if per_call:
+            result[name]["calls_s"] = per_round
     result["machine"] = {"load_before": load_before, "load_after": machine_load()}
     return result
