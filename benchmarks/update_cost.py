@@ -68,6 +68,21 @@ def _config(precision: str, fused: bool, width: int, batch: int) -> sac.SACConfi
     )
 
 
+def kernels_scalars_not_donated(state: sac.SACState, batch: dict) -> int:
+    """Kernels of the same update with the state's scalars (leaves of one element: loss scales, counters, keys,
+    the log-temperature) not donated: the update inside a jit that donates only the state's other leaves."""
+    leaves, tree = jax.tree.flatten(state)
+    scalar = [np.size(leaf) <= 1 for leaf in leaves]
+
+    def update(arrays, scalars, batch):
+        parts = iter(arrays), iter(scalars)
+        return sac.update(jax.tree.unflatten(tree, [next(parts[s]) for s in scalar]), batch)
+
+    arrays = [leaf for leaf, s in zip(leaves, scalar) if not s]
+    scalars = [leaf for leaf, s in zip(leaves, scalar) if s]
+    return kernel_count(jax.jit(update, donate_argnums=0).lower(arrays, scalars, batch).compile().as_text())
+
+
 def measure(args) -> dict:
     batch = jax.tree.map(jnp.asarray, random_transitions(np.random.default_rng(0), args.batch, OBS_DIM, ACTION_DIM))
     kernels, states, steps = {}, {}, {}
@@ -96,6 +111,7 @@ def measure(args) -> dict:
             }
             for layout in LAYOUTS
         }
+    rows["fp16"]["fused"]["kernels_scalars_not_donated"] = kernels_scalars_not_donated(states["fp16/fused"], batch)
     fp16, fp32 = rows["fp16"]["fused"]["kernels"], rows["fp32"]
     return {
         "benchmark": RESULT_NAME,
@@ -126,6 +142,9 @@ def measure(args) -> dict:
         "notes": [
             "kernels: work instructions of the compiled update (benchmarks.hlo_traffic.kernel_count); a lax.cond "
             "counts as one, its branches not.",
+            "fp16 fused kernels_scalars_not_donated: the same update with the state's scalars (loss scales, "
+            "counters) not donated; the difference is XLA's copies of donated scalars the step reads before "
+            "rewriting.",
             "XLA:CPU emulates float16/bfloat16 dots by converting their operands to float32 in kernels of their own; "
             "fp16_naive's excess over fp32 at the same layout is that emulation, absent on a GPU.",
             "ms_per_update: median over interleaved rounds of a jitted, donated update on a fixed batch; the machine's "
