@@ -31,16 +31,16 @@ the result is sliced back, so a kernel never reads out of bounds on a GPU. Block
 :func:`lower_for_cuda` lowers a kernel for ``platforms=["cuda"]`` with :mod:`jax.export` under an abstract GPU
 (:data:`GPU_TARGETS`: sm_90 an H100, sm_89 an L4, sm_80 an A100), on a machine without one and without JAX's
 CUDA plugin. It runs the Pallas-to-Triton and Pallas-to-Mosaic-GPU lowerings, so errors such as bad blocks or
-unsupported operations surface there; Mosaic GPU lowers all the way to LLVM IR with the ``wgmma`` PTX inline
-(:func:`describe_lowering` reads it back), while a Triton kernel stays Triton IR until XLA compiles it on the
-GPU. Compiling to SASS and running need the GPU. jax 0.10 lowers Triton kernels for sm_90 whatever the
-abstract device (it reads none); later versions lower for the abstract device's compute capability. Mosaic GPU
-lowers for sm_90 either way.
+unsupported operations surface there; Mosaic GPU lowers all the way to LLVM IR with the ``wgmma`` PTX inline,
+while a Triton kernel stays Triton IR until XLA compiles it on the GPU. Compiling to SASS and running need the
+GPU. jax 0.10 lowers Triton kernels for sm_90 whatever the abstract device (it reads none); later versions lower
+for the abstract device's compute capability. Mosaic GPU lowers for sm_90 either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -66,9 +66,6 @@ TRITON_AVAILABLE = pltriton is not None
 TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
 """Custom-call target of a Triton-lowered Pallas kernel (it has no export-compatibility guarantee)."""
 
-MOSAIC_GPU_CUSTOM_CALL = "mosaic_gpu_v2"
-"""Custom-call target of a Mosaic GPU Pallas kernel (on jax.export's list of stable targets)."""
-
 GPU_TARGETS = {
     "sm_90": ("NVIDIA H100 80GB HBM3", 132),
     "sm_89": ("NVIDIA L4", 58),
@@ -79,9 +76,6 @@ sm_89 (Ada) is the oldest GPU with e4m3 tensor cores, which Triton's fp8 dot nee
 
 TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
 """Start of the ``DeprecationWarning`` jax >= 0.11.2 emits when it lowers a Triton kernel."""
-
-WGMMA_INSTRUCTION = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+(?:\.\w+){3}")
-"""A Hopper ``wgmma`` PTX instruction with its shape and types, e.g. ``...m64n128k32.f32.e4m3.e4m3``."""
 
 HOPPER_DEVICE_KIND = re.compile(r"\bG?H(100|200|800|20)\b")
 """Device kinds of Hopper GPUs (sm_90): H100, H200, GH200, H800, H20."""
@@ -217,6 +211,8 @@ def output_tiled_call(
     operands: Sequence[jax.Array],
     in_specs: Sequence[pl.BlockSpec],
     *,
+    bias: jax.Array | None,
+    size: tuple[int, int],
     out_shape: tuple[int, int],
     out_dtype: Any,
     block_m: int,
@@ -224,22 +220,30 @@ def output_tiled_call(
     interpret: bool,
     name: str,
 ) -> jax.Array:
-    """``pallas_call`` over a grid of ``(block_m, block_n)`` output tiles of a padded ``out_shape`` matrix.
+    """``pallas_call`` over a grid of ``(block_m, block_n)`` output tiles of a padded ``out_shape`` matrix, cut
+    back to its ``size = (m, n)``.
 
     Each program ``(i, j)`` writes output tile ``(i, j)`` and loops over K itself: Triton programs run in
-    parallel, so a reduction cannot be spread over grid steps.
+    parallel, so a reduction cannot be spread over grid steps. A ``bias`` ``(n,)`` becomes the last operand
+    (:func:`bias_operand`), and ``kernel`` is called with ``has_bias`` saying whether there is one.
     """
+    operands, in_specs = list(operands), list(in_specs)
+    if bias is not None:
+        row, spec = bias_operand(bias, size[1], block_n)
+        operands.append(row)
+        in_specs.append(spec)
     rows, cols = out_shape
-    return pl.pallas_call(
-        kernel,
+    out = pl.pallas_call(
+        functools.partial(kernel, has_bias=bias is not None),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out_dtype),
         grid=(rows // block_m, cols // block_n),
-        in_specs=list(in_specs),
+        in_specs=in_specs,
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         interpret=interpret,
         compiler_params=compiler_params(interpret),
         name=name,
     )(*operands)
+    return out[: size[0], : size[1]]
 
 
 def abstract_gpu(arch: str) -> contextlib.AbstractContextManager[Any]:
@@ -270,14 +274,3 @@ def lower_for_cuda(fn: Callable[..., Any], *args: Any, arch: str = "sm_90") -> e
             platforms=["cuda"],
             disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)],
         )(*shapes)
-
-
-def describe_lowering(exported: export.Exported) -> dict[str, Any]:
-    """What a module lowered by :func:`lower_for_cuda` runs on the GPU: the number of its Triton and Mosaic GPU
-    kernels (custom calls) and the ``wgmma`` instructions inside its Mosaic GPU kernels."""
-    text = exported.mlir_module()
-    return {
-        "triton_calls": text.count(f"@{TRITON_CUSTOM_CALL}("),
-        "mosaic_gpu_calls": text.count(f"@{MOSAIC_GPU_CUSTOM_CALL}("),
-        "wgmma": sorted(set(WGMMA_INSTRUCTION.findall(text))),
-    }

@@ -46,7 +46,6 @@ from jax.experimental import pallas as pl
 
 from lpjax.kernels import fp8_blockwise_matmul_mosaic_gpu
 from lpjax.kernels._common import (
-    bias_operand,
     check_block,
     check_dtype,
     check_matmul_shapes,
@@ -235,21 +234,18 @@ def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
     mp, kp = qa.shape
     np_ = codes.shape[1]
     groups = kp // BLOCK
-    operands = [qa, sa, codes, qw.scales]
     in_specs = [
         pl.BlockSpec((block_m, kp), lambda i, j: (i, 0)),
         pl.BlockSpec((block_m, groups), lambda i, j: (i, 0)),
         pl.BlockSpec((kp, BLOCK), lambda i, j: (0, j)),
         pl.BlockSpec((groups, 1), lambda i, j: (0, j)),
     ]
-    if bias is not None:
-        row, spec = bias_operand(bias, n, BLOCK)
-        operands.append(row)
-        in_specs.append(spec)
-    out = output_tiled_call(
-        functools.partial(_kernel, num_slices=groups, has_bias=bias is not None),
-        operands,
+    return output_tiled_call(
+        functools.partial(_kernel, num_slices=groups),
+        [qa, sa, codes, qw.scales],
         in_specs,
+        bias=bias,
+        size=(m, n),
         out_shape=(mp, np_),
         out_dtype=out_dtype,
         block_m=block_m,
@@ -257,7 +253,6 @@ def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
         interpret=interpret,
         name="fp8_blockwise_matmul",
     )
-    return out[:m, :n]
 
 
 __all__ = ["BLOCK", "INPUT_DTYPES", "OUT_DTYPES", "fp8_blockwise_matmul"]

@@ -39,7 +39,6 @@ from jax.experimental import pallas as pl
 
 from lpjax.kernels import int8_matmul_mosaic_gpu
 from lpjax.kernels._common import (
-    bias_operand,
     check_block,
     check_dtype,
     check_matmul_shapes,
@@ -216,21 +215,18 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
     sw = pad_to(sw.reshape(1, n), (1, block_n))
     mp, kp = qx.shape
     np_ = qw.shape[1]
-    operands = [qx, sx, qw, sw]
     in_specs = [
         pl.BlockSpec((block_m, kp), lambda i, j: (i, 0)),
         pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
         pl.BlockSpec((kp, block_n), lambda i, j: (0, j)),
         pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
     ]
-    if bias is not None:
-        row, spec = bias_operand(bias, n, block_n)
-        operands.append(row)
-        in_specs.append(spec)
-    out = output_tiled_call(
-        functools.partial(_kernel, block_k=block_k, num_slices=kp // block_k, has_bias=bias is not None),
-        operands,
+    return output_tiled_call(
+        functools.partial(_kernel, block_k=block_k, num_slices=kp // block_k),
+        [qx, sx, qw, sw],
         in_specs,
+        bias=bias,
+        size=(m, n),
         out_shape=(mp, np_),
         out_dtype=out_dtype,
         block_m=block_m,
@@ -238,7 +234,6 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
         interpret=interpret,
         name="int8_matmul",
     )
-    return out[:m, :n]
 
 
 __all__ = ["INPUT_DTYPES", "MAX_K", "OUT_DTYPES", "int8_matmul"]
