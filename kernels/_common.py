@@ -206,33 +206,43 @@ def bias_operand(bias: jax.Array, n: int, block_n: int) -> tuple[jax.Array, pl.B
     return row, pl.BlockSpec((1, block_n), lambda i, j: (0, j))
 
 
-def output_tiled_call(
+def scaled_gemm_call(
     kernel: Callable[..., None],
-    operands: Sequence[jax.Array],
-    in_specs: Sequence[pl.BlockSpec],
+    a: jax.Array,
+    a_scales: jax.Array,
+    w: jax.Array,
+    w_scales: jax.Array,
     *,
     bias: jax.Array | None,
     size: tuple[int, int],
-    out_shape: tuple[int, int],
     out_dtype: Any,
     block_m: int,
     block_n: int,
     interpret: bool,
     name: str,
 ) -> jax.Array:
-    """``pallas_call`` over a grid of ``(block_m, block_n)`` output tiles of a padded ``out_shape`` matrix, cut
-    back to its ``size = (m, n)``.
+    """The ``pallas_call`` of an 8-bit GEMM ``(a, a_scales) @ (w, w_scales)`` over a grid of ``(block_m,
+    block_n)`` output tiles, cut back to the output's ``size = (m, n)``.
 
-    Each program ``(i, j)`` writes output tile ``(i, j)`` and loops over K itself: Triton programs run in
-    parallel, so a reduction cannot be spread over grid steps. A ``bias`` ``(n,)`` becomes the last operand
-    (:func:`bias_operand`), and ``kernel`` is called with ``has_bias`` saying whether there is one.
+    ``a`` ``(Mp, Kp)`` and ``w`` ``(Kp, Np)`` are padded codes; ``a_scales`` has one row per row of ``a`` and
+    ``w_scales`` its columns spread evenly over ``w``'s. Program ``(i, j)`` gets row tile ``i`` of ``a`` and its
+    scales, column tile ``j`` of ``w`` and its scales (and of a ``bias`` ``(n,)``, the last operand:
+    :func:`bias_operand`; ``kernel`` is called with ``has_bias``), writes output tile ``(i, j)`` and loops over K
+    itself: Triton programs run in parallel, so a reduction cannot be spread over grid steps.
     """
-    operands, in_specs = list(operands), list(in_specs)
+    (rows, k), cols = a.shape, w.shape[1]
+    w_scale_block = (w_scales.shape[0], w_scales.shape[1] * block_n // cols)
+    operands = [a, a_scales, w, w_scales]
+    in_specs = [
+        pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+        pl.BlockSpec((block_m, a_scales.shape[1]), lambda i, j: (i, 0)),
+        pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        pl.BlockSpec(w_scale_block, lambda i, j: (0, j)),
+    ]
     if bias is not None:
         row, spec = bias_operand(bias, size[1], block_n)
         operands.append(row)
         in_specs.append(spec)
-    rows, cols = out_shape
     out = pl.pallas_call(
         functools.partial(kernel, has_bias=bias is not None),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out_dtype),

@@ -51,9 +51,9 @@ from lpjax.kernels._common import (
     check_matmul_shapes,
     check_out_dtype,
     fit_block,
-    output_tiled_call,
     pad_to,
     resolve_interpret,
+    scaled_gemm_call,
     select_backend,
 )
 from lpjax.quant.fp8 import (
@@ -231,22 +231,14 @@ def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
     qa = pad_to(qa, (block_m, BLOCK))
     sa = pad_to(sa, (block_m, 1))
     codes = pad_to(qw.codes, (BLOCK, BLOCK))
-    mp, kp = qa.shape
-    np_ = codes.shape[1]
-    groups = kp // BLOCK
-    in_specs = [
-        pl.BlockSpec((block_m, kp), lambda i, j: (i, 0)),
-        pl.BlockSpec((block_m, groups), lambda i, j: (i, 0)),
-        pl.BlockSpec((kp, BLOCK), lambda i, j: (0, j)),
-        pl.BlockSpec((groups, 1), lambda i, j: (0, j)),
-    ]
-    return output_tiled_call(
-        functools.partial(_kernel, num_slices=groups),
-        [qa, sa, codes, qw.scales],
-        in_specs,
+    return scaled_gemm_call(
+        functools.partial(_kernel, num_slices=qa.shape[1] // BLOCK),
+        qa,
+        sa,
+        codes,
+        qw.scales,
         bias=bias,
         size=(m, n),
-        out_shape=(mp, np_),
         out_dtype=out_dtype,
         block_m=block_m,
         block_n=BLOCK,

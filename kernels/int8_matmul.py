@@ -44,9 +44,9 @@ from lpjax.kernels._common import (
     check_matmul_shapes,
     check_out_dtype,
     fit_block,
-    output_tiled_call,
     pad_to,
     resolve_interpret,
+    scaled_gemm_call,
     select_backend,
 )
 from lpjax.quant.int8 import Int8Weight, quantize_int8_per_token, quantize_int8_weight
@@ -213,21 +213,15 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
     sx = pad_to(sx, (block_m, 1))
     qw = pad_to(qw, (block_k, block_n))
     sw = pad_to(sw.reshape(1, n), (1, block_n))
-    mp, kp = qx.shape
-    np_ = qw.shape[1]
-    in_specs = [
-        pl.BlockSpec((block_m, kp), lambda i, j: (i, 0)),
-        pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
-        pl.BlockSpec((kp, block_n), lambda i, j: (0, j)),
-        pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-    ]
-    return output_tiled_call(
+    kp = qx.shape[1]
+    return scaled_gemm_call(
         functools.partial(_kernel, block_k=block_k, num_slices=kp // block_k),
-        [qx, sx, qw, sw],
-        in_specs,
+        qx,
+        sx,
+        qw,
+        sw,
         bias=bias,
         size=(m, n),
-        out_shape=(mp, np_),
         out_dtype=out_dtype,
         block_m=block_m,
         block_n=block_n,
