@@ -327,12 +327,11 @@ def train(
     if not resume:  # a resumed run's strata come from its checkpoint
         strata = replay_strata(config, mesh, agent_config.batch_size)
         check_config("D4PG run", [(config.min_replay_size >= strata, "min_replay_size must be >= replay_shards")])
-    spec = RunSpec(
+    spec = RunSpec.of(
+        config,
+        "total_env_steps",
         kind="D4PG run",
         unit="env_steps",
-        total=config.total_env_steps,
-        eval_every=config.eval_every,
-        checkpoint_every=config.checkpoint_every,
         title=f"D4PG ({config.actor_runtime} actors) on {config.env}",
         curve=("eval/return", "train/episode_return"),
         files=("actor_learner.json",),

@@ -227,12 +227,11 @@ def train(
     mesh = learner_mesh(config)
     check_mesh(agent, mesh)
     rollout = agent.rollout
-    spec = RunSpec(
+    spec = RunSpec.of(
+        config,
+        "iterations",
         kind="GRPO run",
         unit="iterations",
-        total=config.iterations,
-        eval_every=config.eval_every,
-        checkpoint_every=config.checkpoint_every,
         title=(
             f"GRPO ({agent.policy} training, {rollout.policy} rollouts with a {rollout.kv_cache_dtype} "
             f"KV cache, correction {agent.rollout_correction}) on {config.env}"

@@ -267,6 +267,17 @@ class RunSpec:
     plot_nonfinite: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, config: Any, total_field: str, **fields: Any) -> RunSpec:
+        """The spec of a run whose ``config`` holds its length (``config[total_field]``), ``eval_every`` and
+        ``checkpoint_every``; ``fields`` give the rest."""
+        return cls(
+            total=config[total_field],
+            eval_every=config.eval_every,
+            checkpoint_every=config.checkpoint_every,
+            **fields,
+        )
+
     def __post_init__(self):
         check_config(
             self.kind,

@@ -175,12 +175,11 @@ def evaluate(loop: LoopState, env, episodes: int) -> dict[str, float]:
 
 def run_spec(config: ml_collections.ConfigDict) -> RunSpec:
     """The run's :class:`experiments.run.RunSpec` (shared by the host and the jitted loop)."""
-    return RunSpec(
+    return RunSpec.of(
+        config,
+        "total_steps",
         kind="SAC run",
         unit="env_steps",
-        total=config.total_steps,
-        eval_every=config.eval_every,
-        checkpoint_every=config.checkpoint_every,
         title=f"SAC {config.agent.policy} on {config.env}",
         curve=("eval/return", "train/episode_return", "train/critic_loss"),
         plot_nonfinite=("train/critic_loss",),
