@@ -3,67 +3,40 @@ including compilation. Writes ``benchmarks/results/gpu_suite.{json,png}``.
 
 Parts (``--parts`` takes names or letters, comma-separated; the default runs all, in this order):
 
-* ``ceilings``: the GPU's measured bf16 and fp8 matmul rates and HBM bandwidth
-  (:func:`benchmarks.kernels_gpu.ceilings`), and whether JAX's default float32 matmul is TF32 here.
-* ``table10`` (a): Björck et al.'s Table 10 on this GPU. One :func:`lpjax.agents.sac.update` from states at
-  cheetah-run's sizes (17 observations, 6 actions), width {1024, 4096} x batch {1024, 4096}, for each of
-  :data:`SAC_PRECISIONS`: float32 under ``jax.default_matmul_precision("highest")`` (the V100's fp32), float32 at
-  JAX's default (TF32 on Hopper), and the experiment configs ``bf16``, ``fp16`` (the paper's six methods),
-  ``fp16_sr`` and ``fp8``, all with ``matmul_impl="auto"`` (:mod:`lpjax.nn.matmul_choice`).
-* ``optimizer`` (d): one optimizer step alone on a ~101M-parameter MLP: the README's chain
-  (``compound_loss_scaling(hadam)`` + ``kahan_summation``) in float16 against ``optax.adam`` in float32 and
-  float16 (:mod:`benchmarks.optimizer_overhead`'s variants), against its bytes-moved bound (every input read once,
-  every output written once, at the measured HBM bandwidth) and with the traffic of its compiled HLO
-  (:mod:`benchmarks.hlo_traffic`).
-* ``fp8_rollout`` (c): decode tokens/s of :func:`lpjax.rollout.sample` with a ~0.94B-parameter
-  :class:`lpjax.nn.TransformerLM` (random weights; 16 layers, d_model 2048), 64 prompts of 64 tokens, 1024 new
-  tokens: bf16 weights and KV cache, fp8 W8A8 GEMMs (the ``"fp8"`` policy), an fp8 KV cache, both. The traffic of
-  one decode step is read off the compiled program's loop body.
-* ``jitted_loop`` (b): SAC in the fully jitted loop (:mod:`experiments.sac_brax_loop`) on
-  ``mjx:cartpole-swingup`` with :mod:`benchmarks.gpu_train`'s settings (64 environments, 8 updates per
-  vectorized step, 1024 x 1024, batch 1024): env steps/s and updates/s for fp32, bf16 and fp16, on 1 device
-  and, when more are present, on all of them. Needs MuJoCo Playground (the wheels of ``make gpu-wheels``);
-  without it the part records why and the others run.
-* ``matmul`` (e): the measurements behind ``impl="auto"``: :func:`lpjax.nn.policy_dense` with ``impl="xla"``
-  and ``"pallas"`` for bf16, fp8 and fp16 at the SAC, LLM prefill and decode shapes, whether the table's choice
-  is the faster one here, and the rows this GPU implies.
+* ``ceilings``: the measured bf16/fp8 matmul rates and HBM bandwidth (:func:`benchmarks.kernels.ceilings`), and
+  whether JAX's default float32 matmul is TF32 here.
+* ``table10`` (a): Björck et al.'s Table 10: one :func:`lpjax.agents.sac.update` at cheetah-run's sizes, width
+  {1024, 4096} x batch {1024, 4096}, for each of :data:`SAC_PRECISIONS` (fp32 at ``"highest"`` matmul precision,
+  the V100's fp32; fp32 at JAX's default, TF32 on Hopper; the configs ``bf16``, ``fp16``, ``fp16_sr``, ``fp8``),
+  all with ``matmul_impl="auto"``.
+* ``optimizer`` (d): one step of the README's chain in float16 against ``optax.adam`` on a ~101M-parameter MLP
+  (:mod:`benchmarks.optimizer_overhead`'s variants), against its bytes-moved bound at the measured bandwidth and
+  with its compiled HLO's traffic (:mod:`benchmarks.hlo_traffic`).
+* ``fp8_rollout`` (c): decode tokens/s of :func:`lpjax.rollout.sample` with a ~0.94B-parameter transformer (16
+  layers, d_model 2048; 64 prompts of 64 tokens, 1024 new tokens): bf16, fp8 W8A8 GEMMs, an fp8 KV cache, both.
+* ``jitted_loop`` (b): env steps/s and updates/s of the jitted MJX loop with :mod:`benchmarks.gpu_train`'s
+  settings, fp32/bf16/fp16, on 1 device and on all (needs the wheels of ``make gpu-wheels``; without them the
+  part records why).
+* ``matmul`` (e): the measurements behind ``impl="auto"``: :func:`lpjax.nn.policy_dense` with ``impl="xla"`` and
+  ``"pallas"`` for bf16, fp8 and fp16 at the kernels' shapes, and the table rows this GPU implies.
 
-Every figure is steady state (:mod:`benchmarks.steady_state`): wall time per step over a loop of asynchronously
-dispatched steps, and on a GPU the GPU time and kernels per step from CUPTI (plus the kernels taking the most GPU
-time). Functions are compiled ahead of time, and the compile time recorded, before anything is timed.
-
-Robustness. The parts run in a worker process; this process supervises it. Every item of a part (a precision
-at a size, a variant) is recorded on its own, an error as its message, so one failure costs one entry. A part
-that exceeds its limit (``budget * 1.25 + 15 s``), or a worker that crashes, is killed; what it had finished is
-kept, the part is marked, and a new worker runs the remaining parts. A part stops starting items once its budget
-(:data:`BUDGET_S`, scaled by ``--budget_scale``) is spent and marks the rest skipped, and the suite stops at
-``--deadline_s``. The json is written after every part, so a killed suite leaves what it measured. It records
-where it ran (GPUs and driver from ``nvidia-smi``, package versions, lpjax's commit and source hash, JAX's
-devices), each part's seconds, and every goal of issue 29 beside its measured figure (``goals``). Compiled
-programs go to a persistent cache (``--compilation_cache``), so a second run on the same machine compiles less.
+Every figure is steady state (:mod:`benchmarks.steady_state`), compiled ahead of time with the compile time
+recorded. The parts run in a supervised worker process: each item is recorded on its own (an error as its
+message); a part past ``budget * 1.25 + 15 s``, or a crashed worker, is killed, its finished items kept, and a new
+worker runs the rest; a part stops starting items once its budget (:data:`BUDGET_S` x ``--budget_scale``) is
+spent, and the suite stops at ``--deadline_s``. The json is rewritten after every part, with where it ran and
+every goal of issue 29 beside its figure (``goals``). Compiled programs go to a persistent cache.
 
 The 8 minutes. Budgets (s): ceilings 15, table10 160, optimizer 25, fp8_rollout 130, jitted_loop 90, matmul 25
-(445), plus ~15 for the worker's start (jax, CUDA, lpjax); the deadline is 470. No GPU was available to measure
-them; the estimate per part, from compile times measured on this project's (loaded) 2-core CPU for the same
-programs, assumed no slower on the GPU host's 16 cores, and from the H100's recorded times
-(``kernels_gpu.json``): ceilings: three small compiles and eleven 8192^3 dots, ~7 s. table10: per item a jitted
-init (~1 s), the update's compile (4-14 s on the CPU; ~4-6 s assumed) and the measurement (2 warm-up and 2
-calibration calls, a loop calibrated to 0.4 s, the same loop under CUPTI: ~1-1.5 s; fp32-highest at 4096/4096
-is ~50 ms per update by flops), ~7 s x 24 = ~170 s: the last rows in the item order (the secondary precisions at
-1024/4096 and 4096/1024) are skipped if compiling is slower. optimizer: 3 compiles (~1-2 s), 101M parameters
-(2.8 GB per fp32 Adam step: ~1 ms at 3 TB/s), loops of 0.3 s: ~15 s. fp8_rollout: 2 parameter inits and 2 KV
-calibrations (~3-5 s each), 4 compiles (~5 s on the CPU, plus for each fp8-GEMM variant the lowering of its
-192 Mosaic GPU kernels, 16 layers x 6 GEMMs x prefill and decode: 84 s for an abstract H100 on the loaded CPU,
-perhaps 20-30 s on the GPU host), 2 calls per variant of 1024 decode steps; XLA:CPU's
-program moves 18-45 GB per step (the stacked KV cache is sliced and re-stacked every step), 6-15 ms at 3 TB/s,
-so 6-15 s per call: 90-170 s, the fourth variant (fp8 W8A8 alone) at risk. jitted_loop: per precision the
-chunk's compile (13 s of CPU time here) and the loop's initialization (11 s), loops of 1.5 s twice: 75-130 s,
-bf16 (last) at risk. matmul: 18 pairs of small compiles and 10 CUPTI calls each: ~20 s. A part stops starting
-items at its budget, so the suite ends by the deadline whatever the compile times; each item records its
-``compile_s`` and ``seconds``, which calibrate the budgets after the first run on a GPU.
+(445), plus ~15 for the worker's start; the deadline is 470. Estimated from compile times on this project's
+2-core CPU and the H100's recorded times (``kernels_gpu.json``): ceilings ~7 s; table10 ~7 s per item (init,
+compile, a 0.4 s loop twice) x 24, its last items at risk; optimizer ~15 s; fp8_rollout 90-170 s (four compiles,
+the fp8 ones lowering 192 Mosaic GPU kernels, two calls of 1024 decode steps at 6-15 s each), its fourth variant
+at risk; jitted_loop 75-130 s (a 13 s compile and 11 s init per precision), bf16 at risk; matmul ~20 s. Items
+record ``compile_s`` and ``seconds``, which calibrate the budgets after a run on a GPU.
 
 ``--quick`` runs every part at toy sizes (on the CPU, in the default test tier): the same code paths, no
-meaningful figures. Run ``python -m benchmarks.gpu_suite`` (or ``make bench-gpu`` on the GPU machine).
+meaningful figures.
 """
 
 from __future__ import annotations
@@ -90,9 +63,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import command_line, run_environment, write_results
+from benchmarks.common import command_line, finish, parser, run_environment
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = ("ceilings", "table10", "optimizer", "fp8_rollout", "jitted_loop", "matmul")
 LETTERS = {"a": "table10", "b": "jitted_loop", "c": "fp8_rollout", "d": "optimizer", "e": "matmul"}
 BUDGET_S = {"ceilings": 15, "table10": 160, "optimizer": 25, "fp8_rollout": 130, "jitted_loop": 90, "matmul": 25}
@@ -337,12 +309,12 @@ def aot(function: Any, *args: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def part_ceilings(part: Part) -> None:
-    from benchmarks import kernels_gpu
+    from benchmarks import kernels
     from benchmarks.steady_state import on_gpu
 
     part.item(["tf32"], tf32_check)
     if on_gpu() and not part.quick:
-        part.item(["measured"], lambda: kernels_gpu.ceilings(iterations=10))
+        part.item(["measured"], lambda: kernels.ceilings(iterations=10))
     else:
         part.result["measured"] = {"skipped": "the ceilings are measured with CUPTI on a GPU"}
 
@@ -700,13 +672,13 @@ QUICK_SHAPES = {"sac": (32, 64, 64), "llm_prefill": (64, 128, 128), "llm_decode"
 
 def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
     """GPU ms per product of ``policy_dense`` with ``impl="xla"`` and ``"pallas"`` at one shape (operand sets
-    beyond the L2 cache, as :mod:`benchmarks.kernels_gpu`), and what ``"auto"`` picks here."""
+    beyond the L2 cache, as :mod:`benchmarks.kernels`), and what ``"auto"`` picks here."""
     import jax
     import jax.numpy as jnp
 
-    from benchmarks.kernels import SHAPES
-    from benchmarks.kernels_gpu import measure, num_sets
+    from benchmarks.kernels import SHAPES, measure, num_sets
     from benchmarks.steady_state import on_gpu
+    from benchmarks.timing import interleaved
     from lpjax.nn import policy_dense
     from lpjax.nn.matmul_choice import resolve_impl
     from lpjax.precision import get_policy
@@ -727,10 +699,7 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
             timing = measure(fn, (inputs,), iterations=5 if quick else 10)
         else:
             compiled = jax.jit(fn).lower(inputs).compile()
-            jax.block_until_ready(compiled(inputs))
-            started = time.perf_counter()
-            jax.block_until_ready(compiled(inputs))
-            timing = {"wall_ms": 1e3 * (time.perf_counter() - started)}
+            timing = {"wall_ms": 1e3 * interleaved({impl: lambda c=compiled: c(inputs)}, 1)[impl]["median_s"]}
         if "error" in timing:
             out[impl] = timing
             continue
@@ -781,64 +750,34 @@ def _get(tree: dict, *keys: str) -> Any:
 
 def goals(parts: dict) -> list[dict[str, Any]]:
     """Issue 29's goals, each with its target and the measured figure (``met`` is None where unmeasured)."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    def goal(text: str, target: float | None, measured: float | None, at_least: bool = True, **extra) -> dict:
+        met = None if measured is None or target is None else (measured >= target) == at_least
+        return {"goal": text, "target": target, **extra, "measured": measured, "met": met}
+
     out = []
-    table = _get(parts, "table10", "sizes") or {}
     for (width, batch), target in GOAL_SPEEDUP.items():
-        row = table.get(f"w{width}_b{batch}", {})
+        row = _get(parts, "table10", "sizes", f"w{width}_b{batch}") or {}
         fp32, fp16 = row.get("fp32 highest", {}), row.get("fp16 (paper methods)", {})
-        gpu = fp32.get("gpu_ms_per_step"), fp16.get("gpu_ms_per_step")
-        wall = fp32.get("wall_ms_per_step"), fp16.get("wall_ms_per_step")
-        kernels = fp32.get("kernels_per_step"), fp16.get("kernels_per_step")
-        speedup = gpu[0] / gpu[1] if None not in gpu else None
-        out.append(
-            {
-                "goal": f"fp16 (paper methods) over fp32-highest, GPU time, w{width} b{batch}",
-                "target": target,
-                "paper": PAPER_SPEEDUP[(width, batch)],
-                "measured": speedup,
-                "met": None if speedup is None else speedup >= target,
-            }
-        )
-        out.append(
-            {
-                "goal": f"fp16 wall time per update no worse than fp32-highest's, w{width} b{batch}",
-                "target": 1.0,
-                "measured": wall[0] / wall[1] if None not in wall else None,
-                "met": None if None in wall else wall[1] <= wall[0],
-            }
-        )
-        out.append(
-            {
-                "goal": f"kernels per fp16 update <= 1.1x fp32's, w{width} b{batch}",
-                "target": 1.1,
-                "measured": kernels[1] / kernels[0] if None not in kernels and kernels[0] else None,
-                "met": None if None in kernels or not kernels[0] else kernels[1] <= 1.1 * kernels[0],
-            }
-        )
+        size = f"w{width} b{batch}"
+        speedup = ratio(fp32.get("gpu_ms_per_step"), fp16.get("gpu_ms_per_step"))
+        paper = PAPER_SPEEDUP[(width, batch)]
+        out.append(goal(f"fp16 (paper methods) over fp32-highest, GPU time, {size}", target, speedup, paper=paper))
+        wall = ratio(fp32.get("wall_ms_per_step"), fp16.get("wall_ms_per_step"))
+        out.append(goal(f"fp16 wall time per update no worse than fp32-highest's, {size}", 1.0, wall))
+        kernels = ratio(fp16.get("kernels_per_step"), fp32.get("kernels_per_step"))
+        out.append(goal(f"kernels per fp16 update <= 1.1x fp32's, {size}", 1.1, kernels, at_least=False))
     variants = _get(parts, "fp8_rollout", "variants") or {}
-    base = _get(variants, "bf16", "tokens_per_s")
     for label in ("fp8 W8A8 + fp8 KV cache", "fp8 KV cache", "fp8 W8A8"):
-        value = _get(variants, label, "tokens_per_s")
-        ratio = value / base if value and base else None
-        out.append(
-            {
-                "goal": f"FP8 rollout decode tokens/s over bf16's: {label}",
-                "target": 1.3 if label.startswith("fp8 W8A8 +") else None,
-                "measured": ratio,
-                "met": None if ratio is None or not label.startswith("fp8 W8A8 +") else ratio >= 1.3,
-            }
-        )
-    chain = _get(parts, "optimizer", "variants", "lpjax.chain float16") or {}
-    ratio = chain.get("gpu_over_bound")
-    out.append(
-        {
-            "goal": "optimizer (README chain, fp16) GPU time within 1.2x of its bytes-moved bound",
-            "target": 1.2,
-            "measured": ratio,
-            "met": None if ratio is None else ratio <= 1.2,
-        }
-    )
-    return out
+        measured = ratio(_get(variants, label, "tokens_per_s"), _get(variants, "bf16", "tokens_per_s"))
+        target = 1.3 if label.startswith("fp8 W8A8 +") else None
+        out.append(goal(f"FP8 rollout decode tokens/s over bf16's: {label}", target, measured))
+    chain = _get(parts, "optimizer", "variants", "lpjax.chain float16", "gpu_over_bound")
+    text = "optimizer (README chain, fp16) GPU time within 1.2x of its bytes-moved bound"
+    return out + [goal(text, 1.2, chain, at_least=False)]
 
 
 def table(result: dict) -> str:
@@ -893,13 +832,14 @@ def _summary(leaf: dict) -> str:
 def plot(result: dict, path: Path) -> None:
     """Four panels: Table 10's speedups over fp32-highest, rollout tokens/s, the optimizer against its bound, the
     jitted loop's throughput."""
-    import matplotlib
+    from benchmarks.common import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with figure(path, 1, 4, dpi=110, figsize=(20, 4.5)) as (fig, axes):
+        _plot_parts(fig, axes, result)
 
+
+def _plot_parts(fig: Any, axes: Any, result: dict) -> None:
     parts = result["parts"]
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     sizes = _get(parts, "table10", "sizes") or {}
     ax = axes[0]
     labels = [label for label in SAC_PRECISIONS if label != "fp32 highest"]
@@ -926,9 +866,6 @@ def plot(result: dict, path: Path) -> None:
     _bars(axes[3], loop, "updates_per_s", "b. jitted loop: updates/s")
     device = (result.get("device") or {}).get("device_kind", "?")
     fig.suptitle(f"gpu_suite on {device}" + (" (quick: toy sizes)" if result.get("quick") else ""), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) -> None:
@@ -980,24 +917,23 @@ def estimate(parts: Sequence[str], budget_scale: float) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default=",".join(ORDER), help=f"comma-separated: {', '.join(ORDER)}, or a-e")
-    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU test tier): code paths, no figures")
-    parser.add_argument("--budget_scale", type=float, default=1.0, help="multiplies every part's budget")
-    parser.add_argument("--deadline_s", type=float, default=DEADLINE_S, help="the whole suite's hard limit")
-    parser.add_argument("--part_limit", default="", help="name=seconds,...: kill a part after this long")
-    parser.add_argument("--in_process", action="store_true", help="run the parts here, without a worker process")
-    parser.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
-    parser.add_argument("--out_dir", type=Path, default=RESULTS)
-    parser.add_argument("--name", help="basename of the json/png (default gpu_suite, gpu_suite_quick with --quick)")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.name = args.name or ("gpu_suite_quick" if args.quick else "gpu_suite")
+    cli = parser(
+        "gpu_suite", __doc__, quick="toy sizes (the CPU test tier): code paths, no figures; writes gpu_suite_quick"
+    )
+    cli.add_argument("--parts", default=",".join(ORDER), help=f"comma-separated: {', '.join(ORDER)}, or a-e")
+    cli.add_argument("--budget_scale", type=float, default=1.0, help="multiplies every part's budget")
+    cli.add_argument("--deadline_s", type=float, default=DEADLINE_S, help="the whole suite's hard limit")
+    cli.add_argument("--part_limit", default="", help="name=seconds,...: kill a part after this long")
+    cli.add_argument("--in_process", action="store_true", help="run the parts here, without a worker process")
+    cli.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
+    cli.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = cli.parse_args(argv)
+    args.name = "gpu_suite_quick" if args.quick and args.name == "gpu_suite" else args.name
     try:
         parts = parse_parts(args.parts)
         args.part_limit = parse_limits(args.part_limit)
     except ValueError as error:
-        parser.error(str(error))
+        cli.error(str(error))
     if args.worker:
         run_worker(args.worker, parts, args.quick, args.budget_scale, "" if args.quick else args.compilation_cache)
         return None
@@ -1026,8 +962,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         else:
             state = supervise(parts, args, progress, update)
     update(state)
-    write_results(result, table(result), args.out_dir, args.name, plot)
-    return result
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,19 @@
 """fp32 against fp16 SAC on MJX cartpole-swingup for the same wall-clock budget each: which one reaches a return
 of 800 first (``make bench-gpu-train``, at most 6 minutes on an H100).
 
-Both learners run the fully jitted loop, :mod:`experiments.sac_brax_loop`, with the experiment configs
-(``experiments/configs/sac/fp32.py`` and ``fp16.py``, the paper's six methods) on ``mjx:cartpole-swingup`` and the
-loop settings of :data:`LOOP` and :data:`AGENT`: 64 vectorized environments and 8 SAC updates per vectorized step
-(a replay ratio of 1/8), the paper's 1024 x 1024 networks and batch 1024, with learning rates 3e-4 instead of the
-paper's 1e-4 so that 800 is within reach of a 100-second budget. Both use the same settings, so the comparison
-is fair whatever they are; :mod:`benchmarks.gpu_suite` (part ``jitted_loop``) times the same loop's env steps/s and
-updates/s for fp32, bf16 and fp16.
-
-Protocol. Every compiled function (loop initialization, a chunk of :data:`CHUNK_ITERATIONS` iterations, the
-evaluation) is compiled first, outside the budget, and its time recorded (``compile_s``). Then the two learners
-alternate chunk by chunk, the one with less training time going next, so the machine's state affects both alike,
-until each has trained ``--budget_s`` seconds of wall-clock (chunks timed to completion), or, if the compilation
-left too little of ``--deadline_s`` for that, an equal shorter budget (recorded as ``settings.budget_s``). Every
-``--eval_every_s`` seconds of its own training time a learner is evaluated (``--eval_episodes`` deterministic
-episodes from the same seeded initial states; evaluation time is not training time). Reported per learner: the
-curve of evaluation return against training wall-clock, env steps and updates, and ``time_to_target_s``, the
-training time at the first evaluation reaching :data:`TARGET_RETURN` (``None`` if none did), also with the compile
-time added (``time_to_target_with_compile_s``). The goal: fp16 reaches 800 in less wall-clock than fp32.
-
-Needs MuJoCo Playground (``pip install -e '.[mjx]'``, or the wheels of ``make gpu-wheels`` on the GPU machine);
-without it the json records why. ``--quick`` is a tiny smoke run on any backend (it learns nothing).
-
-Run ``python -m benchmarks.gpu_train`` (writes ``benchmarks/results/gpu_train.{json,png}``).
+Both run the fully jitted loop (:mod:`experiments.sac_brax_loop`) with the experiment configs (``fp32.py`` and
+``fp16.py``, the paper's six methods) and :data:`LOOP` / :data:`AGENT`: 64 environments, 8 updates per vectorized
+step, 1024 x 1024 networks, batch 1024, learning rates 3e-4 (not the paper's 1e-4) so that 800 is within reach of
+a 100-second budget. Everything is compiled first, outside the budget (``compile_s``); then the learners
+alternate chunks of :data:`CHUNK_ITERATIONS` iterations, the one with less training time next, until each has
+trained ``--budget_s`` (or an equal budget shrunk to fit ``--deadline_s``, ``settings.budget_s``), evaluated every
+``--eval_every_s`` of its own training time on seeded episodes. Recorded: return against training wall-clock,
+env steps and updates, and ``time_to_target_s`` (also with the compile time added). The goal: fp16 reaches 800
+sooner than fp32. Needs MuJoCo Playground; without it the json records why. ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 import time
@@ -39,7 +24,7 @@ from typing import Any
 
 import jax
 
-from benchmarks.common import command_line, run_environment, write_results
+from benchmarks.common import command_line, figure, finish, parser, run_environment
 from benchmarks.gpu_suite import CACHE_DIR, enable_compilation_cache
 
 ENV = "mjx:cartpole-swingup"
@@ -209,44 +194,31 @@ def goal(runs: dict) -> dict:
 
 def plot(result: dict, path: Path) -> None:
     """Evaluation return against training wall-clock, one line per precision, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for precision, run in result["runs"].items():
-        curve = run.get("curve") or []
-        if curve:
-            ax.plot([p["train_s"] for p in curve], [p["return"] for p in curve], marker="o", ms=3, label=precision)
-    ax.axhline(TARGET_RETURN, color="k", ls="--", lw=1)
-    ax.set(xlabel="training wall-clock (s), compilation and evaluation excluded", ylabel="evaluation return")
-    ax.set_title(f"SAC on {ENV}, {result.get('device') or 'device unknown'}", fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(6.5, 4.2)) as (_, ax):
+        for precision, run in result["runs"].items():
+            curve = run.get("curve") or []
+            if curve:
+                ax.plot([p["train_s"] for p in curve], [p["return"] for p in curve], marker="o", ms=3, label=precision)
+        ax.axhline(TARGET_RETURN, color="k", ls="--", lw=1)
+        ax.set(xlabel="training wall-clock (s), compilation and evaluation excluded", ylabel="evaluation return")
+        ax.set_title(f"SAC on {ENV}, {result.get('device') or 'device unknown'}", fontsize=9)
+        ax.legend()
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget_s", type=float, default=100.0, help="training wall-clock per precision")
-    parser.add_argument(
-        "--deadline_s", type=float, default=DEADLINE_S, help="the run's limit: the budget shrinks (equally) to fit"
-    )
-    parser.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
-    parser.add_argument("--eval_every_s", type=float, default=5.0, help="training seconds between evaluations")
-    parser.add_argument("--eval_episodes", type=int, default=10)
-    parser.add_argument("--precisions", default="fp32,fp16", help=f"comma-separated, of {tuple(CONFIGS)}")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds of budget: a smoke run")
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--name", help="basename of the json/png (default gpu_train, gpu_train_quick with --quick)")
-    args = parser.parse_args(argv)
-    args.name = args.name or ("gpu_train_quick" if args.quick else "gpu_train")
+    cli = parser("gpu_train", __doc__, quick="tiny sizes, seconds of budget: a smoke run; writes gpu_train_quick")
+    cli.add_argument("--budget_s", type=float, default=100.0, help="training wall-clock per precision")
+    cli.add_argument("--deadline_s", type=float, default=DEADLINE_S, help="the run's limit: the budget shrinks to fit")
+    cli.add_argument("--compilation_cache", default=CACHE_DIR, help="persistent compilation cache ('': none)")
+    cli.add_argument("--eval_every_s", type=float, default=5.0, help="training seconds between evaluations")
+    cli.add_argument("--eval_episodes", type=int, default=10)
+    cli.add_argument("--precisions", default="fp32,fp16", help=f"comma-separated, of {tuple(CONFIGS)}")
+    args = cli.parse_args(argv)
+    args.name = "gpu_train_quick" if args.quick and args.name == "gpu_train" else args.name
     precisions = [p for p in args.precisions.split(",") if p]
     for precision in precisions:
         if precision not in CONFIGS:
-            parser.error(f"--precisions: {precision!r} is not one of {tuple(CONFIGS)}")
+            cli.error(f"--precisions: {precision!r} is not one of {tuple(CONFIGS)}")
     started = time.perf_counter()
     result: dict[str, Any] = {
         "command": command_line("benchmarks.gpu_train", argv),
@@ -291,8 +263,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if "error" in result:
         lines.append(f"failed: {result['error'].splitlines()[0]}")
     lines.append(f"goal met: {result['goal']['met']}  ({result['seconds']:.0f} s in all)")
-    write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
-    return result
+    return finish(args, result, "\n".join(lines), plot)
 
 
 if __name__ == "__main__":

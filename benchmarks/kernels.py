@@ -1,36 +1,32 @@
-"""Roofline model of lpjax's matmul kernels at SAC and LLM sizes, GPU timings when a GPU is present.
+"""lpjax's matmul kernels at SAC and LLM sizes: their roofline model and CUDA lowering on any machine, and with
+``--gpu`` their timings on a GPU.
 
-For each kernel (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmul``) and each shape
-``(M, K, N)``: SAC (batch 1024, 1024x1024 layer), LLM prefill (4096 tokens, 4096x4096) and LLM decode
-(16 tokens, 4096x4096), it records
+Kernels (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmul``) at :data:`SHAPES` ``(M, K, N)``: SAC
+(1024^3), LLM prefill (4096^3) and LLM decode (16 x 4096 x 4096).
 
-* ``flops = 2 M N K`` (the epilogue's ``O(M N)`` is left out);
-* bytes moved from HBM, two ways: ``compulsory`` (each operand, scale and output read or written once) and
-  ``tiled`` (what the kernel's grid reads without any L2 reuse: the x tile once per N block, the w tile once per
-  M block), with the kernel's default blocks. The fp8 kernel's separate activation-quantization pass (read x
-  in bf16, write codes and scales) is counted on its own line;
-* the arithmetic intensity ``flops / bytes`` and, for an H100 and an H200 with the figures the issue gives
-  (dense bf16 990 / 790 TFLOP/s, fp8 and int8 twice that; HBM 3.35 / 4.8 TB/s), the roofline bound
-  ``time >= max(flops / peak, bytes / bandwidth)`` and whether the kernel is compute or memory bound there.
+**Model** (``kernels.json``): ``flops = 2 M N K`` and the bytes moved from HBM, ``compulsory`` (every operand,
+scale and output once) and ``tiled`` (the grid's reads without L2 reuse: x once per N block, w once per M block;
+the fp8/int8 activation-quantization pass on its own line), the intensity ``flops / bytes`` and the roofline
+``time >= max(flops / peak, bytes / bandwidth)`` on an H100 and an H200 (:data:`GPUS`). Each kernel is lowered
+for ``platforms=["cuda"]`` (:func:`lpjax.kernels._common.lower_for_cuda`) for every (backend, abstract GPU) of
+:data:`LOWERING_TARGETS`, recording which lower and the ``wgmma`` of the Mosaic GPU ones. A CPU measures only the
+XLA-compiled references against an fp32 ``jnp.dot`` (emulation cost, not kernel speed).
 
-It also lowers each kernel for ``platforms=["cuda"]`` with :mod:`jax.export` at each shape, for every
-(backend, architecture) pair of :data:`LOWERING_TARGETS` (Mosaic GPU for an abstract H100; Triton for an
-abstract H100, L4 and A100), and records which (kernel, backend, architecture) triples lower, with the
-``wgmma`` instructions of the Mosaic GPU kernels or the error. The kernels' GPU timings are
-:mod:`benchmarks.kernels_gpu`'s, taken on a GPU; no CPU number says anything about a GPU (XLA:CPU emulates bf16
-and fp8, and Pallas runs only in interpret mode there).
-What a CPU does measure is recorded separately: the XLA-compiled reference implementations' latency next to an
-fp32 ``jnp.dot`` at the SAC and decode shapes (emulation cost, not kernel speed).
+**GPU** (``--gpu``, ``kernels_gpu.json``): GPU time from CUPTI (:func:`measure`: summed kernel durations, median
+over ``--iterations`` calls) of the measured ceilings (bf16 and fp8 8192^3 dots, a 1 GiB elementwise pass), every
+Pallas backend the GPU runs with the weight prepared as a layer holds it, against XLA's dots (bf16, and 8-bit
+with one scale per tensor), each call on input sets beyond the L2 cache (:func:`num_sets`); the block sweep at
+prefill (:data:`BLOCK_SWEEP`); one SAC update at the paper's size per :data:`SAC_SETTINGS`.
 
-Run ``python -m benchmarks.kernels`` (writes ``benchmarks/results/kernels.{json,png}``).
+Run ``python -m benchmarks.kernels`` (any machine) and ``python -m benchmarks.kernels --gpu`` (a CUDA GPU).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
+import math
 import platform
-import time
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,34 +35,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, figure, finish, parser, random_transitions
+from benchmarks.timing import interleaved
+from lpjax import quant
 from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
 from lpjax.kernels._common import (
     GPU_TARGETS,
-    describe_lowering,
+    TRITON_AVAILABLE,
+    TRITON_CUSTOM_CALL,
+    is_hopper,
     lower_for_cuda,
     round_up,
+    target_device_kind,
 )
+from lpjax.methods import PrecisionMethods
 
 SHAPES = {"sac": (1024, 1024, 1024), "llm_prefill": (4096, 4096, 4096), "llm_decode": (16, 4096, 4096)}
-"""(M, K, N) per workload."""
-
 GPUS = {
     "H100": {"bf16_tflops": 990.0, "fp8_tflops": 1980.0, "int8_tops": 1980.0, "hbm_tb_s": 3.35},
     "H200": {"bf16_tflops": 790.0, "fp8_tflops": 1580.0, "int8_tops": 1580.0, "hbm_tb_s": 4.8},
 }
 """Dense peak throughput and HBM bandwidth, as the issue states them (fp8/int8 = 2x bf16)."""
-
 FP8_BLOCK = 128
-
 LOWERING_TARGETS = (("mosaic_gpu", "sm_90"), ("triton", "sm_90"), ("triton", "sm_89"), ("triton", "sm_80"))
-"""(backend, abstract GPU of :data:`lpjax.kernels._common.GPU_TARGETS`) pairs each kernel is lowered for."""
-
 GPU_TIMINGS = (
-    "measured on a GPU by benchmarks/kernels_gpu.py (benchmarks/results/kernels_gpu.json): CUPTI kernel times "
-    "beside this model's rooflines; this model and the lowerings need no GPU."
+    "measured on a GPU by python -m benchmarks.kernels --gpu (benchmarks/results/kernels_gpu.json): CUPTI kernel "
+    "times beside this model's rooflines; this model and the lowerings need no GPU."
 )
-
 LOWERING_NOTES = (
     "'lowers' means jax.export lowered the kernel for platforms=['cuda'] under an abstract GPU (no GPU, no CUDA "
     "plugin): Mosaic GPU kernels down to LLVM IR with their PTX (wgmma) inline, Triton kernels to Triton IR. "
@@ -78,59 +73,69 @@ LOWERING_NOTES = (
     "fp8_blockwise_matmul on Triton for sm_80: the e4m3 dot lowers to Triton IR, but an A100 has no fp8 tensor "
     "cores; whether Triton compiles it there is not proven (sm_89 is the first fp8 target).",
 )
+MOSAIC_GPU_CUSTOM_CALL = "mosaic_gpu_v2"
+"""Custom-call target of a Mosaic GPU Pallas kernel (on jax.export's list of stable targets)."""
+WGMMA_INSTRUCTION = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+(?:\.\w+){3}")
+"""A Hopper ``wgmma`` PTX instruction with its shape and types, e.g. ``...m64n128k32.f32.e4m3.e4m3``."""
+
+
+def describe_lowering(exported: Any) -> dict[str, Any]:
+    """What a module lowered by :func:`lpjax.kernels._common.lower_for_cuda` runs on the GPU: the number of its
+    Triton and Mosaic GPU kernels (custom calls) and the ``wgmma`` instructions inside its Mosaic GPU kernels."""
+    text = exported.mlir_module()
+    return {
+        "triton_calls": text.count(f"@{TRITON_CUSTOM_CALL}("),
+        "mosaic_gpu_calls": text.count(f"@{MOSAIC_GPU_CUSTOM_CALL}("),
+        "wgmma": sorted(set(WGMMA_INSTRUCTION.findall(text))),
+    }
+
+
+# --------------------------------------------------------------------------------------------------- the model
+
+
+def _tiles(m: int, n: int, bm: int, bn: int) -> tuple[int, int]:
+    return round_up(n, bn) // bn, round_up(m, bm) // bm
 
 
 def _bytes_fp16(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
     """bf16 x (M,K) and w (K,N), fp32 bias, bf16 output."""
-    out = 2 * m * n + 4 * n
+    out, (x_reads, w_reads) = 2 * m * n + 4 * n, _tiles(m, n, bm, bn)
+    return {"compulsory": 2 * m * k + 2 * k * n + out, "tiled": 2 * m * k * x_reads + 2 * k * n * w_reads + out}
+
+
+def _bytes_8bit(x_bytes: int, w_bytes: int, m: int, k: int, n: int, bm: int, bn: int, scales: int) -> dict:
+    out, (x_reads, w_reads) = 2 * m * n + 4 * n, _tiles(m, n, bm, bn)
     return {
-        "compulsory": 2 * m * k + 2 * k * n + out,
-        "tiled": 2 * m * k * (round_up(n, bn) // bn) + 2 * k * n * (round_up(m, bm) // bm) + out,
+        "compulsory": x_bytes + w_bytes + out,
+        "tiled": x_bytes * x_reads + w_bytes * w_reads + out,
+        "activation_quantization_pass": 2 * m * k + m * k + 4 * scales,
     }
 
 
-def _bytes_fp8(m: int, k: int, n: int, bm: int = 64, bn: int = FP8_BLOCK) -> dict[str, float]:
+def _bytes_fp8(m: int, k: int, n: int) -> dict[str, float]:
     """fp8 codes of x and w, fp32 scales (x: one per token per 128 of K; w: one per 128x128 block), bf16 out."""
     groups = round_up(k, FP8_BLOCK) // FP8_BLOCK
-    x_bytes, w_bytes = m * k + 4 * m * groups, k * n + 4 * groups * (round_up(n, FP8_BLOCK) // FP8_BLOCK)
-    out = 2 * m * n + 4 * n
-    return {
-        "compulsory": x_bytes + w_bytes + out,
-        "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
-        "activation_quantization_pass": 2 * m * k + m * k + 4 * m * groups,
-    }
+    w_bytes = k * n + 4 * groups * (round_up(n, FP8_BLOCK) // FP8_BLOCK)
+    return _bytes_8bit(m * k + 4 * m * groups, w_bytes, m, k, n, 64, FP8_BLOCK, m * groups)
 
 
-def _bytes_int8(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
+def _bytes_int8(m: int, k: int, n: int) -> dict[str, float]:
     """int8 codes of x and w, fp32 per-token and per-channel scales, bf16 out."""
-    x_bytes, w_bytes, out = m * k + 4 * m, k * n + 4 * n, 2 * m * n + 4 * n
-    return {
-        "compulsory": x_bytes + w_bytes + out,
-        "tiled": x_bytes * (round_up(n, bn) // bn) + w_bytes * (round_up(m, bm) // bm) + out,
-        "activation_quantization_pass": 2 * m * k + m * k + 4 * m,
-    }
+    return _bytes_8bit(m * k + 4 * m, k * n + 4 * n, m, k, n, 64, 64, m)
+
+
+def _kernel(fn: Callable, impl: str, **kw: Any) -> Callable:
+    return functools.partial(fn, out_dtype=jnp.bfloat16, impl=impl, **kw)
 
 
 KERNELS: dict[str, dict[str, Any]] = {
-    "fp16_matmul[bf16]": dict(
-        bytes=_bytes_fp16,
-        peak="bf16_tflops",
-        dtype=jnp.bfloat16,
-        fn=lambda impl, **kw: functools.partial(fp16_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
-    ),
+    "fp16_matmul[bf16]": dict(bytes=_bytes_fp16, peak="bf16_tflops", fn=functools.partial(_kernel, fp16_matmul)),
     "fp8_blockwise_matmul": dict(
-        bytes=_bytes_fp8,
-        peak="fp8_tflops",
-        dtype=jnp.bfloat16,
-        fn=lambda impl, **kw: functools.partial(fp8_blockwise_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
+        bytes=_bytes_fp8, peak="fp8_tflops", fn=functools.partial(_kernel, fp8_blockwise_matmul)
     ),
-    "int8_matmul": dict(
-        bytes=_bytes_int8,
-        peak="int8_tops",
-        dtype=jnp.bfloat16,
-        fn=lambda impl, **kw: functools.partial(int8_matmul, out_dtype=jnp.bfloat16, impl=impl, **kw),
-    ),
+    "int8_matmul": dict(bytes=_bytes_int8, peak="int8_tops", fn=functools.partial(_kernel, int8_matmul)),
 }
+"""Per kernel: its byte model, the peak it is held to and ``fn(impl, **blocks)``, the kernel on bf16 operands."""
 
 
 def roofline(flops: float, nbytes: float, peak_tflops: float, hbm_tb_s: float) -> dict[str, float | str]:
@@ -145,31 +150,12 @@ def roofline(flops: float, nbytes: float, peak_tflops: float, hbm_tb_s: float) -
     }
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-    """Median seconds per call of a compiled, warmed-up ``fn``."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def _operands(m: int, k: int, n: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    kx, kw = jax.random.split(jax.random.key(0))
-    return (
-        jax.random.normal(kx, (m, k), jnp.float32).astype(dtype),
-        (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(dtype),
-    )
-
-
 def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
     """FLOPs, bytes, intensity and H100/H200 rooflines of one kernel at one shape (no compute)."""
     spec, (m, k, n) = KERNELS[name], shape
     flops = 2.0 * m * n * k
     nbytes = spec["bytes"](m, k, n)
-    entry: dict[str, Any] = {
+    return {
         "M": m,
         "K": k,
         "N": n,
@@ -177,22 +163,21 @@ def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
         "bytes": nbytes,
         "intensity_compulsory": flops / nbytes["compulsory"],
         "intensity_tiled": flops / nbytes["tiled"],
-        "roofline": {},
+        "roofline": {
+            gpu: {
+                kind: roofline(flops, nbytes[kind], peaks[spec["peak"]], peaks["hbm_tb_s"])
+                for kind in ("compulsory", "tiled")
+            }
+            for gpu, peaks in GPUS.items()
+        },
     }
-    for gpu, peaks in GPUS.items():
-        entry["roofline"][gpu] = {
-            kind: roofline(flops, nbytes[kind], peaks[spec["peak"]], peaks["hbm_tb_s"])
-            for kind in ("compulsory", "tiled")
-        }
-    return entry
 
 
 def lowers_for_cuda(name: str, shape: tuple[int, int, int], backend: str, arch: str) -> dict[str, Any]:
-    """Whether the kernel's ``backend`` lowers for CUDA on the abstract GPU ``arch`` at this shape, with jax.export
-    on this machine, and what the lowered module runs (:func:`lpjax.kernels._common.describe_lowering`)."""
+    """Whether the kernel's ``backend`` lowers for CUDA on the abstract GPU ``arch`` at this shape, and what the
+    lowered module runs (:func:`describe_lowering`)."""
     m, k, n = shape
-    x = jax.ShapeDtypeStruct((m, k), KERNELS[name]["dtype"])
-    w = jax.ShapeDtypeStruct((k, n), KERNELS[name]["dtype"])
+    x, w = jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16)
     try:
         exported = lower_for_cuda(KERNELS[name]["fn"](backend, interpret=False), x, w, arch=arch)
     except Exception as error:  # recorded, not raised: the json says which kernel fails to lower and why
@@ -224,10 +209,19 @@ def lowering_triples(lowered: dict[str, dict[str, dict[str, Any]]]) -> list[dict
     return rows
 
 
+def _random(key: jax.Array, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp.bfloat16)
+
+
+def _operands(key: jax.Array, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
+    kx, kw = jax.random.split(key)
+    return _random(kx, (m, k)), _random(kw, (k, n), 1 / math.sqrt(k))
+
+
 def cpu_reference_latency(shape: tuple[int, int, int], repeats: int) -> dict[str, float]:
-    """Milliseconds per call on this CPU of the XLA-compiled references next to an fp32 ``jnp.dot``."""
-    m, k, n = shape
-    x, w = _operands(m, k, n, jnp.float32)
+    """Milliseconds per call on this CPU of the XLA-compiled references next to an fp32 ``jnp.dot`` (interleaved
+    rounds, :func:`benchmarks.timing.interleaved`)."""
+    x, w = (a.astype(jnp.float32) for a in _operands(jax.random.key(0), *shape))
     calls = {
         "jnp_dot_fp32": jax.jit(jnp.dot),
         "jnp_dot_bf16": jax.jit(
@@ -235,72 +229,16 @@ def cpu_reference_latency(shape: tuple[int, int, int], repeats: int) -> dict[str
         ),
     }
     for name, spec in KERNELS.items():
-        cast = spec["dtype"] if name.startswith("fp16") else jnp.float32
+        cast = jnp.bfloat16 if name.startswith("fp16") else jnp.float32
         calls[f"{name}[reference]"] = jax.jit(
             lambda x, w, f=spec["fn"]("reference"), c=cast: f(x.astype(c), w.astype(c))  # noqa: B008
         )
-    return {label: 1e3 * _time(lambda f=f: f(x, w), repeats) for label, f in calls.items()}
+    timing = interleaved({label: functools.partial(f, x, w) for label, f in calls.items()}, repeats)
+    return {label: 1e3 * timing[label]["median_s"] for label in calls}
 
 
-def plot(result: dict, path: Path) -> None:
-    """Roofline chart (H100): each kernel/shape at its intensity and attainable TFLOP/s, filled markers for the
-    tiled byte count, hollow ones for the compulsory byte count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    peaks = GPUS["H100"]
-    intensity = np.logspace(0, 4, 200)
-    for peak_key, style in (("bf16_tflops", "-"), ("fp8_tflops", "--")):
-        ax.plot(
-            intensity,
-            np.minimum(peaks[peak_key], intensity * peaks["hbm_tb_s"]),
-            "k" + style,
-            lw=1,
-            label=f"H100 roof ({peak_key.split('_')[0]})",
-        )
-    markers = dict(zip(result["shapes"], "os^Dv"))
-    for color, (name, shapes) in zip(("C0", "C1", "C2"), result["model"].items()):
-        for shape_name, entry in shapes.items():
-            ax.scatter(
-                entry["intensity_tiled"],
-                entry["roofline"]["H100"]["tiled"]["attainable_tflops"],
-                color=color,
-                marker=markers[shape_name],
-                s=50,
-                label=f"{name} {shape_name}",
-            )
-            ax.scatter(
-                entry["intensity_compulsory"],
-                entry["roofline"]["H100"]["compulsory"]["attainable_tflops"],
-                facecolors="none",
-                edgecolors=color,
-                marker=markers[shape_name],
-                s=50,
-            )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="arithmetic intensity, FLOP/byte (filled: tiled, no L2 reuse; hollow: compulsory bytes)",
-        ylabel="attainable TFLOP/s (model)",
-        title="lpjax kernels on an H100 roofline (model, not measured)",
-    )
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median)")
-    parser.add_argument("--no_export", action="store_true", help="skip the CUDA lowering checks")
-    parser.add_argument("--no_cpu_latency", action="store_true", help="skip the CPU reference latencies")
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--name", default="kernels", help="basename of the json/png")
-    args = parser.parse_args(argv)
+def model_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
+    """The model, the lowerings and the CPU latencies (``kernels.json``), and their table."""
     result: dict[str, Any] = {
         "command": command_line("benchmarks.kernels", argv),
         "platform": platform.platform(),
@@ -313,10 +251,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not args.no_export:
         result["lowers_for_cuda"] = {
             name: {
-                s: {
-                    f"{backend}@{arch}": lowers_for_cuda(name, shape, backend, arch)
-                    for backend, arch in LOWERING_TARGETS
-                }
+                s: {f"{b}@{a}": lowers_for_cuda(name, shape, b, a) for b, a in LOWERING_TARGETS}
                 for s, shape in SHAPES.items()
             }
             for name in KERNELS
@@ -351,8 +286,331 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines.append(f"GPU timings: {GPU_TIMINGS}")
     for s, latencies in result.get("cpu_reference_latency_ms", {}).items():
         lines.append(f"CPU latency at {s}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in latencies.items()))
-    write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
+    return result, "\n".join(lines)
+
+
+def plot_model(result: dict, path: Path) -> None:
+    """Roofline chart (H100): each kernel/shape at its intensity and attainable TFLOP/s, filled markers for the
+    tiled byte count, hollow ones for the compulsory byte count."""
+    with figure(path, figsize=(7.5, 5)) as (_, ax):
+        peaks = GPUS["H100"]
+        intensity = np.logspace(0, 4, 200)
+        for peak_key, style in (("bf16_tflops", "-"), ("fp8_tflops", "--")):
+            label = f"H100 roof ({peak_key.split('_')[0]})"
+            ax.plot(
+                intensity, np.minimum(peaks[peak_key], intensity * peaks["hbm_tb_s"]), "k" + style, lw=1, label=label
+            )
+        markers = dict(zip(result["shapes"], "os^Dv"))
+        for color, (name, shapes) in zip(("C0", "C1", "C2"), result["model"].items()):
+            for shape_name, entry in shapes.items():
+                for kind, fill in (("tiled", color), ("compulsory", "none")):
+                    ax.scatter(
+                        entry[f"intensity_{kind}"],
+                        entry["roofline"]["H100"][kind]["attainable_tflops"],
+                        facecolors=fill,
+                        edgecolors=color,
+                        marker=markers[shape_name],
+                        s=50,
+                        label=f"{name} {shape_name}" if kind == "tiled" else None,
+                    )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="arithmetic intensity, FLOP/byte (filled: tiled, no L2 reuse; hollow: compulsory bytes)",
+            ylabel="attainable TFLOP/s (model)",
+            title="lpjax kernels on an H100 roofline (model, not measured)",
+        )
+        ax.legend(fontsize=7, loc="lower right")
+
+
+# ----------------------------------------------------------------------------------------------------- on a GPU
+
+L2_BYTES = 50 * 2**20
+"""An H100's L2 cache (50 MB); the input sets of one call hold twice this where :data:`MAX_SETS` allows."""
+MAX_SETS = 16
+"""At most this many products per call (each is its own kernel to compile)."""
+BLOCK_SWEEP: dict[str, list[dict[str, int]]] = {
+    "fp16_matmul[bf16]": [
+        {"block_m": 64, "block_n": 64, "block_k": 64},
+        {"block_m": 128, "block_n": 128, "block_k": 64},
+        {"block_m": 128, "block_n": 256, "block_k": 64},
+        {"block_m": 256, "block_n": 128, "block_k": 64},
+    ],
+    "fp8_blockwise_matmul": [{"block_m": 64}, {"block_m": 128}, {"block_m": 256}],
+    "int8_matmul": [
+        {"block_m": 64, "block_n": 64, "block_k": 64},
+        {"block_m": 128, "block_n": 128, "block_k": 128},
+        {"block_m": 128, "block_n": 256, "block_k": 128},
+        {"block_m": 256, "block_n": 128, "block_k": 128},
+    ],
+}
+"""Block sizes tried per kernel at the LLM prefill shape (the first entry is each kernel's default)."""
+
+
+SAC_SETTINGS: dict[str, dict[str, Any]] = {
+    "fp32": dict(policy="fp32", methods=PrecisionMethods(), matmul_impl="xla"),
+    "bf16": dict(policy="bf16", methods=PrecisionMethods(), matmul_impl="xla"),
+    "fp16 (paper methods)": dict(policy="fp16", methods=PrecisionMethods.paper(), matmul_impl="xla"),
+    "fp16 (paper methods), Pallas": dict(policy="fp16", methods=PrecisionMethods.paper(), matmul_impl="pallas"),
+    "fp8 W8A8, XLA reference": dict(policy="fp8", methods=PrecisionMethods(), matmul_impl="xla"),
+    "fp8 W8A8, Pallas": dict(policy="fp8", methods=PrecisionMethods(), matmul_impl="pallas"),
+}
+"""The SAC configs timed: the experiment configs' precision settings (``experiments/configs/sac``)."""
+XLA_DOTS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "bf16": lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16),
+    "fp8": lambda x, w: (jnp.dot(x, w, preferred_element_type=jnp.float32) * 0.5).astype(jnp.bfloat16),
+    "int8": lambda x, w: (jnp.dot(x, w, preferred_element_type=jnp.int32).astype(jnp.float32) * 0.5).astype(
+        jnp.bfloat16
+    ),
+}
+"""XLA's dots: bf16, and 8-bit operands with one float32 scale per product (cuBLASLt's scaled GEMMs)."""
+XLA_BASELINES = {
+    "fp16_matmul[bf16]": ["bf16"],
+    "fp8_blockwise_matmul": ["bf16", "fp8"],
+    "int8_matmul": ["bf16", "int8"],
+}
+
+
+def gpu_backends() -> list[str]:
+    """The Pallas backends that run on this machine's GPU: Mosaic GPU on a Hopper one, Triton while jax ships it."""
+    return (["mosaic_gpu"] if is_hopper(target_device_kind()) else []) + (["triton"] if TRITON_AVAILABLE else [])
+
+
+def num_sets(bytes_per_set: int) -> int:
+    """Input sets per call so that one call's inputs hold twice the L2 cache: ``ceil(2 L2 / bytes)``, 2 to 16."""
+    return int(min(MAX_SETS, max(2, math.ceil(2 * L2_BYTES / bytes_per_set))))
+
+
+def measure(fn: Callable[..., Any], args: Sequence[Any], iterations: int) -> dict[str, Any]:
+    """GPU time of ``jax.jit(fn)(*args)``: the median over ``iterations`` calls of the summed kernel durations
+    (CUPTI), in ms, with the median of each kernel's (by name, in launch order), and the wall-clock median.
+    A call that fails (a kernel that does not compile, say) is recorded as ``{"error": ...}``."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    try:
+        jitted = jax.jit(fn)
+        _, per_call = profiler.measure(jitted, aggregate=False, iterations=iterations)(*args)
+        per_call = per_call if iterations > 1 else [per_call]
+        kernels = {
+            f"{i}:{name[:80]}": float(np.median([call[i][1] for call in per_call]))
+            for i, (name, _) in enumerate(per_call[0])
+        }
+        wall = interleaved({"call": functools.partial(jitted, *args)}, iterations, warmup=0, per_call=True)
+        totals = [sum(ms for _, ms in kernels) for kernels in per_call]
+        return {"gpu_ms": float(np.median(totals)), "wall_ms": 1e3 * wall["call"]["median_s"], "kernels": kernels}
+    except Exception as error:  # recorded, not raised: the json says what failed and why
+        return {"error": f"{type(error).__name__}: {error}"[:400]}
+
+
+def _per_set(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` applied to each of a list of input sets: one call, ``len(sets)`` independent products."""
+    return lambda sets: [fn(*s) for s in sets]
+
+
+def _inputs(name: str, m: int, k: int, n: int, count: int, seed: int = 0, xla: str | None = None) -> list:
+    """``count`` input sets ``(x, w)``: for kernel ``name`` bf16 activations and the weight as a layer holds it;
+    for XLA's dot ``xla``, bf16 operands or pre-quantized 8-bit codes with one scale per tensor."""
+    prepare = {
+        "fp16_matmul[bf16]": lambda x, w: (x, w),
+        "fp8_blockwise_matmul": lambda x, w: (x, quant.quantize_fp8_blockwise(w)),
+        "int8_matmul": lambda x, w: (x, quant.quantize_int8_weight(w.astype(jnp.float32))),
+        "bf16": lambda x, w: (x, w),
+        "fp8": lambda x, w: (x.astype(jnp.float8_e4m3fn), (w * 64).astype(jnp.float8_e4m3fn)),
+        "int8": lambda x, w: tuple(
+            jnp.clip(jnp.round(a.astype(jnp.float32) * s), -127, 127).astype(jnp.int8) for a, s in ((x, 32), (w, 2048))
+        ),
+    }[xla or name]
+    keys = jax.random.split(jax.random.key(1 if xla else seed), count)
+    return jax.block_until_ready([prepare(*_operands(key, m, k, n)) for key in keys])
+
+
+def efficiency(flops: float, nbytes: float, seconds: float, tflops: float, tb_s: float) -> dict[str, float]:
+    """The roofline bound ``max(flops / peak, bytes / bandwidth)`` for these ceilings, and the fraction of it a
+    measured time reaches (1 = at the roof)."""
+    bound = max(flops / (tflops * 1e12), nbytes / (tb_s * 1e12))
+    return {"bound_us": bound * 1e6, "fraction_of_roofline": bound / seconds}
+
+
+def ceilings(iterations: int) -> dict[str, float]:
+    """This GPU's measured bf16 and fp8 matmul rates (8192^3) and its HBM bandwidth (a 1 GiB elementwise pass)."""
+    size = 8192
+    x, w = _operands(jax.random.key(2), size, size, size)
+    flops = 2.0 * size**3
+    bf16 = measure(XLA_DOTS["bf16"], (x, w), iterations)["gpu_ms"]
+    fp8 = measure(XLA_DOTS["fp8"], (x.astype(jnp.float8_e4m3fn), w.astype(jnp.float8_e4m3fn)), iterations)["gpu_ms"]
+    big = jnp.ones((2**28,), jnp.float32)  # 1 GiB
+    copy = measure(lambda a: a * 2.0, (big,), iterations)["gpu_ms"]
+    return {"bf16_tflops": flops / bf16 / 1e9, "fp8_tflops": flops / fp8 / 1e9, "hbm_tb_s": 2 * big.nbytes / copy / 1e9}
+
+
+def kernel_timings(name: str, shape: tuple[int, int, int], iterations: int, measured: dict[str, float]) -> dict:
+    """Every Pallas backend and XLA baseline of kernel ``name`` at ``shape``: GPU ms per product and TFLOP/s,
+    the kernels each launches, and the fraction of the roofline reached (datasheet H100 and measured ceilings)."""
+    m, k, n = shape
+    model = model_entry(name, shape)
+    flops = model["flops"]
+    bf16_bytes = model_entry("fp16_matmul[bf16]", shape)["bytes"]["compulsory"]
+    sets = num_sets(2 * (m * k + k * n))
+    result: dict[str, Any] = {"sets_per_call": sets}
+    inputs = _inputs(name, m, k, n, sets)
+    peak = KERNELS[name]["peak"]
+    for backend in gpu_backends():
+        result[f"kernel[{backend}]"] = measure(_per_set(KERNELS[name]["fn"](backend)), (inputs,), iterations)
+    for kind in XLA_BASELINES[name]:
+        baseline = _inputs(name, m, k, n, sets, xla=kind)
+        result[f"xla_dot[{kind}]"] = measure(_per_set(XLA_DOTS[kind]), (baseline,), iterations)
+    for label, timing in result.items():
+        if not isinstance(timing, dict) or "error" in timing:
+            continue
+        seconds = timing["gpu_ms"] / sets / 1e3
+        timing["ms_per_product"] = seconds * 1e3
+        timing["tflops"] = flops / seconds / 1e12
+        in_bf16 = peak == "bf16_tflops" or label == "xla_dot[bf16]"
+        nbytes = bf16_bytes if in_bf16 else model["bytes"]["compulsory"]
+        datasheet = GPUS["H100"]["bf16_tflops" if in_bf16 else peak]
+        timing["roofline_h100_datasheet"] = efficiency(flops, nbytes, seconds, datasheet, GPUS["H100"]["hbm_tb_s"])
+        rate = measured["bf16_tflops" if in_bf16 else "fp8_tflops"]
+        timing["roofline_measured"] = efficiency(flops, nbytes, seconds, rate, measured["hbm_tb_s"])
     return result
+
+
+def block_sweep(name: str, iterations: int) -> dict[str, dict[str, Any]]:
+    """GPU ms per product at the LLM prefill shape for each block setting of :data:`BLOCK_SWEEP` and backend;
+    a setting that fails to compile is recorded with its error."""
+    m, k, n = SHAPES["llm_prefill"]
+    sets = num_sets(2 * (m * k + k * n))
+    inputs = _inputs(name, m, k, n, sets, seed=3)
+    out: dict[str, dict[str, Any]] = {}
+    for backend in gpu_backends():
+        for blocks in BLOCK_SWEEP[name]:
+            label = f"{backend} " + " ".join(f"{key}={value}" for key, value in blocks.items())
+            timing = measure(_per_set(KERNELS[name]["fn"](backend, **blocks)), (inputs,), iterations)
+            if "error" in timing:
+                out[label] = timing
+                continue
+            seconds = timing["gpu_ms"] / sets / 1e3
+            out[label] = {"ms_per_product": seconds * 1e3, "tflops": 2.0 * m * n * k / seconds / 1e12}
+    return out
+
+
+def sac_update_timings(iterations: int) -> dict[str, dict[str, float]]:
+    """GPU and wall-clock ms of one jitted SAC update at the paper's size for each of :data:`SAC_SETTINGS`."""
+    from lpjax.agents import sac
+
+    obs_dim, action_dim, batch_size = 24, 6, 1024
+    batch = jax.device_put(random_transitions(np.random.default_rng(0), batch_size, obs_dim, action_dim))
+    out = {}
+    for label, setting in SAC_SETTINGS.items():
+        config = sac.SACConfig(batch_size=batch_size, **setting)
+        agent = sac.init(jax.random.key(0), jnp.zeros((obs_dim,)), action_dim, config)
+        timing = measure(sac.update, (agent, batch), iterations)
+        if "error" not in timing:
+            timing = {"gpu_ms": timing["gpu_ms"], "wall_ms": timing["wall_ms"], "kernels": len(timing["kernels"])}
+        out[label] = timing
+    for timing in out.values():
+        if "gpu_ms" in timing and "gpu_ms" in out["fp32"]:
+            timing["speedup_vs_fp32"] = out["fp32"]["gpu_ms"] / timing["gpu_ms"]
+    return out
+
+
+def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
+    """The GPU timings (``kernels_gpu.json``) and their table."""
+    measured = ceilings(args.iterations)
+    result: dict[str, Any] = {
+        "command": command_line("benchmarks.kernels", argv),
+        "platform": platform.platform(),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "backends": gpu_backends(),
+        "timing": "GPU time from CUPTI (summed kernel durations), median of --iterations calls; wall_ms includes "
+        "dispatch. Each call runs sets_per_call products on distinct inputs (> 4x L2); ms_per_product divides.",
+        "measured_ceilings": measured,
+        "datasheet": GPUS,
+        "kernels": {
+            name: {s: kernel_timings(name, shape, args.iterations, measured) for s, shape in SHAPES.items()}
+            for name in KERNELS
+        },
+    }
+    if not args.no_sweep:
+        result["block_sweep_llm_prefill"] = {name: block_sweep(name, args.iterations) for name in KERNELS}
+    if not args.no_sac:
+        result["sac_update"] = sac_update_timings(args.iterations)
+    lines = [
+        f"{result['device']}, jax {jax.__version__}: bf16 {measured['bf16_tflops']:.0f} TFLOP/s, fp8 "
+        f"{measured['fp8_tflops']:.0f} TFLOP/s, HBM {measured['hbm_tb_s']:.2f} TB/s (measured)",
+        f"{'kernel':22s} {'shape':12s} {'implementation':22s} {'ms':>9s} {'TFLOP/s':>8s} {'of roof':>8s}",
+    ]
+    for name, shapes in result["kernels"].items():
+        for s, timings in shapes.items():
+            for label, t in timings.items():
+                if isinstance(t, dict):
+                    lines.append(
+                        f"{name:22s} {s:12s} {label:22s} "
+                        + (
+                            t["error"][:120]
+                            if "error" in t
+                            else f"{t['ms_per_product']:9.4f} {t['tflops']:8.1f} "
+                            f"{t['roofline_measured']['fraction_of_roofline']:8.2f}"
+                        )
+                    )
+    for name, sweep in result.get("block_sweep_llm_prefill", {}).items():
+        for label, t in sweep.items():
+            lines.append(
+                f"sweep {name:22s} {label:48s} " + (f"{t['tflops']:8.1f} TFLOP/s" if "tflops" in t else t["error"])
+            )
+    for label, t in result.get("sac_update", {}).items():
+        timed = "gpu_ms" in t
+        lines.append(
+            f"SAC update {label:32s} "
+            + (
+                f"GPU {t['gpu_ms']:7.3f} ms  wall {t['wall_ms']:7.3f} ms  "
+                f"{t.get('speedup_vs_fp32', float('nan')):.2f}x fp32"
+                if timed
+                else t["error"][:120]
+            )
+        )
+    return result, "\n".join(lines)
+
+
+def plot_gpu(result: dict, path: Path) -> None:
+    """Measured TFLOP/s of each kernel and XLA baseline per shape, with the measured roofline bound as a line."""
+    names = list(result["kernels"])
+    with figure(path, 1, len(names), figsize=(5 * len(names), 4.2), squeeze=False) as (fig, axes):
+        for ax, name in zip(axes[0], names):
+            shapes = list(result["kernels"][name])
+            labels = [label for label, t in result["kernels"][name][shapes[0]].items() if isinstance(t, dict)]
+            width = 0.8 / len(labels)
+            for i, label in enumerate(labels):
+                values = [result["kernels"][name][s][label].get("tflops", 0.0) for s in shapes]
+                ax.bar(np.arange(len(shapes)) + i * width, values, width, label=label)
+            for j, s in enumerate(shapes):
+                timed = [t for t in result["kernels"][name][s].values() if isinstance(t, dict) and "tflops" in t]
+                if timed:  # the kernels' own roof (the first timing is a kernel's, or an XLA dot in its precision)
+                    bound_us = timed[0]["roofline_measured"]["bound_us"]
+                    attainable = 2.0 * math.prod(SHAPES[s]) / (bound_us * 1e-6) / 1e12
+                    ax.hlines(attainable, j - 0.1, j + 0.9, colors="k", linestyles="--", lw=1)
+            ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2, shapes)
+            ax.set(yscale="log", ylabel="TFLOP/s (GPU time, CUPTI)", title=name)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{result['device']}: measured (bars) vs roofline at measured ceilings (dashed)", fontsize=9)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    cli = parser("kernels", __doc__)
+    cli.add_argument("--gpu", action="store_true", help="time the kernels on this CUDA GPU (kernels_gpu.json)")
+    cli.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the CPU latencies (median)")
+    cli.add_argument("--no_export", action="store_true", help="skip the CUDA lowering checks")
+    cli.add_argument("--no_cpu_latency", action="store_true", help="skip the CPU reference latencies")
+    cli.add_argument("--iterations", type=int, default=20, help="--gpu: timed calls per measurement (median)")
+    cli.add_argument("--no_sweep", action="store_true", help="--gpu: skip the block-size sweep")
+    cli.add_argument("--no_sac", action="store_true", help="--gpu: skip the SAC update timings")
+    args = cli.parse_args(argv)
+    if not args.gpu:
+        return finish(args, *model_result(args, argv), plot_model)
+    if jax.default_backend() != "gpu":
+        cli.error(f"--gpu needs a CUDA GPU; JAX's default backend is {jax.default_backend()!r}")
+    args.name = "kernels_gpu" if args.name == "kernels" else args.name
+    return finish(args, *gpu_result(args, argv), plot_gpu)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ call gets the previous call's output). :func:`steady_state` reports
 * ``wall_ms_per_step``: wall-clock time of ``steps`` consecutive calls made without waiting, divided by
   ``steps`` (host dispatch overlaps device work, as in a real loop; not the latency of one blocked call). The
   number of steps is calibrated to last about ``target_s``, between ``min_steps`` and ``max_steps``;
-* on a GPU, from CUPTI (:func:`jax.experimental.mosaic.gpu.profiler.measure`, as :mod:`benchmarks.kernels_gpu`):
+* on a GPU, from CUPTI (:func:`jax.experimental.mosaic.gpu.profiler.measure`, as :func:`benchmarks.kernels.measure`):
   ``gpu_ms_per_step`` (the summed durations of every kernel the steps launched, divided by the steps: GPU
   time, launch gaps left out), ``kernels_per_step`` (launches per step) and the kernels that took the most GPU
   time (``top_kernels``). ``profiler.measure`` runs the loop twice, once before CUPTI attaches and once under

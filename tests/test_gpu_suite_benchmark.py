@@ -14,9 +14,10 @@ from jax import export
 
 from benchmarks import gpu_suite, steady_state
 from benchmarks.common import random_transitions
+from benchmarks.kernels import describe_lowering
 from lpjax import rollout
 from lpjax.agents import sac
-from lpjax.kernels._common import TRITON_CUSTOM_CALL, abstract_gpu, describe_lowering
+from lpjax.kernels._common import TRITON_CUSTOM_CALL, abstract_gpu
 from lpjax.nn import transformer_causal_lm
 
 

@@ -126,10 +126,10 @@ HOPPER = MatmulTable(
     jax="0.11.2",
     date="2026-11-24",
     source=(
-        "benchmarks/kernels_gpu.py, benchmarks/results/kernels_gpu.json: CUPTI GPU time (summed kernel durations), "
-        "median of 20 calls. GEMMs: each call multiplies distinct operand sets larger than the L2 cache, bf16 "
-        "operands; 'pallas' is the Mosaic GPU kernel with its default blocks (what 'pallas' means on Hopper). "
-        "fp8: one jitted lpjax.agents.sac.update (1024 x 1024 MLPs, batch 1024, the 'fp8' policy) with "
+        "python -m benchmarks.kernels --gpu, benchmarks/results/kernels_gpu.json: CUPTI GPU time (summed kernel "
+        "durations), median of 20 calls. GEMMs: each call multiplies distinct operand sets larger than the L2 "
+        "cache, bf16 operands; 'pallas' is the Mosaic GPU kernel with its default blocks (what 'pallas' means on "
+        "Hopper). fp8: one jitted lpjax.agents.sac.update (1024 x 1024 MLPs, batch 1024, the 'fp8' policy) with "
         "matmul_impl 'xla' (the GEMM's jnp reference) or 'pallas'."
     ),
     measurements=(

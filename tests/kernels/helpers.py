@@ -19,7 +19,8 @@ from typing import Any
 import jax
 import pytest
 
-from lpjax.kernels._common import TRITON_AVAILABLE, describe_lowering, is_hopper, lower_for_cuda, target_device_kind
+from benchmarks.kernels import describe_lowering
+from lpjax.kernels._common import TRITON_AVAILABLE, is_hopper, lower_for_cuda, target_device_kind
 from lpjax.kernels._mosaic_gpu import INTERPRETS_TRANSPOSED_OPERANDS
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -75,7 +76,7 @@ def backend_params(impl: str, cases: Iterable[tuple] = ((),), *, eight_bit: bool
 
 
 def lowered(fn: Callable[..., Any], *args: Any, arch: str) -> dict[str, Any]:
-    """:func:`lpjax.kernels._common.describe_lowering` of ``fn`` lowered for CUDA on ``arch``, failing on any
+    """:func:`benchmarks.kernels.describe_lowering` of ``fn`` lowered for CUDA on ``arch``, failing on any
     ``DeprecationWarning`` that leaks out of :func:`~lpjax.kernels._common.lower_for_cuda` (which silences the Triton
     backend's)."""
     with warnings.catch_warnings():

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.kernels._common import describe_lowering, lower_for_cuda
+from benchmarks.kernels import describe_lowering
+from lpjax.kernels._common import lower_for_cuda
 from lpjax.nn import Dense
 from lpjax.nn.dense import IMPLS, check_dense_options
 from lpjax.nn.matmul_choice import HOPPER, MatmulTable, Measurement, resolve_impl, shape_distance, table_for
