@@ -1,26 +1,15 @@
-"""ActorQ on this machine: D4PG with fp32 actors vs int8 actors, side by side, time to 95% of fp32's return.
+"""ActorQ on this machine: D4PG with fp32 vs int8 actors, side by side, time to 95% of fp32's return.
 
-Each run is one ``experiments.d4pg_loop.train`` call of ``experiments/configs/d4pg/fp32.py`` or ``int8.py`` with
-the flags' overrides: the task (default ``dmc:cartpole-balance``), 2 Ray actors, and a CPU-affordable scale:
-actor 3x1024 (ActorQ: 3x2048), critic 3x512, batch 64 (ActorQ: 256), samples-per-insert 32 and 25k environment
-steps. ActorQ's own scale gives too few updates in that many steps for D4PG to learn the task on a CPU, so it
-cannot answer "time to 95%" here (README.md, "ActorQ speed-up"). The two runs of a seed differ only in what the
-actors run and receive: fp32 weights with a JAX fp32 forward, or int8 weights (4x smaller broadcasts) with ONNX
-Runtime's int8 matmuls (:class:`lpjax.inference.Int8MLP`).
+Each run is one ``experiments.d4pg_loop.train`` of ``experiments/configs/d4pg/fp32.py`` or ``int8.py`` at a
+CPU-affordable scale (the flags: 2 Ray actors, actor 3x1024, batch 64, samples-per-insert 32, 25k steps; ActorQ's
+own scale gives too few updates here for D4PG to learn). The two runs of a seed differ only in what the actors
+run and receive: fp32 weights with a JAX forward, or int8 weights (4x smaller broadcasts) on ONNX Runtime
+(:class:`lpjax.inference.Int8MLP`). Recorded per run: the evaluation curve against steps and training wall-clock,
+actor steps/s, learner updates/s, broadcast bytes and the actors' time split; per seed: fp32's final return ``R``
+(mean of its last two evaluations) and each runtime's first time and step at ``0.95 R``, and their ratio.
 
-Recorded per run: the evaluation curve of the learner's fp32 policy against environment steps and against
-training wall-clock time, the final return, actor steps/s per actor, learner updates/s, broadcast bytes, and
-the actors' time split (env / inference / pull / deserialize / load). Then, per seed: the fp32 run's final
-return ``R`` (mean of its last two evaluations), and for each runtime the first wall-clock time and step at
-which an evaluation reaches ``0.95 R``; the speed-up is the ratio of those times.
-
-Faster actor inference shortens the wall-clock time only as far as the learner and the samples-per-insert rate
-limiter let it, when actors and learner share a few cores; the actors' time split shows the inference saving
-directly.
-
-Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/``, kept by :mod:`benchmarks.run_farm`: a finished
-run (``done.json``) is not rerun, an interrupted one resumes from its checkpoint. Writes
-``benchmarks/results/actorq_speedup.{json,png}``. ``python -m benchmarks.actorq_speedup --help``.
+Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/`` (:mod:`benchmarks.run_farm`: finished runs are
+not rerun, interrupted ones resume).
 """
 
 from __future__ import annotations
@@ -35,11 +24,23 @@ from typing import Any
 import numpy as np
 
 from benchmarks import run_farm
-from benchmarks.common import command_line, write_results
+from benchmarks.common import REPO, command_line, figure, finish, parser
 
 RUNTIMES = ("fp32", "int8")
 TARGET_FRACTION = 0.95
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+OVERRIDES = {
+    "env": "env",
+    "seed": None,
+    "total_env_steps": "steps",
+    "num_actors": "actors",
+    "backend": "backend",
+    "eval_every": "eval_every",
+    "eval_episodes": "eval_episodes",
+    "checkpoint_every": "steps",
+    "min_replay_size": "min_replay",
+    "samples_per_insert": "samples_per_insert",
+}
+"""The run config's fields the flags set (config field: flag)."""
 
 
 def run_config(runtime: str, args: argparse.Namespace, seed: int):
@@ -47,19 +48,7 @@ def run_config(runtime: str, args: argparse.Namespace, seed: int):
     from experiments.configs.d4pg import fp32, int8
 
     config = {"fp32": fp32, "int8": int8}[runtime].get_config()
-    config.update(
-        env=args.env,
-        seed=seed,
-        total_env_steps=args.steps,
-        num_actors=args.actors,
-        backend=args.backend,
-        eval_every=args.eval_every,
-        eval_episodes=args.eval_episodes,
-        checkpoint_every=args.steps,
-        min_replay_size=args.min_replay,
-        log_every=50,
-        samples_per_insert=args.samples_per_insert,
-    )
+    config.update({field: getattr(args, flag) if flag else seed for field, flag in OVERRIDES.items()}, log_every=50)
     config.agent.update(
         actor_hidden=(args.width,) * 3, critic_hidden=(min(args.width, 512),) * 3, batch_size=args.batch
     )
@@ -133,12 +122,11 @@ def aggregate(runs: dict[int, dict[str, dict]]) -> dict[str, Any]:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
+    with figure(path, 1, 2, figsize=(11, 4)) as (_, axes):
+        _plot_runs(axes, result)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+def _plot_runs(axes, result: dict) -> None:
     for seed, by_runtime in result["runs"].items():
         for color, (runtime, run) in zip(("C0", "C1"), sorted(by_runtime.items())):
             label = f"{runtime} actors (seed {seed})"
@@ -154,36 +142,31 @@ def plot(result: dict, path: pathlib.Path) -> None:
     )
     axes[1].set(xlabel="training wall-clock seconds", title="same runs vs time (dotted: 95% of fp32's final)")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.actorq_speedup", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="dmc:cartpole-balance")
-    parser.add_argument("--steps", type=int, default=25_000, help="environment steps per run")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds")
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--backend", default="ray", choices=("ray", "inprocess"))
-    parser.add_argument("--width", type=int, default=1024, help="actor width (ActorQ: 2048); critic min(w, 512)")
-    parser.add_argument("--batch", type=int, default=64, help="learner batch size (ActorQ: 256)")
-    parser.add_argument("--samples_per_insert", type=float, default=32.0, help="ActorQ's D4PG default: 16")
-    parser.add_argument("--eval_every", type=int, default=2500)
-    parser.add_argument("--eval_episodes", type=int, default=5)
-    parser.add_argument("--min_replay", type=int, default=1000)
-    parser.add_argument("--runs_dir", type=pathlib.Path, default=REPO_ROOT / "runs" / "actorq_speedup")
-    parser.add_argument("--out_dir", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
-    parser.add_argument("--name", default="actorq_speedup")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
-    args = parser.parse_args(argv)
+    cli = parser("actorq_speedup", __doc__)
+    cli.add_argument("--env", default="dmc:cartpole-balance")
+    cli.add_argument("--steps", type=int, default=25_000, help="environment steps per run")
+    cli.add_argument("--seeds", default="0", help="comma-separated seeds")
+    cli.add_argument("--actors", type=int, default=2)
+    cli.add_argument("--backend", default="ray", choices=("ray", "inprocess"))
+    cli.add_argument("--width", type=int, default=1024, help="actor width (ActorQ: 2048); critic min(w, 512)")
+    cli.add_argument("--batch", type=int, default=64, help="learner batch size (ActorQ: 256)")
+    cli.add_argument("--samples_per_insert", type=float, default=32.0, help="ActorQ's D4PG default: 16")
+    cli.add_argument("--eval_every", type=int, default=2500)
+    cli.add_argument("--eval_episodes", type=int, default=5)
+    cli.add_argument("--min_replay", type=int, default=1000)
+    cli.add_argument("--runs_dir", type=pathlib.Path, default=REPO / "runs" / "actorq_speedup")
+    cli.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False)
+    args = cli.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
     runs: dict[int, dict[str, dict]] = {}
     for seed in seeds:
         runs[seed] = {runtime: read_run(train_run(runtime, args, seed)) for runtime in RUNTIMES}
     per_seed = aggregate(runs)
-    settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()}
+    settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items() if k != "no_plot"}
     result = {
         "command": command_line("benchmarks.actorq_speedup", argv),
         "settings": settings,
@@ -207,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{row['actor_inference_s_per_step']['fp32']}, int8 "
             f"{row['actor_inference_s_per_step']['int8']}; broadcast bytes {row['broadcast_bytes']}"
         )
-    write_results(result, "\n".join(lines), args.out_dir, args.name, plot)
-    return result
+    return finish(args, result, "\n".join(lines), plot)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ training ended. ``q_error_over_td_error`` is ``q_rms_error / td_error_rms``: a f
 buries the signal the critic learns from; a small fraction of it cannot.
 
 The fp32 row is zero (and a cosine of 1) by construction. Nothing here is timed.
-
-Run ``python -m benchmarks.forward_precision --help``.
 """
 
 from __future__ import annotations
@@ -41,10 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import run_evidence
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, figure, finish, parser
 
 RESULT_NAME = "forward_precision"
-DEFAULT_RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 POLICIES = ("fp32", "mixed_bf16", "fp8")
 """The reference first: float32 everywhere; then bfloat16 activations; then bfloat16 activations and fp8 GEMMs."""
 
@@ -146,11 +143,8 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, out_png: pathlib.Path) -> None:
+def plot(result: dict, path: pathlib.Path) -> None:
     """Per run, the four measures of each policy as grouped bars."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     runs = result["runs"]
     panels = (
         ("q_error_over_spread", "Q rms error / Q spread"),
@@ -158,36 +152,28 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
         ("action_grad_cosine", "cos(grad_a Q_p, grad_a Q_32)"),
         ("action_l2", "deterministic action L2"),
     )
-    figure = Figure(figsize=(3.6 * len(panels), 3.8), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, len(panels))
     width = 0.8 / len(POLICIES)
     names = ["/".join(pathlib.Path(run["run_dir"]).parts[-3:]) for run in runs]
-    for ax, (key, title) in zip(axes, panels):
-        for i, policy in enumerate(POLICIES):
-            values = [run["policies"][policy][key] or 0.0 for run in runs]
-            ax.bar(np.arange(len(runs)) + i * width, values, width, label=policy)
-        ax.set_xticks(np.arange(len(runs)) + width * (len(POLICIES) - 1) / 2, names, rotation=20, fontsize=7)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8)
-    figure.suptitle("Trained SAC parameters, forward pass in fp32, with bf16 activations, with bf16 + fp8 GEMMs")
-    figure.savefig(out_png)
+    with figure(path, 1, len(panels), dpi=110, figsize=(3.6 * len(panels), 3.8)) as (fig, axes):
+        for ax, (key, title) in zip(axes, panels):
+            for i, policy in enumerate(POLICIES):
+                values = [run["policies"][policy][key] or 0.0 for run in runs]
+                ax.bar(np.arange(len(runs)) + i * width, values, width, label=policy)
+            ax.set_xticks(np.arange(len(runs)) + width * (len(POLICIES) - 1) / 2, names, rotation=20, fontsize=7)
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0].legend(fontsize=8)
+        fig.suptitle("Trained SAC parameters, forward pass in fp32, with bf16 activations, with bf16 + fp8 GEMMs")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m benchmarks.{RESULT_NAME}",
-        description="A trained SAC agent's critic and actor evaluated with float32, bfloat16-activation and fp8-GEMM "
-        "forward passes on its own replay transitions: Q error, action-gradient direction, action distance.",
-    )
-    parser.add_argument("--runs", type=pathlib.Path, nargs="+", required=True, help="SAC run directories")
-    parser.add_argument("--samples", type=int, default=4096, help="replay transitions per run (default 4096)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the replay sample")
-    parser.add_argument("--results_dir", type=pathlib.Path, default=DEFAULT_RESULTS_DIR)
-    args = parser.parse_args(argv)
+    cli = parser(RESULT_NAME, __doc__, out=("--results_dir",))
+    cli.add_argument("--runs", type=pathlib.Path, nargs="+", required=True, help="SAC run directories")
+    cli.add_argument("--samples", type=int, default=4096, help="replay transitions per run (default 4096)")
+    cli.add_argument("--seed", type=int, default=0, help="seed of the replay sample")
+    args = cli.parse_args(argv)
     if args.samples < 2:
-        parser.error(f"--samples must be >= 2, got {args.samples}")
+        cli.error(f"--samples must be >= 2, got {args.samples}")
     return args
 
 
@@ -210,8 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "ended (the loss sums the two networks' squared errors); q_error_over_td_error: q_rms_error over it.",
         ],
     }
-    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":

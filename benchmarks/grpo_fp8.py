@@ -3,22 +3,14 @@ correction (token-level TIS, sequence-level masked IS, geometric-mean rejection)
 3 seeds, plus the bytes of the weights and the KV cache per precision.
 
 Each run is one ``experiments.grpo_loop.train`` of ``experiments/configs/grpo/<config>.py`` (:data:`CONFIGS`)
-with the setting's overrides applied to every config alike (``--task``, ``--num_digits``, ``--temperature``: the
-levers that make the mismatch matter; a 2-layer d_model-64 transformer warm-started to 30% accuracy, 8 prompts x
-8 samples per iteration, ``--iterations`` iterations). fp8 rollouts are blockwise W8A8 E4M3 GEMMs with an fp8 KV
-cache; bf16 rollouts use bf16 GEMMs and KV cache (fp32 weights, TIS on); fp16 trains and rolls out in float16
-with lpjax's loss scaling (TIS on).
+with the setting's overrides (``--task``, ``--num_digits``, ``--temperature``, ``--iterations``). Recorded per
+run: the reward, mismatch-KL and rejected-fraction curves and the greedy accuracy; per config: the final reward
+(mean of the last 5 logged iterations) over seeds, its ratio to fp32's, the mean mismatch KL (``KL(rollout ||
+train)`` per token, k3 estimator) and rejected fraction; ``degradation``: whether fp8 without a correction ends
+below ``TARGET_RATIO`` x fp32 and which corrections recover it; the bytes of the linear weights and of a KV cache
+(fp8: codes and scales) at the benchmark's model and at a 32-layer, 4096-token LLM shape.
 
-Recorded per run: the reward, mismatch-KL and rejected-fraction curves and the greedy accuracy. Per config: the
-final reward (mean of the last 5 logged iterations) over seeds, its ratio to fp32's, the mean mismatch KL
-(``KL(rollout || train)`` per token, k3 estimator) and the mean fraction of tokens the correction rejected.
-``degradation``: whether fp8 without a correction ends below ``TARGET_RATIO`` x fp32 and which corrections
-recover it. Bytes: the linear layers' weights in fp32 / bf16 / fp8 (codes + 128x128 block scales) and a full KV
-cache (fp32 / bf16 / fp8 codes + per-layer-and-head scales) at the benchmark's model and at a 4096-token,
-32-layer, 32-head x 128 LLM shape.
-
-Runs live in ``runs/grpo_fp8/<setting>/<config>/seed<k>/`` and finished runs are not rerun. Writes
-``benchmarks/results/grpo_fp8.{json,png}``.
+Runs live in ``runs/grpo_fp8/<setting>/<config>/seed<k>/``; finished runs are not rerun.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import run_farm
-from benchmarks.common import command_line, write_results
+from benchmarks.common import REPO, command_line, figure, finish, parser
 
 CONFIGS = ("fp32", "fp8_no_tis", "fp8_tis", "fp8_mis", "fp8_geo", "bf16", "fp16")
 FP8_CORRECTED = ("fp8_tis", "fp8_mis", "fp8_geo")
@@ -41,7 +33,6 @@ DEFAULT_SETTING = {"task": "addition", "num_digits": 6, "temperature": 2.0, "ite
 """The study's setting: of the settings tried (``--explore``), the one with the largest fp8 mismatch KL where fp32
 still learns."""
 DEFAULT_EXPLORE = "addition:2:1.0,addition:6:2.0,sort:9:1.5,sort:9:2.5"
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def kv_cache_bytes(layers: int, heads: int, head_dim: int, tokens: int, batch: int = 1) -> dict[str, int]:
@@ -173,15 +164,7 @@ def degradation(summary: dict[str, dict]) -> dict[str, Any]:
     }
 
 
-COLORS = {
-    "fp32": "C0",
-    "fp8_no_tis": "C3",
-    "fp8_tis": "C1",
-    "fp8_mis": "C4",
-    "fp8_geo": "C5",
-    "bf16": "C2",
-    "fp16": "C7",
-}
+COLORS = dict(fp32="C0", fp8_no_tis="C3", fp8_tis="C1", fp8_mis="C4", fp8_geo="C5", bf16="C2", fp16="C7")
 
 
 def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
@@ -191,42 +174,35 @@ def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.3))
-    summary = result["summary"]
-    for name, by_seed in result["runs"].items():
-        curves = [r["reward"] for r in by_seed.values()]
-        length = min(len(c) for c in curves)
-        iterations = np.asarray(next(iter(by_seed.values()))["iterations"][:length])
-        mean = _smooth(np.mean([c[:length] for c in curves], axis=0))
-        axes[0].plot(iterations[len(iterations) - len(mean) :], mean, color=COLORS.get(name), label=name)
-        kls = [r["mismatch_kl"][:length] for r in by_seed.values()]
-        axes[1].plot(iterations, np.mean(kls, axis=0), color=COLORS.get(name), label=name)
-    names = list(summary)
-    axes[2].bar(
-        range(len(names)),
-        [summary[n]["final_reward_mean"] for n in names],
-        yerr=[summary[n]["final_reward_std"] for n in names],
-        color=[COLORS.get(n) for n in names],
-    )
-    for i, n in enumerate(names):
-        axes[2].scatter(
-            [i] * len(summary[n]["final_reward_per_seed"]), summary[n]["final_reward_per_seed"], color="k", s=8
+    with figure(path, 1, 3, figsize=(16, 4.3)) as (fig, axes):
+        summary = result["summary"]
+        for name, by_seed in result["runs"].items():
+            curves = [r["reward"] for r in by_seed.values()]
+            length = min(len(c) for c in curves)
+            iterations = np.asarray(next(iter(by_seed.values()))["iterations"][:length])
+            mean = _smooth(np.mean([c[:length] for c in curves], axis=0))
+            axes[0].plot(iterations[len(iterations) - len(mean) :], mean, color=COLORS.get(name), label=name)
+            kls = [r["mismatch_kl"][:length] for r in by_seed.values()]
+            axes[1].plot(iterations, np.mean(kls, axis=0), color=COLORS.get(name), label=name)
+        names = list(summary)
+        axes[2].bar(
+            range(len(names)),
+            [summary[n]["final_reward_mean"] for n in names],
+            yerr=[summary[n]["final_reward_std"] for n in names],
+            color=[COLORS.get(n) for n in names],
         )
-    axes[2].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
-    setting = result["setting"]
-    title = f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
-    axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (5-point moving average)", title=title)
-    axes[1].set(xlabel="GRPO iteration", ylabel="KL(rollout || train) per token", yscale="log", title="mismatch")
-    axes[2].set(ylabel="final reward (last 5 logged), mean +- std over seeds", title="final reward per config")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        for i, n in enumerate(names):
+            axes[2].scatter(
+                [i] * len(summary[n]["final_reward_per_seed"]), summary[n]["final_reward_per_seed"], color="k", s=8
+            )
+        axes[2].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+        setting = result["setting"]
+        title = f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
+        axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (5-point moving average)", title=title)
+        axes[1].set(xlabel="GRPO iteration", ylabel="KL(rollout || train) per token", yscale="log", title="mismatch")
+        axes[2].set(ylabel="final reward (last 5 logged), mean +- std over seeds", title="final reward per config")
+        axes[0].legend(fontsize=7)
 
 
 def format_table(result: dict) -> str:
@@ -262,29 +238,27 @@ def format_table(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.grpo_fp8", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=DEFAULT_SETTING["iterations"])
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
-    parser.add_argument("--task", default=DEFAULT_SETTING["task"], choices=("addition", "copy", "sort"))
-    parser.add_argument("--num_digits", type=int, default=DEFAULT_SETTING["num_digits"])
-    parser.add_argument("--temperature", type=float, default=DEFAULT_SETTING["temperature"])
-    parser.add_argument(
+    cli = parser("grpo_fp8", __doc__)
+    cli.add_argument("--iterations", type=int, default=DEFAULT_SETTING["iterations"])
+    cli.add_argument("--seeds", default="0,1,2")
+    cli.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    cli.add_argument("--task", default=DEFAULT_SETTING["task"], choices=("addition", "copy", "sort"))
+    cli.add_argument("--num_digits", type=int, default=DEFAULT_SETTING["num_digits"])
+    cli.add_argument("--temperature", type=float, default=DEFAULT_SETTING["temperature"])
+    cli.add_argument(
         "--explore",
         default=DEFAULT_EXPLORE,
         help="settings task:digits:temperature tried first with fp32 and fp8 without correction on seed 0 (recorded "
         "as settings_tried; '' to skip)",
     )
-    parser.add_argument("--runs_dir", type=pathlib.Path, default=REPO_ROOT / "runs" / "grpo_fp8")
-    parser.add_argument("--out_dir", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
-    parser.add_argument("--name", default="grpo_fp8")
-    args = parser.parse_args(argv)
+    cli.add_argument("--runs_dir", type=pathlib.Path, default=REPO / "runs" / "grpo_fp8")
+    args = cli.parse_args(argv)
     names = args.configs.split(",")
     unknown = sorted(set(names) - set(CONFIGS))
     if unknown:
-        parser.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
+        cli.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     if not 1 <= args.num_digits <= 9 or args.temperature <= 0 or args.iterations < 1:
-        parser.error("--num_digits must be in [1, 9], --temperature > 0 and --iterations >= 1")
+        cli.error("--num_digits must be in [1, 9], --temperature > 0 and --iterations >= 1")
     from experiments.configs.grpo import fp32
 
     started = time.perf_counter()
@@ -311,8 +285,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": runs,
         "session_seconds": time.perf_counter() - started,
     }
-    write_results(result, format_table(result), args.out_dir, args.name, plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":

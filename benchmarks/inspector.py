@@ -1,33 +1,20 @@
 """The precision inspector on SAC: what it finds in naive fp16 and with the paper's methods, what a report costs,
 and that it costs nothing when not called.
 
-**What is measured**, in one process:
-
-* **Findings.** For each config of ``--configs`` (default ``fp16_naive`` and ``fp16``, the latter with all six
-  methods of Björck et al., 2021), the reports of ``python -m experiments.inspect``
-  (:func:`experiments.inspect.sac_reports`: one batch collected in the environment, the critic and actor phases
-  of one update from the same state) at width ``--width`` and batch ``--batch`` on ``--env``, from a fresh
-  initialisation and, with ``--checkpoint`` (default: the reproduction's fp32 walker-walk seed-0 run; ``none`` to
-  skip), from that trained run's networks cast into the config's precision. Recorded per report: flagged rows by
-  severity, harmless rows, and the rows of the paper's four fp16 problems
-  (:func:`experiments.inspect.paper_findings`).
-* **Time of a report**: the first report of each config and scenario includes XLA compiling every primitive
-  for its shapes (``cold``); the same report again is ``warm``.
-* **Zero cost when off**: the inspector only reads a jaxpr, so ``sac.update`` is untouched. Recorded: the
-  lowered StableHLO text of the jitted ``sac.update`` before any report and after all of them (identical), and
-  its update steps/s measured before and after, interleaved over ``--rounds`` rounds.
-
-**Plot**: exponent histograms (``floor(log2 |g|)``) of the critic's weight gradients per layer (the backward
-``dot_general`` rows of each ``Dense``), naive fp16 against fp16 with the methods, with float16's smallest
-subnormal, smallest normal and largest exponent marked. Loss scaling shifts the gradients up by
-``log2(init_scale)`` binades, out of the subnormal range.
-
-Run ``python -m benchmarks.inspector --help``.
+* **Findings**: for each of ``--configs`` (default ``fp16_naive`` and ``fp16``), the reports of
+  ``python -m experiments.inspect`` (:func:`experiments.inspect.sac_reports`: the critic and actor phases of one
+  update on a batch collected in ``--env``) from a fresh initialisation and, with ``--checkpoint`` (default: the
+  reproduction's fp32 walker-walk seed-0 run), from that run's networks cast to the config's precision: flagged
+  rows by severity, harmless rows, and the rows of the paper's four fp16 problems.
+* **Time of a report**: the first (``cold``: XLA compiles every primitive) and the same again (``warm``).
+* **Zero cost when off**: the lowered ``sac.update`` before any report and after all of them (identical), and its
+  update steps/s before and after over ``--rounds`` rounds.
+* **Plot**: exponent histograms (``floor(log2 |g|)``) of the critic's weight gradients per layer, naive fp16
+  against fp16 with the methods, float16's smallest subnormal, smallest normal and largest exponent marked.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import importlib
 import os
@@ -41,18 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, write_results
-from experiments.cli import REPO_ROOT
+from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, parser
 
-DEFAULT_CHECKPOINT = (
-    REPO_ROOT
-    / "runs"
-    / "sac_reproduction"
-    / "w256_b256_steps100000_seed5000_eval10000x10"
-    / "fp32"
-    / "walker-walk"
-    / "seed0"
-)
+DEFAULT_CHECKPOINT = REPRODUCTION_RUNS / "fp32" / "walker-walk" / "seed0"
 
 
 def load_config(name: str, env: str, width: int):
@@ -198,57 +176,49 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     histograms = result["gradient_exponents"]
     layers = sorted({layer for per_config in histograms.values() for layer in per_config})
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True, squeeze=False)
-    for ax, layer in zip(axes[0], layers):
-        for color, (name, per_config) in enumerate(histograms.items()):
-            counts = per_config.get(layer, {})  # empty where every gradient was nan/inf
-            exponents = np.array([int(k) for k in counts])
-            ax.bar(exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}", label=name)
-        for x, style, label in (
-            (-24, ":", "fp16 smallest subnormal 2^-24"),
-            (-14, "--", "fp16 smallest normal 2^-14"),
-            (16, "-", "fp16 max 65504 < 2^16"),
-        ):
-            ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label)
-        ax.set_title(layer, fontsize=8)
-        ax.set_xlabel("floor(log2 |gradient|)")
-    axes[0][0].set_ylabel("count")
-    labelled = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(labelled.values(), labelled.keys(), fontsize=7, loc="upper right")
-    fig.suptitle("critic weight-gradient exponents, first update (fresh initialisation)", x=0.3)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(
+        path, 1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True, squeeze=False, rect=(0, 0, 1, 0.9)
+    ) as (fig, axes):
+        for ax, layer in zip(axes[0], layers):
+            for color, (name, per_config) in enumerate(histograms.items()):
+                counts = per_config.get(layer, {})  # empty where every gradient was nan/inf
+                exponents = np.array([int(k) for k in counts])
+                ax.bar(
+                    exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}", label=name
+                )
+            for x, style, label in (
+                (-24, ":", "fp16 smallest subnormal 2^-24"),
+                (-14, "--", "fp16 smallest normal 2^-14"),
+                (16, "-", "fp16 max 65504 < 2^16"),
+            ):
+                ax.axvline(x, color="k", linestyle=style, linewidth=0.8, label=label)
+            ax.set_title(layer, fontsize=8)
+            ax.set_xlabel("floor(log2 |gradient|)")
+        axes[0][0].set_ylabel("count")
+        labelled = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+        fig.legend(labelled.values(), labelled.keys(), fontsize=7, loc="upper right")
+        fig.suptitle("critic weight-gradient exponents, first update (fresh initialisation)", x=0.3)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--configs", default="fp16_naive,fp16", help="SAC configs (names in experiments/configs/sac)")
-    parser.add_argument("--env", default="dmc:walker-walk")
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument(
+    cli = parser("inspector", __doc__)
+    cli.add_argument("--configs", default="fp16_naive,fp16", help="SAC configs (names in experiments/configs/sac)")
+    cli.add_argument("--env", default="dmc:walker-walk")
+    cli.add_argument("--width", type=int, default=256)
+    cli.add_argument("--batch", type=int, default=256)
+    cli.add_argument(
         "--checkpoint",
         default=str(DEFAULT_CHECKPOINT),
         help="trained run directory whose networks are inspected too ('none' to skip)",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the update-rate measurement")
-    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per update-rate measurement")
-    parser.add_argument("--out_dir", default=str(REPO_ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="inspector")
-    args = parser.parse_args(argv)
+    cli.add_argument("--rounds", type=int, default=3, help="rounds of the update-rate measurement")
+    cli.add_argument("--seconds", type=float, default=2.0, help="seconds per update-rate measurement")
+    args = cli.parse_args(argv)
     checkpoint = None if args.checkpoint == "none" else args.checkpoint
     if checkpoint and not (pathlib.Path(checkpoint) / "config.json").is_file():
-        parser.error(
+        cli.error(
             f"--checkpoint={checkpoint} is not a training run directory (no config.json); pass "
             "--checkpoint=none or train one with python -m benchmarks.sac_reproduction"
         )
@@ -261,8 +231,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "jax": jax.__version__,
         **run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds, args.seconds),
     }
-    write_results(result, table(result), pathlib.Path(args.out_dir), args.name, plot)
-    return result
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ The supported range is Python 3.11 with jax 0.10.2 up to the newest Python with 
 * ``mlp_3x2048``: a float32 MLP with three 2048-wide hidden layers at batch 1 (ActorQ's policy size), a
   memory-bound chain of matrix-vector products: each call streams its 34 MB of weights.
 
-Each measurement is a worker process (``--worker``) started with one environment's Python and one set of
-``XLA_FLAGS`` (``VARIANTS``: the defaults, and the XLA:CPU switches that differ between the two versions); it
-compiles, warms up and reports the median of ``--reps`` timed calls of each workload, and the first call's
-seconds (compilation included). Rounds interleave every (environment, variant) pair, so load on the machine hits
-all alike; reported are the median over rounds and each pair's ratio to jax 0.10.2 with default flags. A flag a
-version does not know (XLA aborts on it) is recorded as unsupported. Timings are this CPU's, not a GPU's.
+Each measurement is a worker process (``--worker``) with one environment's Python and one set of ``XLA_FLAGS``
+(:data:`VARIANTS`: the defaults, and the XLA:CPU switches that differ between the versions): the first call's
+seconds (compilation included) and the median of ``--reps`` calls of each workload. Rounds interleave every
+(environment, variant) pair; reported are the medians over rounds and each pair's ratio to jax 0.10.2 with default
+flags. A flag a version does not know (XLA aborts on it) is recorded as unsupported.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.common import command_line, random_transitions, write_results
+from benchmarks.common import command_line, figure, finish, parser, random_transitions
+from benchmarks.timing import interleaved
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENVIRONMENTS = {"oldest": ".venv-oldest", "newest": ".venv"}
@@ -58,13 +58,7 @@ def _timed(fn, reps: int) -> tuple[float, float]:
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return first, float(np.median(times)) * 1e3
+    return first, 1e3 * interleaved({"call": fn}, reps, warmup=2, per_call=True)["call"]["median_s"]
 
 
 def worker(reps: int) -> dict:
@@ -162,38 +156,29 @@ def table(summary: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = {k: v for k, v in result["summary"].items() if v["supported"]}
-    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(4 * len(WORKLOADS), 4))
-    for ax, workload in zip(axes, WORKLOADS):
-        names = list(rows)
-        ax.barh(
-            names,
-            [rows[n][f"{workload}_ms"] for n in names],
-            color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names],
-        )
-        ax.set_title(f"{workload} (ms, median)")
-        ax.invert_yaxis()
-        if ax is not axes[0]:
-            ax.set_yticklabels([])
-    fig.suptitle(f"jax {result['versions']['oldest']} (blue) vs {result['versions']['newest']} (orange), XLA:CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, 1, len(WORKLOADS), figsize=(4 * len(WORKLOADS), 4), dpi=100) as (fig, axes):
+        for ax, workload in zip(axes, WORKLOADS):
+            names = list(rows)
+            ax.barh(
+                names,
+                [rows[n][f"{workload}_ms"] for n in names],
+                color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names],
+            )
+            ax.set_title(f"{workload} (ms, median)")
+            ax.invert_yaxis()
+            if ax is not axes[0]:
+                ax.set_yticklabels([])
+        fig.suptitle(f"jax {result['versions']['oldest']} (blue) vs {result['versions']['newest']} (orange), XLA:CPU")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every (environment, variant)")
-    parser.add_argument("--reps", type=int, default=100, help="timed calls per workload per worker")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of VARIANTS")
-    parser.add_argument("--out", type=pathlib.Path, default=REPO_ROOT / "benchmarks" / "results")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    cli = parser("jax_versions", __doc__, out=("--out",))
+    cli.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every (environment, variant)")
+    cli.add_argument("--reps", type=int, default=100, help="timed calls per workload per worker")
+    cli.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of VARIANTS")
+    cli.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return cli.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
@@ -236,8 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         "summary": summary,
         "samples": rounds,
     }
-    write_results(result, table(summary), args.out, "jax_versions", plot)
-    return result
+    return finish(args, result, table(summary), plot)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,20 @@
 """Post-training quantization of a trained SAC policy, in the style of QuaRL's Table 1 (ActorQ Table 2).
 
-**What is measured.** The latest checkpoint of a SAC run directory written by ``python -m experiments.sac``
-(``config.json`` + ``checkpoints/``) is restored with ``experiments.sac_loop.load_run``. Its actor's weights are
-then quantized and dequantized with :func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params`
-("quantize, then dequantize to simulate the quantization error", as in the papers), at each precision:
+The latest checkpoint of a SAC run directory (``python -m experiments.sac``; default: the reproduction's fp32
+cartpole-swingup seed 0 run) is restored, and its actor's weights quantized and dequantized
+(:func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params`, as the papers simulate the error) at
+each precision: ``fp32`` (the reference), ``fp16`` (weights rounded, biases kept), ``fp16_act`` (also the actor
+run in float16, the ``mixed_fp16`` policy), and for each ``n`` of ``--bits`` ``int<n>`` and ``int<n>_per_channel``:
+the papers' uniform PTQ ``delta = (|min(W, 0)| + |max(W, 0)|) / 2^n``, ``D = delta * round(W / delta)`` of every
+kernel (biases fp32, activations not quantized). Per precision:
 
-* ``fp32``: the trained policy (the reference);
-* ``fp16``: weights rounded to float16 (biases kept, as for the integer rows);
-* ``fp16_act``: weights rounded to float16 *and* the actor run in float16 (the ``mixed_fp16`` precision policy:
-  activations, biases and matmuls in fp16), the papers' fp16 setting;
-* ``int<n>`` and ``int<n>_per_channel`` for each ``n`` of ``--bits``: the papers' uniform PTQ
-  ``delta = (|min(W, 0)| + |max(W, 0)|) / 2^n``, ``Q(W) = round(W / delta)``, ``D = delta * Q`` of every
-  kernel, per tensor or per output channel; biases stay fp32 and activations are not quantized.
-
-For each precision:
-
-* ``return``: mean (and std) of the deterministic policy's return over ``--episodes`` evaluation episodes,
-  with ``sac_loop.evaluate`` (the same seeded episodes for every precision, so the rows are paired);
-* ``action_l2``: mean (and max) over a fixed set of states of ``||tanh(mu_q(s)) - tanh(mu_fp32(s))||_2``, the
-  distance between the deterministic actions; the states are all those the fp32 policy visits during its own
-  evaluation episodes;
-* ``kl``: mean (and median, max) over the same states of ``KL(pi_fp32(.|s) || pi_q(.|s))`` between the
-  pre-tanh diagonal Gaussians, in closed form, ``sum_i log(s_q/s_32) + (s_32^2 + (mu_32 - mu_q)^2) / (2 s_q^2)
-  - 1/2`` (tanh is a bijection, so this is also the KL of the squashed policies). It is heavy-tailed: where
-  ``tanh`` saturates, a large shift of the pre-tanh mean barely moves the action but, with the policy's small
-  ``sigma`` (~0.1), costs a KL of ``shift^2 / (2 sigma^2)``; the median is the robust summary;
+* ``return``: mean and std of the deterministic policy over ``--episodes`` seeded episodes (paired rows);
+* ``action_l2``: mean and max over the states the fp32 policy visits of ``||tanh(mu_q(s)) - tanh(mu_fp32(s))||``;
+* ``kl``: mean, median, max over those states of ``KL(pi_fp32 || pi_q)`` of the pre-tanh diagonal Gaussians,
+  ``sum_i log(s_q/s_32) + (s_32^2 + (mu_32 - mu_q)^2) / (2 s_q^2) - 1/2`` (also the squashed policies' KL, tanh
+  being a bijection); heavy-tailed where tanh saturates (a shift costs ``shift^2 / (2 sigma^2)`` with sigma
+  ~0.1), so the median is the robust summary;
 * ``weight_rel_error``: ``||W - D(Q(W))||_F / ||W||_F`` over all kernels together.
-
-By construction the fp32 row has zero action distance and zero KL.
-
-**Default input.** ``runs/sac_reproduction/w256_b256_steps100000_seed5000_eval10000x10/fp32/cartpole-swingup/
-seed0`` (a 256x256 SAC actor trained 100k steps by ``benchmarks.sac_reproduction``). The default evaluates 10
-episodes of 1000 steps for each of fp32, fp16, fp16_act and 2 x 6 integer rows; each row records its time
-(``seconds``).
-
-Run ``python -m benchmarks.ptq_eval --help``.
 """
 
 from __future__ import annotations
@@ -54,23 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, write_results
+from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, parser
 from experiments import sac_loop
 from experiments.sac_loop import load_run
 from lpjax import quant
 from lpjax.agents import sac
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_RUN_DIR = (
-    REPO_ROOT
-    / "runs"
-    / "sac_reproduction"
-    / "w256_b256_steps100000_seed5000_eval10000x10"
-    / "fp32"
-    / "cartpole-swingup"
-    / "seed0"
-)
-DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_RUN_DIR = REPRODUCTION_RUNS / "fp32" / "cartpole-swingup" / "seed0"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
 RESULT_NAME = "ptq_eval"
 
@@ -238,51 +208,47 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = {row["name"]: row for row in result["rows"]}
     bits = sorted(result["bits"])
-    fig, (ax_r, ax_d) = plt.subplots(1, 2, figsize=(12, 4.6))
-    for per_channel, color in ((False, "tab:blue"), (True, "tab:orange")):
-        series = [rows[f"int{n}" + ("_per_channel" if per_channel else "")] for n in bits]
-        label = "int, per channel" if per_channel else "int, per tensor"
-        ax_r.errorbar(
-            bits,
-            [r["return_mean"] for r in series],
-            [r["return_std"] for r in series],
-            fmt="o-",
-            color=color,
-            capsize=3,
-            label=label,
+    with figure(path, 1, 2, figsize=(12, 4.6)) as (fig, (ax_r, ax_d)):
+        for per_channel, color in ((False, "tab:blue"), (True, "tab:orange")):
+            series = [rows[f"int{n}" + ("_per_channel" if per_channel else "")] for n in bits]
+            label = "int, per channel" if per_channel else "int, per tensor"
+            ax_r.errorbar(
+                bits,
+                [r["return_mean"] for r in series],
+                [r["return_std"] for r in series],
+                fmt="o-",
+                color=color,
+                capsize=3,
+                label=label,
+            )
+            ax_d.plot(
+                bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color, label=f"action L2, {label}"
+            )
+            ax_d.plot(
+                bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}"
+            )
+        for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
+            ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
+        for name, color in (("fp16", "tab:green"), ("fp16_act", "tab:olive")):
+            ax_d.axhline(
+                max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":", label=f"action L2, {name}"
+            )
+        ax_r.set_xlabel("bits n")
+        ax_r.set_ylabel(f"mean return ± std ({result['episodes']} episode{'s' * (result['episodes'] > 1)})")
+        ax_r.set_title(
+            f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}", fontsize=9
         )
-        ax_d.plot(
-            bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color, label=f"action L2, {label}"
-        )
-        ax_d.plot(bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}")
-    for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
-        ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
-    for name, color in (("fp16", "tab:green"), ("fp16_act", "tab:olive")):
-        ax_d.axhline(max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":", label=f"action L2, {name}")
-    ax_r.set_xlabel("bits n")
-    ax_r.set_ylabel(f"mean return ± std ({result['episodes']} episode{'s' * (result['episodes'] > 1)})")
-    ax_r.set_title(
-        f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}", fontsize=9
-    )
-    ax_r.set_ylim(bottom=0)
-    ax_r.legend(fontsize=7)
-    ax_d.set_yscale("log")
-    ax_d.set_xlabel("bits n")
-    ax_d.set_ylabel("distance to the fp32 policy")
-    ax_d.set_title(f"mean over {result['states']} states visited by the fp32 policy", fontsize=9)
-    ax_d.legend(fontsize=7)
-    for ax in (ax_r, ax_d):
-        ax.set_xticks(bits)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax_r.set_ylim(bottom=0)
+        ax_r.legend(fontsize=7)
+        ax_d.set_yscale("log")
+        ax_d.set_xlabel("bits n")
+        ax_d.set_ylabel("distance to the fp32 policy")
+        ax_d.set_title(f"mean over {result['states']} states visited by the fp32 policy", fontsize=9)
+        ax_d.legend(fontsize=7)
+        for ax in (ax_r, ax_d):
+            ax.set_xticks(bits)
 
 
 def _bits(text: str) -> list[int]:
@@ -296,36 +262,13 @@ def _bits(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.ptq_eval",
-        description="Post-training quantization of a trained SAC actor (QuaRL Table 1 style): evaluation return, "
-        "action distance and KL to the fp32 policy at fp32, fp16 and int<n> per tensor / per channel. "
-        "Writes <out_dir>/<name>.json and .png.",
-    )
-    parser.add_argument(
-        "--run_dir",
-        type=pathlib.Path,
-        default=DEFAULT_RUN_DIR,
-        help="SAC run directory of `python -m experiments.sac` (default: the sac_reproduction fp32 "
-        "cartpole-swingup seed 0 run)",
-    )
-    parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
-    parser.add_argument(
-        "--bits",
-        type=_bits,
-        default=list(DEFAULT_BITS),
-        help=f"integer bit widths, comma-separated (default {','.join(map(str, DEFAULT_BITS))})",
-    )
-    parser.add_argument(
-        "--out_dir",
-        type=pathlib.Path,
-        default=DEFAULT_OUT_DIR,
-        help="where the json and png go (default benchmarks/results)",
-    )
-    parser.add_argument("--name", default=RESULT_NAME, help=f"file name stem (default {RESULT_NAME})")
-    args = parser.parse_args(argv)
+    cli = parser(RESULT_NAME, __doc__)
+    cli.add_argument("--run_dir", type=pathlib.Path, default=DEFAULT_RUN_DIR, help="SAC run directory")
+    cli.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
+    cli.add_argument("--bits", type=_bits, default=list(DEFAULT_BITS), help="integer bit widths, comma-separated")
+    args = cli.parse_args(argv)
     if args.episodes < 1:
-        parser.error("--episodes must be >= 1")
+        cli.error("--episodes must be >= 1")
     return args
 
 
@@ -333,8 +276,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run_benchmark(args.run_dir, args.episodes, args.bits)
     result["command"] = command_line("benchmarks.ptq_eval", argv)
-    write_results(result, format_table(result), args.out_dir, args.name, plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,12 @@ in units of each weight's float16 ulp, and the median bias along ``d``; and the 
 how far the weights moved, and how far the target lags the online weights (``p - t``, by which the critic's
 bootstrap target differs from the online critic).
 
-**What to expect** (the json's ``theory``). Stochastic rounding's error per update has mean 0 and variance
+**Theory** (the json's ``theory``). Stochastic rounding's error per update has mean 0 and variance
 ``f (1 - f) <= 1/4`` ulp^2 for a fractional part ``f`` of the update in ulps (``1/6`` on average over a uniform
 ``f``). On the parameters these errors add up, a random walk: at most ``sqrt(k / 4)`` ulp rms after ``k`` updates.
 On the target the recursion forgets them at rate ``tau``: at most ``sqrt((1/4) / (1 - (1 - tau)^2))`` ulp rms in
 the steady state. Their sum is normal, so the median ``|error|`` is 0.674 of the rms. Round-to-nearest loses
 every update below half an ulp; Kahan summation carries the residual, so its error stays below an ulp.
-
-Run ``python -m benchmarks.rounding_noise --runs <SAC run dirs>`` (writes
-``benchmarks/results/rounding_noise.{json,png}``).
 """
 
 from __future__ import annotations
@@ -47,13 +44,11 @@ import numpy as np
 import optax
 
 from benchmarks import run_evidence
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, figure, finish, parser
 from lpjax.optim import kahan_polyak, kahan_summation, stochastic_rounding, stochastic_rounding_polyak
 
 RESULT_NAME = "rounding_noise"
 METHODS = ("round_to_nearest", "kahan", "stochastic")
-DEFAULT_RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
-
 
 MEDIAN_OF_NORMAL = 0.6744897501960817
 """The median of ``|x|`` for a standard normal ``x``: a sum of many independent rounding errors is normal."""
@@ -260,83 +255,65 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, out_png: pathlib.Path) -> None:
+def plot(result: dict, path: pathlib.Path) -> None:
     """Median error against float64 over the updates, parameters (left) and target (right), log scale."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(11, 4.2), dpi=110)
-    FigureCanvasAgg(figure)
     steps = np.asarray(result["steps"])
     colors = {"round_to_nearest": "tab:red", "kahan": "tab:green", "stochastic": "darkgoldenrod"}
-    for col, (side, signal, title) in enumerate(
-        (
-            ("param", "param_moved", "parameters"),
-            ("target", "target_lag", f"Polyak target, tau {result['config']['tau']}"),
-        )
-    ):
-        axes = figure.add_subplot(1, 2, col + 1)
-        for method in METHODS:
-            axes.plot(steps, result["curves"][method][side], color=colors[method], label=method)
-        axes.plot(steps, result["curves"]["signal"][signal], "k:", label=signal.replace("_", " "))
-        if side == "param":
-            bound = MEDIAN_OF_NORMAL * np.sqrt(steps / 4.0)
-            axes.plot(steps, bound, "--", color="gray", label="stochastic: theory's bound")
-        else:
-            level = result["theory"]["stochastic_target_median_ulp_bound"]
-            axes.axhline(level, linestyle="--", color="gray", label="stochastic: theory's bound")
-        axes.set_yscale("log")
-        axes.set_xlabel("updates")
-        axes.set_ylabel("median |error| vs float64 (float16 ulps)")
-        axes.set_title(title, fontsize="medium")
-        axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="x-small")
-    figure.tight_layout()
-    figure.savefig(out_png)
+    sides = (
+        ("param", "param_moved", "parameters"),
+        ("target", "target_lag", f"Polyak target, tau {result['config']['tau']}"),
+    )
+    with figure(path, 1, 2, dpi=110, figsize=(11, 4.2)) as (_, panels):
+        for axes, (side, signal, title) in zip(panels, sides):
+            for method in METHODS:
+                axes.plot(steps, result["curves"][method][side], color=colors[method], label=method)
+            axes.plot(steps, result["curves"]["signal"][signal], "k:", label=signal.replace("_", " "))
+            if side == "param":
+                bound = MEDIAN_OF_NORMAL * np.sqrt(steps / 4.0)
+                axes.plot(steps, bound, "--", color="gray", label="stochastic: theory's bound")
+            else:
+                level = result["theory"]["stochastic_target_median_ulp_bound"]
+                axes.axhline(level, linestyle="--", color="gray", label="stochastic: theory's bound")
+            axes.set(yscale="log", xlabel="updates", ylabel="median |error| vs float64 (float16 ulps)")
+            axes.set_title(title, fontsize="medium")
+            axes.grid(True, alpha=0.3)
+            axes.legend(fontsize="x-small")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rounding_noise",
-        description="Round-to-nearest, Kahan summation and stochastic rounding landing the same updates on float16 "
-        "weights and on their Polyak target, against float64.",
-    )
-    parser.add_argument("--size", type=int, default=65_536, help="weights (default: one 256x256 layer)")
-    parser.add_argument("--steps", type=int, default=20_000, help="updates")
-    parser.add_argument("--log_every", type=int, default=500, help="record the errors every N updates")
-    parser.add_argument(
+    cli = parser(RESULT_NAME, __doc__, quick="4096 weights, 2000 updates: a smoke test", out=("--results_dir",))
+    cli.add_argument("--size", type=int, default=65_536, help="weights (default: one 256x256 layer)")
+    cli.add_argument("--steps", type=int, default=20_000, help="updates")
+    cli.add_argument("--log_every", type=int, default=500, help="record the errors every N updates")
+    cli.add_argument(
         "--lr", type=float, default=3e-5, help="update size: the rms of a weight's step (see the module docstring)"
     )
-    parser.add_argument("--tau", type=float, default=0.005, help="Polyak step size of the target")
-    parser.add_argument(
+    cli.add_argument("--tau", type=float, default=0.005, help="Polyak step size of the target")
+    cli.add_argument(
         "--target_period", type=int, default=2, help="parameter updates per target update (SAC's default: 2)"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--drift", type=float, default=0.0, help="the persistent direction's share of an update, against noise 1"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
+    cli.add_argument("--seed", type=int, default=0)
+    cli.add_argument(
         "--runs",
         type=pathlib.Path,
         nargs="*",
         default=[],
         help="SAC run directories whose last checkpoint's target lag (critic vs target critic) to record",
     )
-    parser.add_argument("--results_dir", type=pathlib.Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument(
-        "--quick", action="store_true", help="4096 weights, 2000 updates: a smoke test, not a measurement"
-    )
-    args = parser.parse_args(argv)
+    args = cli.parse_args(argv)
     if args.quick:
         args.size, args.steps, args.log_every = 4096, 2000, 500
     if min(args.size, args.steps, args.log_every, args.target_period) < 1:
-        parser.error("--size, --steps, --log_every and --target_period must be >= 1")
+        cli.error("--size, --steps, --log_every and --target_period must be >= 1")
     if args.steps % args.log_every or args.log_every % args.target_period:
-        parser.error("--steps must be a multiple of --log_every, and --log_every of --target_period")
+        cli.error("--steps must be a multiple of --log_every, and --log_every of --target_period")
     if not 0.0 < args.tau <= 1.0:
-        parser.error(f"--tau must be in (0, 1], got {args.tau}")
+        cli.error(f"--tau must be in (0, 1], got {args.tau}")
     if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
+        cli.error(f"--lr must be > 0, got {args.lr}")
     return args
 
 
@@ -350,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "benchmark": RESULT_NAME,
         "command": command_line(f"benchmarks.{RESULT_NAME}", argv),
         "jax_version": jax.__version__,
-        "config": {k: v for k, v in vars(args).items() if k not in ("results_dir", "runs", "quick")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out_dir", "name", "no_plot", "runs", "quick")},
         **simulated,
         "theory": theory(args.tau, args.steps),
         "real_target_lags": lags,
@@ -367,8 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         ],
     }
     result["summary"] = summarize(simulated)
-    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":
