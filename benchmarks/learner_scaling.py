@@ -1,57 +1,31 @@
 """Learners on a device mesh: bytes each device holds, and the cost of partitioning a step, per mesh.
 
-The learners' mesh (:mod:`lpjax.sharding`) has two axes, ``("data", "fsdp")``. Data parallelism (``fsdp = 1``)
-replicates the state and splits the batch; FSDP splits every state leaf with two or more axes along its largest
-axis that ``fsdp`` divides (parameters, Adam/hAdam moments, Kahan buffers, target networks) and keeps vectors,
-scalars, counters and keys replicated; the replay buffer's capacity axis is split over every device. This benchmark
-measures what that buys and what it costs.
+The learners' mesh (:mod:`lpjax.sharding`) has two axes, ``("data", "fsdp")``: data parallelism replicates the
+state and splits the batch; FSDP splits every state leaf of two or more axes along its largest axis that ``fsdp``
+divides and keeps vectors, scalars, counters and keys replicated; the replay's capacity axis is split over every
+device.
 
-**1. Bytes per device** (the same on every platform: counted from shapes, nothing allocated). For each learner
-and each mesh of :data:`MESHES`, ``(data, fsdp)`` = (1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2): the bytes one
-device holds of each component (:data:`COMPONENTS`: parameters; optimizer state, with the loss scaler's state
-and the Kahan-gradient buffers; target networks with their Kahan-momentum compensation; counters and keys; the
-replay buffer; one batch), from :func:`lpjax.sharding.bytes_per_device` of the learner's ``jax.eval_shape``-d
-state under :func:`lpjax.sharding.state_shardings`, of the replay buffer under
-:func:`lpjax.sharding.replay_shardings` and of the batch under :func:`lpjax.sharding.batch_sharding`, with each
-component's and the total's ratio to (1, 1). Activations, gradients and XLA's temporaries are not counted. The
-learners (:data:`LEARNERS`):
+**1. Bytes per device**, counted from shapes (nothing allocated, the same on every platform): for each of
+:data:`LEARNERS` and each mesh of :data:`MESHES`, one device's bytes of each of :data:`COMPONENTS`
+(:func:`bytes_per_device` of the ``jax.eval_shape``-d state under ``state_shardings``, the replay under
+``replay_shardings``, a batch under ``batch_sharding``) and their ratios to (1, 1). Activations, gradients and
+XLA's temporaries are not counted. ``sac_fp16``: ``experiments/configs/sac/fp16.py`` at the paper's sizes
+(:data:`SAC_SIZES`); ``d4pg``: D4PG's default config on cartpole-balance; ``grpo_fp16``:
+``experiments/configs/grpo/fp16.py`` with a larger transformer (:data:`GRPO_BYTES_MODEL`). A worker process with
+:data:`FORCED_DEVICES` forced host devices counts them.
 
-* ``sac_fp16``: SAC with the paper's sizes, ``experiments/configs/sac/fp16.py`` (pure float16 with all six
-  methods), two 1024-wide hidden layers, batch 1024, replay capacity 1,000,000, 24-float observations and 6
-  actions (walker-walk's sizes in dm_control);
-* ``d4pg``: D4PG's default config, ``experiments/configs/d4pg/_base.py`` (fp32; actor 3x2048, critic 3x512, 51
-  atoms, batch 256, replay capacity 1,000,000) on its environment, cartpole-balance (5 observations, 1 action);
-* ``grpo_fp16``: GRPO's ``experiments/configs/grpo/fp16.py`` (float16 with hAdam, loss scaling and Kahan
-  gradients) on its task (2-digit addition) with a transformer larger than the default, where FSDP matters
-  (:data:`GRPO_BYTES_MODEL`: d_model 512, 8 layers, d_ff 2048, 8 heads); a batch is ``num_prompts * group_size``
-  token sequences with their mask, rollout log-probs and advantages; no replay.
+**2. Step time on this CPU**: SAC's fp32 update at :data:`STEP_SIZES` on the data-parallel meshes (n, 1) and
+GRPO's fp32 ``train_step(..., mesh=mesh)`` on the FSDP meshes (1, n), n in :data:`STEP_DEVICES`, one worker per
+device count with that many forced host devices, the state placed with ``lpjax.sharding.place``. Every step is
+blocked on (XLA:CPU's collectives can time out under deep asynchronous dispatch); after ``--warmup`` steps (more
+while a step still compiles) ``--reps`` steps are timed one by one; ``--rounds`` rounds run the device counts in
+turn, and the median over rounds of each worker's median is reported, with the first call's seconds, the
+compilations during warm-up and timing (the latter must be 0), the first step's losses and the leaves whose
+sharding after the steps is not ``state_shardings``' (:func:`sharding_drift`). Forced host devices share this
+machine's cores: the times measure the overhead of partitioning a step, not speed-ups.
 
-A mesh of N devices needs N devices, so this part runs in a worker process started with
-``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set in the child's environment, before it imports jax).
-
-**2. Step time on this CPU**: the jitted SAC update (``lpjax.agents.sac.update``, fp32: XLA:CPU emulates
-float16, which would only add conversion time) at a size that runs in seconds (:data:`STEP_SIZES`) on the
-data-parallel meshes (1, 1), (2, 1), (4, 1), and GRPO's ``train_step(..., mesh=mesh)`` (fp32, a small
-transformer; on a mesh it gathers the parameters for the forward pass and constrains the state to its layout) on
-the FSDP meshes (1, 1), (1, 2), (1, 4). Each device count is its own worker process with that many forced host
-devices. The state is placed with ``lpjax.sharding.place(state, mesh)``, a fixed random batch with
-``batch_sharding``; every step is blocked on (``jax.block_until_ready``: XLA:CPU's collectives can time out
-under deep asynchronous dispatch). After ``--warmup`` steps (and more while a step still compiles, see below)
-``--reps`` steps are timed one by one; a worker reports their median (and min, max). ``--rounds`` rounds run the
-device counts in turn, so the load of the machine hits them alike; reported is the median over rounds. Also
-recorded per worker: the first call's seconds (compilation included), the backend compilations during warm-up
-and during timing (``jax.monitoring``; the latter must be 0), the first step's losses (the same on every mesh
-up to the order of floating-point sums) and the state leaves whose sharding after the timed steps is not the
-one ``state_shardings`` gave them: where a jitted step leaves XLA to choose its output shardings, it may shard a
-leaf the rule replicates (e.g. a bias), and the next call compiles again for the new input shardings.
-
-Forced host devices are XLA:CPU devices that share this machine's cores, so the step times measure the
-overhead of partitioning the step (collectives, per-device dispatch, smaller matrix products), not speed-ups
-(the json's ``note`` says so).
-
-Run ``python -m benchmarks.learner_scaling`` (writes ``benchmarks/results/learner_scaling.{json,png}``);
-``--quick`` times tiny networks for few steps, compiled without XLA's backend optimizations (a smoke run whose
-times mean nothing); the byte counts are cheap and use the full sizes either way.
+``--quick`` times tiny networks for few steps without XLA's backend optimizations (a smoke run); the byte counts
+are cheap and use the full sizes either way.
 """
 
 from __future__ import annotations
@@ -70,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import command_line, random_transitions, write_results
+from benchmarks.common import REPO, RESULTS, command_line, figure, finish, machine_info, parser, random_transitions
+from benchmarks.timing import interleaved
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_OUT_DIR = RESULTS
 RESULT_NAME = "learner_scaling"
 MODULE = "benchmarks.learner_scaling"
 
@@ -125,7 +99,7 @@ NOTE = (
     "brings its own compute. The bytes per device are counted from shapes and hold on any platform."
 )
 NOTES = [
-    "bytes_per_device: one device's share of each component, from lpjax.sharding.bytes_per_device of "
+    "bytes_per_device: one device's share of each component, from benchmarks.learner_scaling.bytes_per_device of "
     "jax.eval_shape-d states (state_shardings), replay buffers (replay_shardings) and batches (batch_sharding); "
     "activations, gradients and XLA temporaries are not counted.",
     "FSDP splits leaves with >= 2 axes; vectors, scalars, counters and keys stay replicated, so FSDP's ratio "
@@ -166,7 +140,7 @@ def start_worker(kind: str, devices: int, args: argparse.Namespace) -> subproces
     last line of its stdout."""
     return subprocess.Popen(
         worker_command(kind, devices, args),
-        cwd=REPO_ROOT,
+        cwd=REPO,
         env=worker_env(devices, args.quick),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -201,12 +175,13 @@ def run_workers(jobs: list[tuple[str, int]], args: argparse.Namespace, parallel:
 
 
 def sac_fp16_config():
-    """``experiments/configs/sac/fp16.py``'s agent at the paper's sizes (:data:`SAC_SIZES`)."""
+    """``experiments/configs/sac/fp16.py``'s agent at the paper's sizes (:data:`SAC_SIZES`), its optimizer per leaf
+    (a run refuses FSDP with the fused optimizer, whose flat buffers FSDP would replicate whole)."""
     from experiments.configs.sac import fp16
     from lpjax.agents import sac
 
     agent = fp16.get_config().agent.to_dict()
-    agent.update(hidden_dims=SAC_SIZES["hidden_dims"], batch_size=SAC_SIZES["batch_size"])
+    agent.update(hidden_dims=SAC_SIZES["hidden_dims"], batch_size=SAC_SIZES["batch_size"], fused_optimizer=False)
     return sac.SACConfig.from_mapping(agent)
 
 
@@ -262,7 +237,7 @@ def abstract_learners() -> dict[str, dict]:
 
     # D4PG, the default config on its environment.
     run_config = d4pg_base.get_config()
-    config = d4pg.D4PGConfig.from_mapping(run_config.agent.to_dict())
+    config = d4pg.D4PGConfig.from_mapping(dict(run_config.agent.to_dict(), fused_optimizer=False))  # as SAC's
     if run_config.env not in D4PG_ENV_SIZES:
         raise ValueError(f"D4PG's default env is now {run_config.env!r}: add its sizes to D4PG_ENV_SIZES.")
     obs_dim, action_dim = D4PG_ENV_SIZES[run_config.env]
@@ -330,13 +305,29 @@ def abstract_learners() -> dict[str, dict]:
     return learners
 
 
+def bytes_per_device(tree: Any, shardings: Any) -> int:
+    """The bytes one device holds of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) under ``shardings``: each
+    leaf's shard shape (``sharding.shard_shape``) times its itemsize, from shapes only; a PRNG key counts as its
+    raw data's trailing axis of words."""
+    import jax
+    import jax.numpy as jnp
+
+    def nbytes(leaf, sharding):
+        shard = sharding.shard_shape(tuple(np.shape(leaf)))
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            data = jax.eval_shape(jax.random.key_data, leaf)
+            return int(np.prod(shard + data.shape[len(shard) :], dtype=np.int64)) * jnp.dtype(data.dtype).itemsize
+        return int(np.prod(shard, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+
+    return int(sum(jax.tree.leaves(jax.tree.map(nbytes, tree, shardings))))
+
+
 def bytes_worker() -> dict:
     """Bytes per device of every learner's components on every mesh of :data:`MESHES` (needs
     :data:`FORCED_DEVICES` devices), and this machine's description."""
     import jax
 
-    from benchmarks.optimizer_overhead import machine_info
-    from lpjax.sharding import batch_sharding, bytes_per_device, make_mesh, replay_shardings, state_shardings
+    from lpjax.sharding import batch_sharding, make_mesh, replay_shardings, state_shardings
 
     devices = jax.devices()
     result: dict[str, Any] = {
@@ -416,16 +407,18 @@ def time_steps(step: Callable[[Any], tuple[Any, Any]], state: Any, warmup: int, 
         state, metrics = jax.block_until_ready(step(state))
         warmup_steps, compiled = warmup_steps + 1, counter.count > before
     warm_compiles = counter.count
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        state, metrics = jax.block_until_ready(step(state))
-        samples.append(time.perf_counter() - start)
-    ms = np.asarray(samples) * 1e3
+    held = [state, metrics]
+
+    def call():
+        held[:] = step(held[0])
+        return held
+
+    timing = interleaved({"step": call}, reps, warmup=0, per_call=True)["step"]
+    state, metrics = held
     return state, dict(
-        median_ms=float(np.median(ms)),
-        min_ms=float(ms.min()),
-        max_ms=float(ms.max()),
+        median_ms=1e3 * timing["median_s"],
+        min_ms=1e3 * timing["min_s"],
+        max_ms=1e3 * timing["max_s"],
         reps=reps,
         first_call_s=first_call_s,
         warmup_steps=warmup_steps,
@@ -596,91 +589,59 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     learners = result["bytes_per_device"]
-    fig, axes = plt.subplots(1, len(learners) + 1, figsize=(4.6 * (len(learners) + 1), 4.4))
-    colors = dict(zip(COMPONENTS, ("tab:blue", "tab:orange", "tab:green", "tab:gray", "tab:purple", "tab:olive")))
-    for ax, (name, learner) in zip(axes, learners.items()):
-        labels = [f"{row['data']}x{row['fsdp']}" for row in learner["meshes"]]
-        bottom = np.zeros(len(labels))
-        for component in COMPONENTS:
-            values = np.array([row["components"][component] / 1e6 for row in learner["meshes"]])
-            if values.any():
-                ax.bar(labels, values, bottom=bottom, color=colors[component], label=component)
-                bottom += values
-        ax.set_title(f"{name}: MB per device")
-        ax.set_xlabel("mesh (data x fsdp)")
-    axes[0].legend(fontsize=8)
-    ax = axes[-1]
-    for workload, entry in result["step_time"].items():
-        devices = [run["devices"] for run in entry["runs"]]
-        (line,) = ax.plot(devices, [run["median_ms"] for run in entry["runs"]], "o-", label=workload)
-        for run in entry["runs"]:  # each round's median: the spread is the machine's noise
-            rounds = run["round_median_ms"]
-            ax.plot([run["devices"]] * len(rounds), rounds, "_", color=line.get_color(), markersize=10, alpha=0.6)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xticks(list(STEP_DEVICES))
-    ax.set_xlabel("forced host devices (sharing the CPU)")
-    ax.set_ylabel("ms per step (median; dashes: rounds)")
-    ax.set_title(f"step time, {result['machine']['cpu_count']} CPU cores")
-    ax.legend(fontsize=8)
-    fig.suptitle("lpjax learners on a (data, fsdp) mesh: bytes per device and partitioning overhead on a CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, 1, len(learners) + 1, figsize=(4.6 * (len(learners) + 1), 4.4), dpi=100) as (fig, axes):
+        colors = dict(zip(COMPONENTS, ("tab:blue", "tab:orange", "tab:green", "tab:gray", "tab:purple", "tab:olive")))
+        for ax, (name, learner) in zip(axes, learners.items()):
+            labels = [f"{row['data']}x{row['fsdp']}" for row in learner["meshes"]]
+            bottom = np.zeros(len(labels))
+            for component in COMPONENTS:
+                values = np.array([row["components"][component] / 1e6 for row in learner["meshes"]])
+                if values.any():
+                    ax.bar(labels, values, bottom=bottom, color=colors[component], label=component)
+                    bottom += values
+            ax.set_title(f"{name}: MB per device")
+            ax.set_xlabel("mesh (data x fsdp)")
+        axes[0].legend(fontsize=8)
+        ax = axes[-1]
+        for workload, entry in result["step_time"].items():
+            devices = [run["devices"] for run in entry["runs"]]
+            (line,) = ax.plot(devices, [run["median_ms"] for run in entry["runs"]], "o-", label=workload)
+            for run in entry["runs"]:  # each round's median: the spread is the machine's noise
+                rounds = run["round_median_ms"]
+                ax.plot([run["devices"]] * len(rounds), rounds, "_", color=line.get_color(), markersize=10, alpha=0.6)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(list(STEP_DEVICES))
+        ax.set_xlabel("forced host devices (sharing the CPU)")
+        ax.set_ylabel("ms per step (median; dashes: rounds)")
+        ax.set_title(f"step time, {result['machine']['cpu_count']} CPU cores")
+        ax.legend(fontsize=8)
+        fig.suptitle("lpjax learners on a (data, fsdp) mesh: bytes per device and partitioning overhead on a CPU")
 
 
 # -------------------------------------------------------------------------------------------------------- main
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {MODULE}",
-        description=__doc__.split("\n\n")[0],
-        epilog=(
-            "Part 1 counts bytes per device of SAC (fp16, paper sizes), D4PG (default config) and GRPO (fp16, "
-            f"d_model 512 x 8 layers) on the meshes {', '.join(f'{d}x{f}' for d, f in MESHES)} (data x fsdp) in a "
-            f"worker with {FORCED_DEVICES} forced host devices. Part 2 times SAC's update (data parallel) and "
-            f"GRPO's train_step (FSDP) on {', '.join(map(str, STEP_DEVICES))} forced host devices, one worker "
-            "each. Forced host devices share this machine's CPU cores: the step times measure partitioning "
-            "overhead, not speed-ups. Writes <out-dir>/learner_scaling.{json,png}."
-        ),
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny networks, few steps, XLA backend optimizations off: a smoke run (byte counts unchanged)",
-    )
-    parser.add_argument("--out-dir", type=pathlib.Path, default=DEFAULT_OUT_DIR, help="where the json and png go")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds over the device counts (default 3; quick 1)")
-    parser.add_argument("--reps", type=int, default=None, help="timed steps per worker (default 30; quick 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps after the first (default 3; quick 1)")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        help="workers run at once (default 1; more only for smoke runs: parallel workers skew each other's times)",
-    )
-    parser.add_argument(
-        "--no-grpo-step", dest="grpo_step", action="store_false", help="time SAC's update only, not GRPO's step"
-    )
-    parser.add_argument("--worker", choices=("bytes", "step"), help=argparse.SUPPRESS)
-    parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    defaults = dict(rounds=(1, 3), reps=(3, 30), warmup=(1, 3))
-    for name, (quick, full) in defaults.items():
+    cli = parser(RESULT_NAME, __doc__, quick="tiny networks, few steps, XLA backend optimizations off: a smoke run")
+    cli.add_argument("--rounds", type=int, default=None, help="rounds over the device counts (default 3; quick 1)")
+    cli.add_argument("--reps", type=int, default=None, help="timed steps per worker (default 30; quick 3)")
+    cli.add_argument("--warmup", type=int, default=None, help="untimed steps after the first (default 3; quick 1)")
+    cli.add_argument("--jobs", type=int, default=1, help="workers at once (more only for smoke runs: they skew times)")
+    cli.add_argument("--no-grpo-step", dest="grpo_step", action="store_false", help="time SAC's update only")
+    cli.add_argument("--worker", choices=("bytes", "step"), help=argparse.SUPPRESS)
+    cli.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
+    args = cli.parse_args(argv)
+    for name, quick, full in (("rounds", 1, 3), ("reps", 3, 30), ("warmup", 1, 3)):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     if min(args.rounds, args.reps, args.jobs) < 1 or args.warmup < 0:
-        parser.error("--rounds, --reps and --jobs must be >= 1, --warmup >= 0")
+        cli.error("--rounds, --reps and --jobs must be >= 1, --warmup >= 0")
     return args
 
 
@@ -722,8 +683,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         ),
         "wall_s": time.perf_counter() - start,
     }
-    write_results(result, table(result), args.out_dir, RESULT_NAME, plot)
-    return result
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":

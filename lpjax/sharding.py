@@ -336,18 +336,3 @@ def initialize_distributed(
         return False
     jax.distributed.initialize(**{k: v for k, v in values.items() if v is not None})
     return True
-
-
-def bytes_per_device(tree: Any, shardings: Any) -> int:
-    """The bytes one device holds of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) under ``shardings``: each
-    leaf's shard shape (``sharding.shard_shape``) times its itemsize, from shapes only (no device needed beyond
-    the mesh's)."""
-
-    def nbytes(leaf, sharding):
-        shard = sharding.shard_shape(tuple(np.shape(leaf)))
-        if _is_key(leaf):  # a key is its raw data's trailing axis of words
-            data = jax.eval_shape(jax.random.key_data, leaf)
-            return int(np.prod(shard + data.shape[len(shard) :], dtype=np.int64)) * jnp.dtype(data.dtype).itemsize
-        return int(np.prod(shard, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
-
-    return int(sum(jax.tree.leaves(jax.tree.map(nbytes, tree, shardings))))

@@ -146,3 +146,34 @@ def test_committed_results_have_the_expected_structure():
     for entry in data["step_time"].values():
         assert [run["devices"] for run in entry["runs"]] == list(bench.STEP_DEVICES)
         assert all(run["median_ms"] > 0 and run["compiles_while_timing"] == 0 for run in entry["runs"])
+
+
+def test_bytes_per_device_reads_shapes_only_and_counts_keys_as_their_words():
+    import jax.numpy as jnp
+
+    from lpjax import sharding
+
+    state = {"w": jnp.ones((8, 6), jnp.float16), "b": jnp.ones(6), "key": jax.random.key(0)}
+    shardings = sharding.state_shardings(state, sharding.make_mesh())
+    expected = 8 * 6 * 2 + 6 * 4 + 2 * 4
+    assert bench.bytes_per_device(state, shardings) == expected
+    assert bench.bytes_per_device(jax.eval_shape(lambda: state), shardings) == expected
+
+
+def test_bytes_per_device_counts_one_device_share_of_an_fsdp_mesh():
+    from tests.multidevice import run_on_devices
+
+    result = run_on_devices(
+        """
+import json
+import jax, jax.numpy as jnp
+from benchmarks.learner_scaling import bytes_per_device
+from lpjax import sharding
+mesh = sharding.make_mesh(1, 4)
+state = {"w": jnp.ones((8, 16)), "m": jnp.ones((8, 16)), "b": jnp.ones(16), "key": jax.random.key(0)}
+placed = sharding.put_global(state, sharding.state_shardings(state, mesh))
+print(json.dumps({"bytes": bytes_per_device(placed, sharding.state_shardings(placed, mesh))}))
+""",
+        devices=4,
+    )
+    assert result["bytes"] == (2 * 8 * 4 + 16) * 4 + 8  # w and m split 4 ways, b and the key replicated

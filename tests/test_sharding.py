@@ -1,4 +1,4 @@
-"""lpjax.sharding: meshes, the FSDP rule, replay layout, bytes per device, joining processes.
+"""lpjax.sharding: meshes, the FSDP rule, replay layout, joining processes.
 
 The tests that need several devices run in a subprocess with forced CPU devices (tests.multidevice).
 """
@@ -45,15 +45,6 @@ def test_replay_layout_needs_strata_that_fit_the_devices_the_capacity_and_the_ba
     sharding.check_replay_layout(capacity=100, batch_size=8, strata=4, mesh=None)
     with pytest.raises(ValueError, match=r"replay_shards \(3\)"):
         sharding.check_replay_layout(capacity=100, batch_size=8, strata=3, mesh=None)
-
-
-def test_bytes_per_device_reads_shapes_only_and_counts_keys_as_their_words():
-    state = {"w": jnp.ones((8, 6), jnp.float16), "b": jnp.ones(6), "key": jax.random.key(0)}
-    mesh = sharding.make_mesh()
-    shardings = sharding.state_shardings(state, mesh)
-    expected = 8 * 6 * 2 + 6 * 4 + 2 * 4
-    assert sharding.bytes_per_device(state, shardings) == expected
-    assert sharding.bytes_per_device(jax.eval_shape(lambda: state), shardings) == expected
 
 
 def test_initialize_distributed_reads_the_environment_and_does_nothing_without_a_coordinator(monkeypatch):
@@ -163,15 +154,13 @@ placed = sharding.put_global(state, sharding.state_shardings(state, mesh))
 print(json.dumps({
     name: [list(leaf.sharding.spec), [list(s.data.shape) for s in leaf.addressable_shards][:1]]
     for name, leaf in placed.items() if name != "key"
-} | {"key": placed["key"].sharding.is_fully_replicated,
-     "bytes": sharding.bytes_per_device(placed, sharding.state_shardings(placed, mesh))}))
+} | {"key": placed["key"].sharding.is_fully_replicated}))
 """,
         devices=4,
     )
     assert result["w"] == result["m"] == [[None, "fsdp"], [[8, 4]]]
     assert result["b"] == [[], [[16]]]
     assert result["key"] is True
-    assert result["bytes"] == (2 * 8 * 4 + 16) * 4 + 8
 
 
 def test_global_batch_splits_rows_over_every_device():
