@@ -1,45 +1,26 @@
 """Cost of one optimizer step: lpjax's pure-fp16 optimizer against ``optax.adam``, in float32 and float16.
 
-The issue's target: the full lpjax chain
+The target: the full lpjax chain ``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` (the learners'
+optimizer, :func:`lpjax.optim.method_optimizer` of :data:`FULL_METHODS`) costs at most ``TARGET_RATIO`` (1.5)
+times ``optax.adam(1e-4)`` in the same dtype, on a ~3.2M-parameter MLP. A step is ``tx.update`` and
+``optax.apply_updates`` under one ``jax.jit``, parameters and state donated. The gradients are the same runtime
+random arrays for every variant of a dtype, ``+-1e-3 * 1e4 * 10**U(-1, 1)`` (gradients of ~1e-3 times the loss
+scale 1e4, as the chain receives them): finite in float16, so the chain takes its finite-step path (recorded);
+unscaled float16 ``optax.adam`` would not be finite at 1e-3 (``(1 - b2) g^2`` rounds to 0).
 
-    optax.chain(lpjax.optim.compound_loss_scaling(lpjax.optim.hadam(1e-4)), lpjax.optim.kahan_summation())
-
-(the learners' optimizer, built by :func:`lpjax.optim.method_optimizer` from ``FULL_METHODS``) costs at most
-``TARGET_RATIO`` (1.5) times an ``optax.adam(1e-4)`` step in the same dtype. The parameters are a
-~3.2M-parameter MLP pytree (input layer, three 1024x1024 hidden layers, output layer). Each variant's step is
-``tx.update`` followed by ``optax.apply_updates`` under one ``jax.jit`` with the parameters and the optimizer state
-donated, so every variant updates its buffers in place in the same way. The gradients are runtime random arrays
-(XLA cannot constant-fold them), the same arrays for every variant of a dtype: ``+-1e-3 * 1e4 * 10**U(-1, 1)``,
-i.e. gradients of magnitude ~1e-3 multiplied by the loss scale 1e4, as the loss-scaled chain receives them. They are
-finite in float16, so the chain takes its "finite step" path every time (checked and recorded). The unscaled
-variants get the same arrays because at magnitude 1e-3 ``optax.adam`` in float16 is not finite: its second moment
-``(1 - b2) g^2 = 1e-9`` rounds to 0 and ``m / 0 = inf`` (the failure the lpjax chain exists to fix). Every
-variant is checked to end with finite parameters.
-
-Timing: every variant is compiled and warmed up first; then ``--repeats`` rounds, each timing ``--steps``
-consecutive steps of every (variant, dtype) pair, with ``block_until_ready`` at the end. The order of the pairs
-is rotated from round to round so that machine noise and cache effects hit all of them equally. Reported: the
-median and the minimum over rounds of the mean time per step. Also recorded, as diagnostics: the bytes of each
-optimizer state and of the parameters, the scratch ("temp") memory XLA allocates per step, and the minor page
-faults per step (a temp buffer above glibc malloc's mmap threshold, at most 32 MiB by default, is mmap-ed and
-page-faulted afresh on every step), and the memory traffic of the compiled step, read off its optimized HLO
-(:mod:`benchmarks.hlo_traffic`): the bytes each top-level pass reads and writes, in units of one parameter tree.
-The traffic and the ablations (``--ablations``) together say which pass costs what.
-
-On XLA:CPU float16 is emulated (converted to float32 around the arithmetic), so float16 is *not* faster here;
-the comparison that matters is each variant against ``optax.adam`` in the same dtype.
-
-Run ``python -m benchmarks.optimizer_overhead`` (writes ``benchmarks/results/optimizer_overhead.{json,png}``);
-``--quick`` is a tiny smoke run, ``--ablations`` also times the chain's parts.
+Timing: interleaved rounds (:func:`benchmarks.timing.interleaved`) of ``--steps`` steps of every (variant, dtype),
+after ``--warmup`` steps; reported the median and minimum over ``--repeats`` rounds of the time per step. Also
+recorded: the optimizer state's and parameters' bytes, XLA's scratch memory and minor page faults per step, and
+the memory traffic of the compiled step by pass (:mod:`benchmarks.hlo_traffic`), which with ``--ablations`` (the
+chain's parts timed too) says which pass costs what. XLA:CPU emulates float16, so only each variant against
+``optax.adam`` in the same dtype matters.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
-import os
-import platform
+import functools
 import resource
 import statistics
 import sys
@@ -55,7 +36,8 @@ import optax
 
 import lpjax
 from benchmarks import hlo_traffic
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, figure, finish, machine_info, parser
+from benchmarks.timing import interleaved
 from lpjax.methods import PrecisionMethods
 
 TARGET_RATIO = 1.5
@@ -66,7 +48,6 @@ GRAD_SCALED = GRAD_MAGNITUDE * LOSS_SCALE  # magnitude of the gradients every va
 BASELINE = "optax.adam"
 FULL_CHAIN = "lpjax.chain"
 DTYPES = ("float32", "float16")
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
 RESULT_NAME = "optimizer_overhead"
 
 
@@ -217,18 +198,14 @@ class _Case:
         self.times_ms: list[float] = []
         self.faults_per_step: list[float] = []
 
-    def run(self, steps: int) -> float:
-        """Runs ``steps`` steps; returns the mean wall time per step in milliseconds."""
-        params, state, grads, step = self.params, self.state, self.grads, self.step
+    def run(self, steps: int) -> tuple:
+        """Runs ``steps`` steps (blocked on), recording the minor page faults per step."""
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
         for _ in range(steps):
-            params, state = step(params, state, grads)
-        jax.block_until_ready((params, state))
-        elapsed = time.perf_counter() - start
+            self.params, self.state = self.step(self.params, self.state, self.grads)
+        jax.block_until_ready((self.params, self.state))
         self.faults_per_step.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps)
-        self.params, self.state = params, state
-        return 1e3 * elapsed / steps
+        return self.params, self.state
 
     def sanity(self) -> dict:
         """Checks that the timed path is the intended one: finite parameters, no skipped loss-scaled step."""
@@ -242,31 +219,6 @@ class _Case:
             out["skipped_steps"] = int(found[0].skipped_steps)
             out["final_loss_scale"] = float(found[0].scale)
         return out
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def machine_info() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": _cpu_model(),
-        "libc": " ".join(platform.libc_ver()) or None,
-        "python": platform.python_version(),
-        "jax_backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-    }
 
 
 def run_benchmark(
@@ -304,20 +256,11 @@ def run_benchmark(
     for case in cases:
         case.run(warmup)
         case.faults_per_step.clear()
-    load_before = os.getloadavg()
-
     log(f"timing: {repeats} rounds x {steps} steps per (variant, dtype), order rotated every round")
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for r in range(repeats):
-            shift = r % len(cases)
-            for case in cases[shift:] + cases[:shift]:
-                case.times_ms.append(case.run(steps))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    variants = {(case.variant.name, case.dtype): functools.partial(case.run, steps) for case in cases}
+    timing = interleaved(variants, repeats, warmup=0)
+    for case in cases:
+        case.times_ms = [1e3 * t / steps for t in timing[(case.variant.name, case.dtype)]["rounds_s"]]
 
     rows = []
     for case in cases:
@@ -368,8 +311,8 @@ def run_benchmark(
         "lpjax_version": lpjax.__version__,
         "machine": {
             **machine_info(),
-            "loadavg_1_5_15_before": list(load_before),
-            "loadavg_1_5_15_after": list(os.getloadavg()),
+            "loadavg_1_5_15_before": timing["machine"]["load_before"],
+            "loadavg_1_5_15_after": timing["machine"]["load_after"],
         },
         "config": {
             "sizes": sizes._asdict(),
@@ -472,59 +415,51 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     dtypes = list(result["param_bytes"])
     variants = list(dict.fromkeys(row["variant"] for row in result["results"]))
     by_key = {(row["variant"], row["dtype"]): row for row in result["results"]}
     width = 0.8 / len(variants)
     x = np.arange(len(dtypes))
-    fig, (ax, traffic_ax) = plt.subplots(1, 2, figsize=(16.0, 5.5), gridspec_kw={"width_ratios": [1.1, 1.0]})
-    for i, variant in enumerate(variants):
-        rows = [by_key[(variant, d)] for d in dtypes]
-        med = np.array([r["median_ms"] for r in rows])
-        lo = med - np.array([r["min_ms"] for r in rows])
-        hi = np.array([r["max_ms"] for r in rows]) - med
-        pos = x - 0.4 + width * (i + 0.5)
-        bars = ax.bar(pos, med, width, yerr=[lo, hi], capsize=3, label=variant)
-        for bar, row in zip(bars, rows):  # ratio to optax.adam above the error bar
-            ax.annotate(
-                f"{row['ratio_to_adam_median']:.2f}x",
-                (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=7,
+    with figure(path, 1, 2, figsize=(16.0, 5.5), gridspec_kw={"width_ratios": [1.1, 1.0]}) as (fig, (ax, traffic_ax)):
+        for i, variant in enumerate(variants):
+            rows = [by_key[(variant, d)] for d in dtypes]
+            med = np.array([r["median_ms"] for r in rows])
+            lo = med - np.array([r["min_ms"] for r in rows])
+            hi = np.array([r["max_ms"] for r in rows]) - med
+            pos = x - 0.4 + width * (i + 0.5)
+            bars = ax.bar(pos, med, width, yerr=[lo, hi], capsize=3, label=variant)
+            for bar, row in zip(bars, rows):  # ratio to optax.adam above the error bar
+                ax.annotate(
+                    f"{row['ratio_to_adam_median']:.2f}x",
+                    (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+        for j, dtype in enumerate(dtypes):
+            base = by_key[(BASELINE, dtype)]["median_ms"]
+            ax.hlines(
+                TARGET_RATIO * base,
+                x[j] - 0.42,
+                x[j] + 0.42,
+                colors="k",
+                linestyles="dashed",
+                linewidth=1,
+                label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None,
             )
-    for j, dtype in enumerate(dtypes):
-        base = by_key[(BASELINE, dtype)]["median_ms"]
-        ax.hlines(
-            TARGET_RATIO * base,
-            x[j] - 0.42,
-            x[j] + 0.42,
-            colors="k",
-            linestyles="dashed",
-            linewidth=1,
-            label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None,
+        ax.set_xticks(x, dtypes)
+        ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
+        ax.set_title(
+            f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
+            f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
+            f"labels: median ratio to {BASELINE} in the same dtype",
+            fontsize=9,
         )
-    ax.set_xticks(x, dtypes)
-    ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
-    ax.set_title(
-        f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
-        f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
-        f"labels: median ratio to {BASELINE} in the same dtype",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
-    _plot_traffic(traffic_ax, result, variants, dtypes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.legend(fontsize=8, loc="upper right")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+        _plot_traffic(traffic_ax, result, variants, dtypes)
 
 
 _TRAFFIC_KINDS = ("parameters", "first moment", "second moment", "Kahan compensation", "temporary", "reduction", "copy")
@@ -563,36 +498,18 @@ def _plot_traffic(ax, result: dict, variants: list[str], dtypes: list[str]) -> N
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.optimizer_overhead",
-        description="Time one jitted optimizer step (update + apply_updates) of optax.adam, lpjax hadam and the "
-        f"full lpjax fp16 chain on a ~3.2M-parameter MLP, float32 and float16; target: the chain within "
-        f"{TARGET_RATIO}x optax.adam. Writes {RESULT_NAME}.json and {RESULT_NAME}.png.",
-    )
-    parser.add_argument("--steps", type=int, default=None, help="steps per timed round (default 20; quick: 2)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per variant (default 21; quick: 2)")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps after compiling (default 3; quick: 1)")
-    parser.add_argument("--quick", action="store_true", help="tiny MLP and few steps: a smoke test, not a measurement")
-    parser.add_argument(
-        "--ablations",
-        action="store_true",
-        help="also time parts of the chain (loss scaling alone, hadam+kahan, optax.apply_if_finite)",
-    )
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=DEFAULT_OUT_DIR,
-        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})",
-    )
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    defaults = (2, 2, 1) if args.quick else (20, 21, 3)
-    args.steps = defaults[0] if args.steps is None else args.steps
-    args.repeats = defaults[1] if args.repeats is None else args.repeats
-    args.warmup = defaults[2] if args.warmup is None else args.warmup
+    cli = parser(RESULT_NAME, __doc__, quick="tiny MLP and few steps: a smoke test, not a measurement")
+    cli.add_argument("--steps", type=int, default=None, help="steps per timed round (default 20; quick: 2)")
+    cli.add_argument("--repeats", type=int, default=None, help="timed rounds per variant (default 21; quick: 2)")
+    cli.add_argument("--warmup", type=int, default=None, help="warm-up steps after compiling (default 3; quick: 1)")
+    cli.add_argument("--ablations", action="store_true", help="also time the chain's parts")
+    cli.add_argument("--seed", type=int, default=0)
+    args = cli.parse_args(argv)
+    for name, quick, full in (("steps", 2, 20), ("repeats", 2, 21), ("warmup", 1, 3)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.steps < 1 or args.repeats < 1 or args.warmup < 1:
-        parser.error("--steps, --repeats and --warmup must be >= 1")
+        cli.error("--steps, --repeats and --warmup must be >= 1")
     return args
 
 
@@ -604,8 +521,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result["config"]["quick"] = bool(args.quick)
     result["config"]["ablations"] = bool(args.ablations)
     result["command"] = command_line("benchmarks.optimizer_overhead", argv)
-    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":

@@ -1,74 +1,33 @@
 """Memory of SAC training, float32 against float16 with all of the paper's methods, counted from shapes and dtypes.
 
-Björck et al. (2021), Table 11, report that pure-fp16 SAC uses 1.53-1.73x less GPU memory than fp32 (V100). The
-issue's target here: the fp16 total at least ``TARGET_RATIO`` (1.8) times smaller than the fp32 total. This machine
-has no GPU, and XLA:CPU emulates float16 (its buffers and temporaries say nothing about a GPU), so nothing is
-measured from a device: every figure is a count of bytes (``prod(shape) * itemsize``) of abstract values, obtained
-without allocating anything (``jax.eval_shape`` / ``jax.make_jaxpr`` on ``jax.ShapeDtypeStruct`` inputs), so width
-4096 / batch 4096 costs only tracing time and the numbers are the same on every platform.
+Björck et al. (2021), Table 11, report that pure-fp16 SAC uses 1.53-1.73x less GPU memory than fp32 (V100); the
+target here is ``TARGET_RATIO`` (1.8). XLA:CPU emulates float16, so nothing is measured from a device: every
+figure is ``prod(shape) * itemsize`` of abstract values (``jax.eval_shape`` / ``jax.make_jaxpr`` on
+``jax.ShapeDtypeStruct`` inputs, nothing allocated), the same on every platform.
 
-Configurations (``lpjax.agents.sac.SACConfig``):
+Configurations (:data:`PRECISIONS`): ``fp32``; ``fp16`` with the paper's six methods; beyond the paper
+(:data:`BEYOND_GOALS`), ``fp16_sr`` (stochastic rounding instead of the two Kahan buffers, float16 replay),
+``fp16_sr_8bit`` (also hAdam's moments blockwise 8-bit) and ``fp16_sr_8bit_remat`` (also ``rematerialize``, whose
+cost in time this CPU measures: ``--time_size``, :mod:`benchmarks.timing`). Two hidden layers of width 1024 or
+4096 and batch 1024 or 4096 (the paper's sizes), observation 24 and action 6 (walker-walk). Components:
 
-* ``fp32``: ``SACConfig(policy="fp32")``;
-* ``fp16``: ``SACConfig(policy="fp16", methods=PrecisionMethods.paper())`` (hAdam, compound loss scaling,
-  Kahan-gradients, Kahan-momentum, softplus-fix and normal-fix);
-* beyond the paper, ``fp16_sr``: ``fp16`` with stochastic rounding instead of the two Kahan buffers and a float16
-  replay, and ``fp16_sr_8bit``: the same with hAdam's moments blockwise 8-bit (``moment_dtype="fp8"``), and
-  ``fp16_sr_8bit_remat``: that with ``rematerialize=True`` (the backward passes recompute the networks'
-  activations instead of holding them, one more forward pass per gradient): goals ``BEYOND_GOALS`` (2.0x, 2.5x
-  and 2.5x). The rematerialization's cost in time is measured on this CPU (``--time_size``, interleaved rounds
-  of the compiled update with and without it, :mod:`benchmarks.timing`): ``rematerialize_time`` in the json;
+1. **state**: the whole ``SACState`` of ``jax.eval_shape(sac.init)``, by role (:func:`state_part`).
+2. **residuals** of the critic, actor and temperature losses: what ``jax.vjp`` keeps for the backward pass, each
+   loss differentiated as ``lpjax.agents.training.gradient_step`` does (loss times the loss scale, in float32,
+   w.r.t. that network's parameters) on ``sac.update``'s inputs. ``residual_leaf_bytes`` is the raw count of the
+   vjp function's leaves; ``jax.make_jaxpr`` of the same function classifies each (:func:`residuals`): an input
+   of the update (already in the state: not counted again), a literal, a broadcast of a constant (``jax.nn.relu``
+   saves ``full_like(g, 0)``; lpjax's :func:`lpjax.nn.dense.relu` saves only its output), a boolean mask or a
+   computed activation. ``residual_bytes`` counts every distinct non-input residual; XLA may fuse the zero
+   broadcasts away, so totals without them are reported too. Every raw count is cross-checked against
+   ``jax.ad_checkpoint.print_saved_residuals`` (``cross_check``).
+3. **batch**: the replay batch ``sac.update`` receives, float32 (float16 for the stochastic-rounding rows, whose
+   configs store a float16 replay).
+4. **total** = state + residuals + batch, and ``ratio = fp32 total / fp16 total``.
 
-each with two hidden layers of width 1024 or 4096 (actor and both critics) and batch 1024 or 4096 (the paper's
-sizes), from states: observation dim 24 and action dim 6 (walker-walk's sizes in dm_control; ``--obs-dim`` and
-``--action-dim`` change them). Components:
-
-1. **state**: the whole :class:`lpjax.agents.sac.SACState` from ``jax.eval_shape(sac.init)`` (parameters, Adam or
-   hAdam moments, Kahan-gradient compensation, loss-scaler scalars, target critic, Kahan-momentum compensation,
-   temperature, step, key), broken down by role.
-2. **residuals** of the critic loss, of the actor loss and of the temperature loss: the values ``jax.vjp`` keeps
-   for the backward pass. Each loss is differentiated as ``lpjax.agents.training.gradient_step`` does it (the
-   loss times the optimizer's loss scale, in float32, w.r.t. that network's parameters), on the same inputs as
-   ``sac.update`` builds (keys split from ``state.key``, features cast from the batch). Two views of the same
-   trace:
-
-   * ``jax.eval_shape`` of a function returning ``jax.vjp``'s backward function: its leaves are the residuals as
-     ``jax.ShapeDtypeStruct``; their bytes are ``residual_leaf_bytes`` (the raw count);
-   * ``jax.make_jaxpr`` of the function returning those leaves, whose outputs say where each residual comes from:
-     an *input* of the update (a parameter of the state, e.g. the weights a backward matmul needs, or the loss
-     scale; those bytes are already in the state, so they are not counted again), a literal, a *broadcast of a
-     constant* (``jax.nn.relu``'s JVP saves ``full_like(g, 0)``, an array of zeros as large as the activation;
-     lpjax's networks use :func:`lpjax.nn.dense.relu`, which saves only its output), a boolean mask
-     (``jax.nn.relu``'s ``x > 0``, one byte per element in either precision) or a computed float activation.
-     ``residual_bytes`` = every distinct residual that is not
-     an input of the update; it includes the zero broadcasts (what ``jax.vjp`` holds), which XLA, compiling the
-     jitted update as one program, can fuse into their consumers instead of storing, so
-     ``residual_bytes_without_constant_broadcasts`` and a total without them are reported too.
-
-   For every configuration and loss the raw count is cross-checked against
-   ``jax.ad_checkpoint.print_saved_residuals`` (``print_saved_residuals`` in each residual entry and
-   ``cross_check`` in the json; the test also checks it against the residuals of a real ``jax.vjp`` on a small
-   real state): same number of residuals, same bytes. The descriptions differ: ``print_saved_residuals``
-   differentiates every argument of the function it is given, so it is called on the loss as a function of the
-   parameters alone, with the state and batch closed over; everything that depends only on them (the critic's
-   weights in the actor loss, ``alpha``, the float16 features, the loss scale) is then printed as "from a
-   constant", whether it is an array of the state or a new array computed from it (the float16 cast of the
-   observations is new memory; the fp32 "cast" is the batch itself), and relu's masks and zeros are printed as
-   "output of gt" / "output of broadcast_in_dim". The make_jaxpr classification above draws those lines.
-3. **batch**: the replay batch ``sac.update`` receives (``obs``, ``action``, ``reward``, ``discount``,
-   ``next_obs``), float32 for ``fp32`` and ``fp16`` (what the environment and ``lpjax.replay`` produce; the fp16
-   learner casts it itself), float16 for the stochastic-rounding rows, whose configs store the replay in
-   float16 (``replay_dtype``; the learner computes the same values).
-4. **total** = state + critic, actor and temperature residuals + batch, and ``ratio = fp32 total / fp16 total``.
-
-This is a count of what an update holds, not a measured peak: the critic's and the actor's residuals are not
-alive at the same time in ``sac.update``, gradients (one copy of each network's parameters, ``gradients_bytes``,
-informational, not in the total) and XLA's temporaries are not counted, and a compiler may rematerialize cheap
-residuals. Where fp16 falls short of 2x is attributed by component with ``excess_over_half``: the bytes fp16 uses
-beyond exactly half of fp32's (they sum to ``fp16_total - fp32_total / 2``).
-
-Run ``python -m benchmarks.sac_memory`` (writes ``benchmarks/results/sac_memory.{json,png}``); ``--quick`` runs
-tiny sizes (a smoke test, not the measurement).
+A count of what an update holds, not a measured peak: the critic's and actor's residuals are not alive at once,
+gradients (``gradients_bytes``) and XLA's temporaries are not counted. ``excess_over_half`` attributes where fp16
+falls short of 2x: the bytes fp16 uses beyond half of fp32's, by component.
 """
 
 from __future__ import annotations
@@ -76,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import re
 import sys
@@ -92,7 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import lpjax
-from benchmarks.common import command_line, write_results
+from benchmarks.common import command_line, figure, finish, parser, random_transitions
+from benchmarks.timing import interleaved
 from lpjax.agents import sac
 from lpjax.methods import PrecisionMethods
 from lpjax.optim import loss_scale_or_one
@@ -138,7 +99,6 @@ STATE_PARTS = (
     "kahan_momentum_compensation",
     "scalars",
 )
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
 RESULT_NAME = "sac_memory"
 
 
@@ -241,30 +201,26 @@ def _inputs(state: sac.SACState, batch: dict):
     return critic_key, actor_key, next_features, features
 
 
-def critic_vjp(state: sac.SACState, batch: dict):
-    """``jax.vjp``'s backward function of the critic loss w.r.t. the critic's parameters."""
-    critic_key, _, next_features, _ = _inputs(state, batch)
-    fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
-    return jax.vjp(fn, state.critic.params)[1]
-
-
-def actor_vjp(state: sac.SACState, batch: dict):
-    """``jax.vjp``'s backward function of the actor loss w.r.t. the actor's parameters."""
-    _, actor_key, _, features = _inputs(state, batch)
-    fn = _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key)
-    return jax.vjp(fn, state.actor.params)[1]
-
-
-def temperature_vjp(state: sac.SACState, batch: dict):
-    """``jax.vjp``'s backward function of the temperature loss w.r.t. ``log_alpha``."""
-    _, actor_key, _, features = _inputs(state, batch)
+def loss_of(loss: str, state: sac.SACState, batch: dict) -> tuple[Callable, Any]:
+    """``(params -> scaled loss, params)`` of the critic, actor or temperature loss, on ``sac.update``'s inputs."""
+    critic_key, actor_key, next_features, features = _inputs(state, batch)
+    if loss == "critic":
+        fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
+        return fn, state.critic.params
+    if loss == "actor":
+        return _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
     _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
     target_entropy = -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
     fn = _scaled(sac.temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
-    return jax.vjp(fn, state.temperature.params)[1]
+    return fn, state.temperature.params
 
 
-VJPS: dict[str, Callable] = {"critic": critic_vjp, "actor": actor_vjp, "temperature": temperature_vjp}
+def _vjp(loss: str, state: sac.SACState, batch: dict):
+    """``jax.vjp``'s backward function of one loss w.r.t. its network's parameters."""
+    return jax.vjp(*loss_of(loss, state, batch))[1]
+
+
+VJPS: dict[str, Callable] = {name: functools.partial(_vjp, name) for name in LOSSES}
 
 
 def _producers(jaxpr) -> dict:
@@ -462,28 +418,11 @@ def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
 
 
 def saved_residuals_of(loss: str, state: sac.SACState, batch: dict) -> list[tuple[int, str]]:
-    """``print_saved_residuals`` of one loss as a function of its parameters alone (the rest closed over).
-
-    ``print_saved_residuals`` differentiates every argument of the function it is given, hence the closure. Call it
-    with real arrays (state-only computations then run eagerly) or under ``jax.eval_shape`` (abstract: the
-    closed-over tracers are constants of its trace), as :func:`cross_check` does.
-    """
-    critic_key, actor_key, next_features, features = _inputs(state, batch)
-    if loss == "critic":
-        fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
-        params = state.critic.params
-    elif loss == "actor":
-        fn, params = _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
-    else:
-        _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
-        target_entropy = (
-            -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
-        )
-        fn = _scaled(sac.temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
-        params = state.temperature.params
+    """``print_saved_residuals`` of one loss as a function of its parameters alone (the rest closed over: it
+    differentiates every argument it is given), with real arrays or under ``jax.eval_shape``."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        jax.ad_checkpoint.print_saved_residuals(fn, params)
+        jax.ad_checkpoint.print_saved_residuals(*loss_of(loss, state, batch))
     return parse_saved_residuals(out.getvalue())
 
 
@@ -616,9 +555,6 @@ def run_benchmark(
 def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int, rounds: int = 5) -> dict:
     """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize`` at one
     size, on this machine: medians of interleaved rounds (:func:`benchmarks.timing.interleaved`), states donated."""
-    from benchmarks.common import random_transitions
-    from benchmarks.timing import interleaved
-
     rng = np.random.default_rng(0)
     batch = jax.tree.map(
         lambda x: jnp.asarray(x, jnp.float16), random_transitions(rng, batch_size, obs_dim, action_dim)
@@ -629,14 +565,11 @@ def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: in
         states[name] = sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)
         steps[name] = sac.update.lower(states[name], batch).compile()
 
-    def variant(name):
-        def run():
-            states[name], metrics = steps[name](states[name], batch)
-            return metrics
+    def update(name):
+        states[name], metrics = steps[name](states[name], batch)
+        return metrics
 
-        return run
-
-    timing = interleaved({name: variant(name) for name in states}, rounds)
+    timing = interleaved({name: functools.partial(update, name) for name in states}, rounds)
     ms = {name: 1e3 * timing[name]["median_s"] for name in states}
     return {
         "width": width,
@@ -732,123 +665,69 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Left: each precision's MiB by component per size (fp32 plain, the others hatched); right: the ratios."""
     by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
     comps = result["comparisons"]
     labels = [f"w{c['width']}\nb{c['batch_size']}" for c in comps]
     x = np.arange(len(comps))
-    colors = {
-        "state": "tab:blue",
-        "critic_residuals": "tab:orange",
-        "actor_residuals": "tab:green",
-        "temperature_residuals": "tab:purple",
-        "batch": "tab:gray",
-    }
-    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.25, 1]})
-    bar = 0.8 / len(PRECISIONS)
-    for j, precision in enumerate(PRECISIONS):
-        pos = x + (j - (len(PRECISIONS) - 1) / 2) * bar
-        bottom = np.zeros(len(comps))
-        for comp in COMPONENTS:
-            vals = (
-                np.array([by_key[(precision, c["width"], c["batch_size"])]["components"][comp] for c in comps]) / 2**20
-            )
-            ax.bar(
-                pos,
-                vals,
-                bar,
-                bottom=bottom,
-                color=colors[comp],
-                edgecolor="black" if j else "white",
-                hatch="//" if j else None,
-                linewidth=0.5,
-                label=comp.replace("_", " ") if j == 0 else None,
-            )
-            bottom += vals
-        for p, total in zip(pos, bottom):
+    colors = dict(zip(COMPONENTS, ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:gray")))
+    offset = dict(xytext=(0, 2), textcoords="offset points", ha="center")
+    with figure(path, 1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.25, 1]}) as (_, (ax, ax_r)):
+        bar = 0.8 / len(PRECISIONS)
+        for j, precision in enumerate(PRECISIONS):
+            pos = x + (j - (len(PRECISIONS) - 1) / 2) * bar
+            bottom = np.zeros(len(comps))
+            style = dict(edgecolor="black", hatch="//") if j else dict(edgecolor="white")
+            for comp in COMPONENTS:
+                rows = [by_key[(precision, c["width"], c["batch_size"])] for c in comps]
+                vals = np.array([row["components"][comp] for row in rows]) / 2**20
+                label = comp.replace("_", " ") if j == 0 else None
+                ax.bar(pos, vals, bar, bottom=bottom, color=colors[comp], linewidth=0.5, label=label, **style)
+                bottom += vals
+            for p, total in zip(pos, bottom):
+                ax.annotate(precision.replace("fp16_", ""), (p, total), fontsize=6, rotation=90, **offset)
+        for xi, c in zip(x, comps):
+            top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
             ax.annotate(
-                precision.replace("fp16_", ""),
-                (p, total),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                fontsize=6,
-                rotation=90,
+                f"{c['total_ratio']:.2f}x", (xi, top), fontsize=9, weight="bold", **offset | {"xytext": (0, 12)}
             )
-    for xi, c in zip(x, comps):
-        top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
-        ax.annotate(
-            f"{c['total_ratio']:.2f}x",
-            (xi, top),
-            xytext=(0, 12),
-            textcoords="offset points",
-            ha="center",
+        ax.set_xticks(x, labels)
+        ax.set_ylabel("MiB (counted from shapes and dtypes)")
+        ax.set_title(
+            "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
+            "with 8-bit moments (sr_8bit) (hatched)\nbold: fp32/fp16 total",
             fontsize=9,
-            weight="bold",
         )
-    ax.set_xticks(x, labels)
-    ax.set_ylabel("MiB (counted from shapes and dtypes)")
-    ax.set_title(
-        "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
-        "with 8-bit moments (sr_8bit) (hatched)\nbold: fp32/fp16 total",
-        fontsize=9,
-    )
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
-    ax.legend(fontsize=8, loc="upper left")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+        ax.legend(fontsize=8, loc="upper left")
 
-    shown = [comp for comp in COMPONENTS if comp != "temperature_residuals"]  # a few KiB: not worth a bar
-    series = [("total", lambda c: c["total_ratio"])] + [
-        (comp, lambda c, comp=comp: c["component_ratios"][comp]) for comp in shown
-    ]
-    width = 0.8 / len(series)
-    for i, (name, get) in enumerate(series):
-        vals = [get(c) for c in comps]
-        ax_r.bar(
-            x - 0.4 + width * (i + 0.5),
-            vals,
-            width,
-            label=name.replace("_", " "),
-            color="black" if name == "total" else colors[name],
-        )
-    ax_r.scatter(
-        x - 0.4 + width / 2,
-        [c["total_ratio_ceiling_with_kahan_state"] for c in comps],
-        marker="_",
-        s=400,
-        color="tab:red",
-        linewidths=2,
-        zorder=3,
-        label="total's ceiling with the Kahan state",
-    )
-    for precision, marker in zip(BEYOND_GOALS, ("o", "s", "^")):
+        shown = [comp for comp in COMPONENTS if comp != "temperature_residuals"]  # a few KiB: not worth a bar
+        series = [("total", [c["total_ratio"] for c in comps], "black")]
+        series += [(comp, [c["component_ratios"][comp] for c in comps], colors[comp]) for comp in shown]
+        width = 0.8 / len(series)
+        for i, (name, vals, color) in enumerate(series):
+            ax_r.bar(x - 0.4 + width * (i + 0.5), vals, width, label=name.replace("_", " "), color=color)
+        ceiling = [c["total_ratio_ceiling_with_kahan_state"] for c in comps]
+        label = "total's ceiling with the Kahan state"
         ax_r.scatter(
-            x,
-            [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision],
-            marker=marker,
-            color="tab:cyan" if marker == "o" else "tab:pink",
-            edgecolors="black",
-            zorder=4,
-            label=f"total, {precision} (goal {BEYOND_GOALS[precision]}x)",
+            x - 0.4 + width / 2, ceiling, marker="_", s=400, color="tab:red", linewidths=2, zorder=3, label=label
         )
-    ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
-    ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
-    ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
-    ax_r.set_xticks(x, labels)
-    ax_r.set_ylabel("fp32 bytes / fp16 bytes")
-    ax_r.set_ylim(0, 3.25)
-    ax_r.set_title(
-        f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
-        f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}",
-        fontsize=9,
-    )
-    ax_r.legend(fontsize=7, loc="upper center", ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        for precision, marker in zip(BEYOND_GOALS, ("o", "s", "^")):
+            ratios = [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision]
+            color = "tab:cyan" if marker == "o" else "tab:pink"
+            label = f"total, {precision} (goal {BEYOND_GOALS[precision]}x)"
+            ax_r.scatter(x, ratios, marker=marker, color=color, edgecolors="black", zorder=4, label=label)
+        ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
+        ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
+        ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
+        ax_r.set_xticks(x, labels)
+        ax_r.set(ylabel="fp32 bytes / fp16 bytes", ylim=(0, 3.25))
+        ax_r.set_title(
+            f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
+            f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}",
+            fontsize=9,
+        )
+        ax_r.legend(fontsize=7, loc="upper center", ncol=3)
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
@@ -862,50 +741,22 @@ def _sizes(text: str) -> list[tuple[int, int]]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.sac_memory",
-        description="Count the bytes of SAC training (state, backward-pass residuals of the critic/actor/temperature "
-        "losses, replay batch) for fp32 and for fp16 with all of the paper's methods, from shapes and "
-        f"dtypes only (jax.eval_shape; nothing allocated). Target: fp32/fp16 total >= {TARGET_RATIO}. "
-        f"Writes {RESULT_NAME}.json and {RESULT_NAME}.png.",
+    cli = parser(RESULT_NAME, __doc__, quick=f"tiny sizes {QUICK_SIZES} (width, batch): a smoke test")
+    cli.add_argument("--sizes", type=_sizes, default=None, help="WIDTHxBATCH,... (default: the paper's four)")
+    cli.add_argument("--obs-dim", type=int, default=OBS_DIM, help=f"observation dim (default {OBS_DIM}, walker)")
+    cli.add_argument("--action-dim", type=int, default=ACTION_DIM, help=f"action dim (default {ACTION_DIM}, walker)")
+    cli.add_argument(
+        "--time_size", type=_sizes, default=None, help="WIDTHxBATCH at which to time rematerialize (default 1024x1024)"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"tiny sizes {QUICK_SIZES} (width, batch): a smoke test, not the measurement",
-    )
-    parser.add_argument(
-        "--sizes",
-        type=_sizes,
-        default=None,
-        help="hidden width x batch pairs, e.g. 1024x1024,4096x4096 (default: the paper's "
-        "1024/4096 widths x 1024/4096 batches)",
-    )
-    parser.add_argument("--obs-dim", type=int, default=OBS_DIM, help=f"observation dim (default {OBS_DIM}, walker)")
-    parser.add_argument("--action-dim", type=int, default=ACTION_DIM, help=f"action dim (default {ACTION_DIM}, walker)")
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        default=DEFAULT_OUT_DIR,
-        help=f"where to write {RESULT_NAME}.json/.png (default: {DEFAULT_OUT_DIR})",
-    )
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    parser.add_argument(
-        "--time_size",
-        type=_sizes,
-        default=None,
-        help="WIDTHxBATCH at which to time fp16_sr_8bit with and without rematerialize on this machine "
-        "(default 1024x1024; none with --quick)",
-    )
-    args = parser.parse_args(argv)
+    args = cli.parse_args(argv)
     if args.obs_dim < 1 or args.action_dim < 1:
-        parser.error("--obs-dim and --action-dim must be >= 1")
+        cli.error("--obs-dim and --action-dim must be >= 1")
     if args.sizes is None:
         args.sizes = list(QUICK_SIZES if args.quick else FULL_SIZES)
     if args.time_size is None and not args.quick:
         args.time_size = [(1024, 1024)]
     if args.time_size is not None and len(args.time_size) != 1:
-        parser.error("--time_size takes one WIDTHxBATCH")
+        cli.error("--time_size takes one WIDTHxBATCH")
     return args
 
 
@@ -916,8 +767,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result["rematerialize_time"] = rematerialize_time(*args.time_size[0], args.obs_dim, args.action_dim)
     result["quick"] = bool(args.quick)
     result["command"] = command_line("benchmarks.sac_memory", argv)
-    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":
