@@ -1,60 +1,35 @@
 """Batch-1 latency of an actor's policy on one CPU core: JAX fp32, XLA int8, lpjax's Int8MLP on ONNX Runtime, and
 (where installed) PyTorch.
 
-The policy is an :class:`lpjax.nn.MLP` ``obs_dim -> 2048 -> 2048 -> 2048 -> act_dim`` (relu, tanh output; walker:
-obs 24, actions 6), initialized by Flax. Variants, each called as an actor would (a NumPy observation ``(24,)`` in,
-a NumPy action out, host-device copies included):
+The policy is an :class:`lpjax.nn.MLP` ``24 -> 2048 -> 2048 -> 2048 -> 6`` (relu, tanh output), initialized by
+Flax, called as an actor calls it (a NumPy observation in, a NumPy action out, host-device copies included):
 
-* ``jax_fp32``: :class:`lpjax.inference.Fp32MLP`, one ``jax.jit``-compiled fp32 forward.
-* XLA int8, jitted, all lpjax's int8 maths (per-token symmetric int8 activations, the epilogue of
-  :func:`lpjax.kernels.int8_matmul`), differing only in how the int32 accumulation is written (slow: each is timed on
-  ``calls // SLOW_CALL_FRACTION`` calls per round):
-  ``xla_int8_dot_general`` (``jnp.dot(int8, int8, preferred_element_type=int32)``, ``int8_matmul``'s reference),
-  ``xla_int8_widened_matmul`` (``jnp.matmul`` of both operands widened to int32 in the graph),
-  ``xla_int32_weights_matmul`` (the weights stored widened to int32, 4 bytes each) and
-  ``xla_int8_multiply_reduce`` (``sum_k int32(q)[:, :, None] * int32(c)[None]``: a multiply-reduce, not a dot).
-* ``ort_int8``: :class:`lpjax.inference.Int8MLP`, lpjax's int8 weights on ONNX Runtime's ``DynamicQuantizeMatMul``
-  (per-tensor uint8 activations; ``gemm="auto"``); ``ort_int8_u8u8`` the same with ``gemm="u8u8"`` (the kernel
-  used where u8 x s8 saturates).
-* ``ort_fp32``: the fp32 policy as an ONNX graph (``MatMul``, ``Add``, ``Relu``, ``Tanh``) on ONNX Runtime;
-  ``ort_quantize_dynamic``: that graph through ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8
-  weights of its own), both with ONNX Runtime's default graph optimizations.
-* With torch importable: ``torch_fp32`` (``torch.nn.Sequential`` of ``Linear``/``ReLU``/``Tanh``),
-  ``torch_int8_quantize_dynamic`` (``torch.ao.quantization.quantize_dynamic``: per-tensor weights, 7-bit
-  activations) and ``torch_int8_fbgemm`` (lpjax's int8 weights on ``quantized::linear_relu_dynamic`` /
-  ``linear_dynamic``, 8-bit activations: exact on CPUs with AVX-512 VNNI, saturating on other x86 CPUs).
+* ``jax_fp32``: :class:`lpjax.inference.Fp32MLP`, one jitted fp32 forward;
+* :data:`XLA_INT8`: lpjax's int8 maths jitted (per-token int8 activations, ``int8_matmul``'s epilogue), differing
+  in how the int32 accumulation is written (slow: each timed on ``calls // SLOW_CALL_FRACTION`` calls per round);
+* ``ort_int8``: :class:`lpjax.inference.Int8MLP`, lpjax's int8 weights on ONNX Runtime's
+  ``DynamicQuantizeMatMul`` (``gemm="auto"``), and ``ort_int8_u8u8`` with ``gemm="u8u8"``;
+* ``ort_fp32``: the fp32 graph on ONNX Runtime, and ``ort_quantize_dynamic``: that graph through
+  ``onnxruntime.quantization.quantize_dynamic`` (its own per-channel int8 weights);
+* with torch: ``torch_fp32``, ``torch_int8_quantize_dynamic`` (``torch.ao.quantization.quantize_dynamic``) and
+  ``torch_int8_fbgemm`` (lpjax's int8 weights on ``quantized::linear_dynamic``, 8-bit activations).
 
-Timing: single-threaded (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`` set
-before jax is imported when run as ``python -m benchmarks.actor_inference``, one ONNX Runtime intra-op thread,
-``torch.set_num_threads(1)``); every variant is warmed up, then ``--rounds`` rounds each time ``--calls``
-consecutive calls of every variant, one ``perf_counter`` per call, the order of the variants rotated each round,
-garbage collection off. Each call gets the next observation of a fixed pool. Reported per variant: median, p90,
-mean and min over all timed calls and the median of each round.
+Timing: single-threaded (XLA's Eigen pool off, set before jax is imported when run as a module; one ONNX Runtime
+thread; ``torch.set_num_threads(1)``), every call timed on its own in interleaved rounds
+(:func:`benchmarks.timing.interleaved`, ``per_call``), each call on the next observation of a fixed pool;
+reported per variant: median, p90, mean and min over the calls and each round's median.
 
-Environments: torch has a CPU wheel here only for Python 3.11, and the project runs Python 3.12 with jax 0.12, so
-the benchmark runs once per virtualenv (``.venv-oldest``: Python 3.11, jax 0.10.2, torch; ``.venv``: Python 3.12,
-jax 0.12): ``--with_python .venv-oldest/bin/python`` runs the other one first, as a subprocess with the same
-settings. Each run measures every variant its environment can import, in one process, and is stored under
-``environments["python<X.Y>-jax<version>"]`` of the json, next to the runs of the other environments already
-there; each records its versions, the installed size of jax, onnxruntime, onnx and torch, and the load averages
-around its timing (``caveats`` says what they mean). ``summary`` lists every run's medians with two ratios: to
-``jax_fp32`` of the same run, and to ``torch_int8_quantize_dynamic`` of the same run or, where torch is absent, of
-the environment that has it (a different process: compare those with the load averages in mind). Targets, judged
-on the medians: ``ort_int8`` at least ``TARGET_SPEEDUP_VS_JAX_FP32`` (2x) faster than ``jax_fp32`` and faster than
-``torch_int8_quantize_dynamic``.
+Environments: torch has a CPU wheel here only for Python 3.11, so the benchmark runs once per virtualenv
+(``--with_python .venv-oldest/bin/python`` runs the other one first, as a subprocess with the same settings); each
+run is stored under ``environments["python<X.Y>-jax<version>"]`` beside the others already there, with its
+versions, installed sizes and load averages. ``summary`` gives every median's ratio to ``jax_fp32`` of its run and
+to ``torch_int8_quantize_dynamic`` of its run (or of the environment that has torch). Targets: ``ort_int8`` at
+least 2x faster than ``jax_fp32`` and faster than ``torch_int8_quantize_dynamic``.
 
-Accuracy (untimed): the same policy with the output activation removed (the pre-tanh mean), ``--accuracy_obs``
-observations at batch 1 and as batches of 8, compared with float64 NumPy forwards of (a) the dequantized int8
-weights (``codes * scales``: only the activation quantization differs) and (b) the original fp32 weights; each
-row names the like-for-like one (:func:`like_for_like`). Reported: relative RMS error and max abs error of the
-mean, and max abs error of ``tanh(mean)`` (the action).
-The network is randomly initialized, not trained; a trained policy's activation ranges differ.
-
-Weight bytes: the arrays each variant multiplies by (int8 codes, float32 scales and zero points, float32 biases;
-packed copies and padding are not counted).
-
-Run ``.venv/bin/python -m benchmarks.actor_inference --with_python .venv-oldest/bin/python`` (writes
-``benchmarks/results/actor_inference.{json,png}``); ``--quick`` is a tiny smoke run.
+Accuracy (untimed): the pre-tanh mean on ``--accuracy_obs`` observations at batch 1 and 8 against float64 forwards
+of the dequantized int8 weights and of the fp32 weights (:func:`like_for_like` names each row's reference): the
+relative RMS and max abs error of the mean and the max abs error of the action. Weight bytes: the arrays each
+variant multiplies by (codes, scales, zero points, biases).
 """
 
 from __future__ import annotations
@@ -69,9 +44,9 @@ if __name__ == "__main__" and "jax" not in sys.modules:  # must precede the firs
         os.environ["XLA_FLAGS"] = f"{_flags} {SINGLE_THREAD_XLA_FLAGS}".strip()
 
 import argparse
-import gc
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import logging
 import platform
@@ -87,15 +62,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, write_results
+from benchmarks.common import RESULTS, command_line, cpu_info, figure, finish, parser
+from benchmarks.timing import interleaved
 from lpjax.inference import Fp32MLP, Int8MLP, u8s8_saturates
 from lpjax.inference.ort_int8 import Layer
 from lpjax.nn import MLP
 from lpjax.quant import quantize_int8_per_token
 
 RESULT_NAME = "actor_inference"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_OUT_DIR = RESULTS
 OURS = "ort_int8"
 JAX_FP32 = "jax_fp32"
 TORCH_INT8 = "torch_int8_quantize_dynamic"
@@ -431,52 +406,32 @@ def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[s
 # ------------------------------------------------------------------------------------------------------- timing
 
 
-def time_variants(
-    variants: Sequence[Variant],
-    pool: np.ndarray,
-    rounds: int,
-    calls: int,
-    warmup: int,
-    log: Callable[[str], None] = print,
-) -> dict[str, dict]:
-    """Per-call latencies (ms) of every variant, interleaved over ``rounds`` (order rotated each round)."""
-    for v in variants:
-        for i in range(warmup):
-            v.fn(pool[i % len(pool)])
-    samples: dict[str, list[list[float]]] = {v.name: [] for v in variants}
+def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, calls: int, warmup: int, log=print):
+    """Per-call latencies (ms) of every variant in interleaved rounds (the XLA int8 ones on fewer calls), each
+    call on the next observation of ``pool``; and the machine's load before and after."""
     slow_calls = max(1, calls // SLOW_CALL_FRACTION)
     log(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    clock = time.perf_counter
-    try:
-        for r in range(rounds):
-            shift = r % len(variants)
-            for v in list(variants[shift:]) + list(variants[:shift]):
-                n = slow_calls if v.name in XLA_INT8 else calls
-                fn, times = v.fn, []
-                for i in range(n):
-                    obs = pool[(r * calls + i) % len(pool)]
-                    start = clock()
-                    fn(obs)
-                    times.append(1e3 * (clock() - start))
-                samples[v.name].append(times)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    observations = {v.name: itertools.cycle(pool) for v in variants}
+    timing = interleaved(
+        {v.name: (lambda fn=v.fn, obs=observations[v.name]: fn(next(obs))) for v in variants},
+        rounds,
+        calls={v.name: slow_calls if v.name in XLA_INT8 else calls for v in variants},
+        warmup=warmup,
+        per_call=True,
+    )
     out = {}
     for v in variants:
-        flat = np.concatenate(samples[v.name])
+        per_round = [1e3 * np.asarray(t) for t in timing[v.name]["calls_s"]]
+        flat = np.concatenate(per_round)
         out[v.name] = {
             "median_ms": float(np.median(flat)),
             "p90_ms": float(np.percentile(flat, 90)),
             "mean_ms": float(flat.mean()),
             "min_ms": float(flat.min()),
             "calls": int(flat.size),
-            "round_medians_ms": [float(np.median(t)) for t in samples[v.name]],
+            "round_medians_ms": [float(np.median(t)) for t in per_round],
         }
-    return out
+    return out, timing["machine"]
 
 
 # ----------------------------------------------------------------------------------------------------- accuracy
@@ -541,14 +496,6 @@ def environment_key() -> str:
     return f"python{sys.version_info.major}.{sys.version_info.minor}-jax{jax.__version__}"
 
 
-def _cpu_info(prefix: str) -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)), None)
-    except OSError:
-        return None
-
-
 def _versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
     for package in ("onnxruntime", "onnx", "torch"):
@@ -593,9 +540,7 @@ def run_benchmark(
     ours = Int8MLP.from_params(params, "tanh", threads=1)
     variants = [Variant(name, *spec) for name, spec in make_runtimes(params, ours, "tanh").items()]
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
-    load_before = os.getloadavg()
-    timings = time_variants(variants, pool, rounds, calls, warmup, log)
-    load_after = os.getloadavg()
+    timings, load = time_variants(variants, pool, rounds, calls, warmup, log)
     log("accuracy ...")
     acc = accuracy(
         params, ours, np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
@@ -604,21 +549,21 @@ def run_benchmark(
         {"variant": v.name, "description": v.description, "weight_bytes": v.weight_bytes, **timings[v.name]}
         for v in variants
     ]
-    flags = (_cpu_info("flags") or "").split()
+    flags = (cpu_info("flags") or "").split()
     return {
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": _versions(),
         "installed_mb": installed_mb(),
         "machine": {
-            "cpu_model": _cpu_info("model name") or platform.processor() or None,
+            "cpu_model": cpu_info("model name") or platform.processor() or None,
             "cpu_count": os.cpu_count(),
             "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "cpu_flags": [
                 f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags
             ],
             "platform": platform.platform(),
-            "loadavg_1_5_15_before": list(load_before),
-            "loadavg_1_5_15_after": list(load_after),
+            "loadavg_1_5_15_before": load["load_before"],
+            "loadavg_1_5_15_after": load["load_after"],
         },
         "config": {
             "sizes": sizes._asdict(),
@@ -718,101 +663,74 @@ def format_table(result: dict, env: str) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     envs = list(result["environments"])
     variants = list(dict.fromkeys(row["variant"] for row in result["summary"]["rows"]))
     rows = {(env, row["variant"]): row for env, run in result["environments"].items() for row in run["results"]}
-    fig, ax = plt.subplots(figsize=(10.0, 0.3 * len(variants) * len(envs) + 1.8))
-    height = 0.8 / len(envs)
-    y0 = np.arange(len(variants))[::-1]
-    for j, env in enumerate(envs):
-        machine = result["environments"][env]["machine"]
-        loads = [machine.get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
-        label = env if None in loads else f"{env} (1-min load {loads[0]:.1f} -> {loads[1]:.1f})"
-        for yi, variant in zip(y0, variants):
-            row = rows.get((env, variant))
-            if row is None:
-                continue
-            y = yi + 0.4 - height * (j + 0.5)
-            ax.barh(
-                y,
-                row["median_ms"],
-                height=height,
-                color=f"C{j}",
-                label=label if variant == OURS else None,
-                xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]],
-                capsize=2,
-                edgecolor=("black" if variant == OURS else "none"),
-            )
-            ax.annotate(
-                f"{row['median_ms']:.3f} ms",
-                (row["p90_ms"], y),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=7,
-            )
-    ax.set_yticks(y0, variants)
-    ax.set_xscale("log")
-    all_rows = list(rows.values())
-    ax.set_xlim(min(r["median_ms"] for r in all_rows) / 2, max(r["p90_ms"] for r in all_rows) * 4)
-    ax.legend(loc="lower right", fontsize=8)
-    s = next(iter(result["environments"].values()))["config"]["sizes"]
-    speedups = ", ".join(
-        f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in result["summary"]["targets"].items()
-    )
-    ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
-    ax.set_title(
-        f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
-        f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
-        f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(10.0, 0.3 * len(variants) * len(envs) + 1.8)) as (fig, ax):
+        height = 0.8 / len(envs)
+        y0 = np.arange(len(variants))[::-1]
+        for j, env in enumerate(envs):
+            machine = result["environments"][env]["machine"]
+            loads = [machine.get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
+            label = env if None in loads else f"{env} (1-min load {loads[0]:.1f} -> {loads[1]:.1f})"
+            for yi, variant in zip(y0, variants):
+                row = rows.get((env, variant))
+                if row is None:
+                    continue
+                y = yi + 0.4 - height * (j + 0.5)
+                ax.barh(
+                    y,
+                    row["median_ms"],
+                    height=height,
+                    color=f"C{j}",
+                    label=label if variant == OURS else None,
+                    xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]],
+                    capsize=2,
+                    edgecolor=("black" if variant == OURS else "none"),
+                )
+                ax.annotate(
+                    f"{row['median_ms']:.3f} ms",
+                    (row["p90_ms"], y),
+                    xytext=(4, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                )
+        ax.set_yticks(y0, variants)
+        ax.set_xscale("log")
+        all_rows = list(rows.values())
+        ax.set_xlim(min(r["median_ms"] for r in all_rows) / 2, max(r["p90_ms"] for r in all_rows) * 4)
+        ax.legend(loc="lower right", fontsize=8)
+        s = next(iter(result["environments"].values()))["config"]["sizes"]
+        speedups = ", ".join(
+            f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in result["summary"]["targets"].items()
+        )
+        ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
+        ax.set_title(
+            f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
+            f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
+            f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
+            fontsize=9,
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.actor_inference",
-        description="Batch-1, single-threaded latency of the actor's 3x2048 MLP policy: JAX fp32, XLA int8, lpjax "
-        "Int8MLP (ONNX Runtime), ONNX Runtime fp32 and quantize_dynamic, PyTorch fp32, quantize_dynamic "
-        "and fbgemm where torch is installed; plus their accuracy. Adds this environment's run to "
-        f"{RESULT_NAME}.json and redraws {RESULT_NAME}.png.",
-    )
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick: 2)")
-    parser.add_argument(
-        "--calls",
-        type=int,
-        default=None,
-        help="timed calls per variant per round (default 200; "
-        f"quick: 5; the XLA int8 variants get calls // {SLOW_CALL_FRACTION})",
-    )
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick: 2)")
-    parser.add_argument(
-        "--accuracy_obs", type=int, default=None, help="observations for the accuracy study (default 256; quick: 16)"
-    )
-    parser.add_argument("--hidden", type=int, default=None, help="hidden width (default 2048; quick: 64)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="tiny policy, few calls: a smoke test, not a measurement")
-    parser.add_argument("--out_dir", type=Path, default=DEFAULT_OUT_DIR)
-    parser.add_argument("--no_plot", action="store_true")
-    parser.add_argument(
+    cli = parser(RESULT_NAME, __doc__, quick="tiny policy, few calls: a smoke test, not a measurement")
+    cli.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick: 2)")
+    cli.add_argument("--calls", type=int, default=None, help="timed calls per variant per round (default 200; quick 5)")
+    cli.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick: 2)")
+    cli.add_argument("--accuracy_obs", type=int, default=None, help="observations for the accuracy (default 256)")
+    cli.add_argument("--hidden", type=int, default=None, help="hidden width (default 2048; quick: 64)")
+    cli.add_argument("--seed", type=int, default=0)
+    cli.add_argument(
         "--with_python",
         type=Path,
         action="append",
         default=[],
         metavar="PYTHON",
-        help="also run this benchmark, same settings, with another virtualenv's interpreter (a "
-        "subprocess, before this run) and record its run too, e.g. .venv-oldest/bin/python "
-        "for the torch rows; repeatable",
+        help="also run this benchmark, same settings, with another virtualenv's interpreter first (repeatable)",
     )
-    return parser.parse_args(argv)
+    return cli.parse_args(argv)
 
 
 def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
@@ -822,7 +740,7 @@ def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
         for name in SHARED_OPTIONS:
             if getattr(args, name) is not None:
                 command += [f"--{name}", str(getattr(args, name))]
-        subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=REPO_ROOT)
+        subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=RESULTS.parents[1])
         return json.loads((Path(tmp) / f"{RESULT_NAME}.json").read_text())["environments"]
 
 
@@ -853,11 +771,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     run["command"] = command_line("benchmarks.actor_inference", argv)
     run["quick"] = bool(args.quick)
-    json_path = args.out_dir / f"{RESULT_NAME}.json"
+    json_path = args.out_dir / f"{args.name}.json"
     previous = json.loads(json_path.read_text()) if json_path.exists() else None
     result = merged_result(previous, {**runs, env: run})
-    write_results(result, format_table(result, env), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
-    return result
+    return finish(args, result, format_table(result, env), plot)
 
 
 if __name__ == "__main__":
