@@ -1,34 +1,23 @@
 """Trains many independent runs, each in its own directory, and continues where an earlier session stopped.
 
-A run is a :class:`Job`: a name, a directory, and how one training session trains it, either in this process
+A run is a :class:`Job`: a name, a directory, and how one training session trains it, in this process
 (``train(resume, progress) -> summary``, e.g. ``experiments.sac_loop.train``) or as a subprocess
-(``command(resume) -> argv``, a program that prints its summary as a json object last on stdout, as
-``python -m experiments.sac --run_dir=D [--resume]`` does). A summary is a dict with ``status`` (``"finished"``
-or ``"diverged: <reason>"``) and the run's position under ``Job.unit`` (``env_steps`` by default).
+(``command(resume) -> argv``, a program printing its summary as a json object last on stdout). A summary holds
+``status`` (``"finished"`` or ``"diverged: <reason>"``) and the run's position under ``Job.unit``.
 
-Files the farm keeps in a run directory, beside what training writes (``config.json``, ``metrics.csv``,
-``checkpoints/``):
+The farm's files in a run directory, beside the training's (``config.json``, ``metrics.csv``, ``checkpoints/``):
+``sessions.jsonl`` (one line per session: ``time``, ``start_step``, ``status``, ``seconds``, ``end_step``);
+``done.json`` (the run is final: ``status`` finished or diverged, ``detail``, the position, ``time``, ``summary``);
+``error.json`` (the last session raised; removed when the run ends); ``.lock`` (the farm's ``flock``, held for a
+whole session, so two farms never run one run at once); ``worker.log`` (subprocess sessions' output). The
+training itself holds ``run.lock`` (:mod:`lpjax.run_lock`) while it writes; the two are distinct files, so the
+farm's lock never blocks the training it starts, and a session leaves a run alone (``locked``) when another
+process holds either.
 
-* ``sessions.jsonl``: one line per session: ``time``, ``start_step``, ``status``, ``seconds``, ``end_step``;
-* ``done.json``: the run is final: ``status`` (``finished`` or ``diverged``), ``detail`` (the summary's status),
-  the position, ``time`` and the ``summary``;
-* ``error.json``: the last session raised (``error``, ``time``, ``start_step``); removed when the run ends;
-* ``.lock``: the farm's ``flock``, held by the farm process for a whole session (deciding how to start, the
-  training, recording the session), so two farms never run a session of one run at once;
-* ``worker.log``: stdout and stderr of subprocess sessions, appended.
-
-The training itself (``experiments.run.run``, in this process or in the subprocess) takes the run directory's
-own lock, ``run.lock`` (:mod:`lpjax.run_lock`), for as long as it writes the directory: a process started by hand
-on a directory that a farm trains (or the reverse) is refused with one line. The two are distinct files, so the
-farm's lock never blocks the training it starts (a child process could not take a lock its parent holds). A
-session also takes ``run.lock`` while it decides and clears the directory, and leaves a run alone (``locked``) when
-another process holds either lock.
-
-A session (:func:`run_session` in this process, :func:`run_jobs` with ``workers > 1`` in subprocesses) takes the
-run's lock, leaves a final run alone (``skipped``; so does a run whose directory holds another config:
-``Job.mismatch``), starts a run without a finalized checkpoint from an empty directory, resumes one with
-checkpoints, and records the session. A run becomes final when a session returns a summary whose status is
-diverged (resuming would diverge again) or whose position reached ``Job.steps`` (any returned summary when
+A session (:func:`run_session` here, :func:`run_jobs` with ``workers > 1`` in subprocesses) skips a final run
+(and one whose directory holds another config: ``Job.mismatch``), starts a run without a finalized checkpoint
+from an empty directory, resumes one with checkpoints, and records itself. A run becomes final when a session's
+summary is diverged (resuming would diverge again) or its position reached ``Job.steps`` (any summary when
 ``steps`` is None). A session that raises is recorded in ``error.json`` and retried by the next one.
 """
 

@@ -2,62 +2,34 @@
 and the Figure 7 ablation (fp16 with one of its methods removed), resumable across sessions.
 
 **What runs.** Every run is one ``experiments.sac_loop.train`` of a config from ``experiments/configs/sac/`` with
-the scale flags applied (``--width``, ``--batch``, ``--steps``, ...; :mod:`benchmarks.sac_reproduction_plan`):
+the scale flags applied (:mod:`benchmarks.sac_reproduction_plan`): ``fp32``, ``fp16`` (the paper's methods) and
+``fp16_naive`` (none), and the configs beyond the paper, on ``--tasks`` x seeds; the ablation ``fp16_no_<method>``
+(``fp16`` with one method of :meth:`lpjax.methods.PrecisionMethods.paper` off) on ``--ablation_task``, against the
+``fp16`` runs there; with ``--rounding_task``, the rounding study (``fp16_sr_params`` / ``fp16_sr_target``: fp16
+with stochastic rounding for the parameter or the target updates only, beside ``fp16`` and ``fp16_sr``).
 
-* main comparison, on ``--tasks`` (default cartpole-swingup, reacher-easy, walker-walk) x seeds:
-  ``fp32`` (fp32.py), ``fp16`` (fp16.py: the paper's methods), ``fp16_naive`` (fp16_naive.py: none);
-* ablation (paper appendix E, Figure 7), on ``--ablation_task`` (default walker-walk) x seeds:
-  ``fp16_no_<method>`` = fp16.py with ``agent.methods.<method> = False`` for each method
-  :meth:`lpjax.methods.PrecisionMethods.paper` turns on (hadam, loss_scaling, kahan_gradients, kahan_momentum,
-  softplus_fix, normal_fix); the ``fp16`` runs of the main comparison on that task are the "all methods"
-  reference.
+**Scale.** The paper trains 1024x1024 networks on batches of 1024 for 500k-1M steps, days per run on a CPU. The
+default is width 256, batch 256, 100k agent steps with the paper's other hyper-parameters (``docs/design.md``),
+evaluated every 10k steps on 10 episodes: the returns are not the paper's; fp16 is compared with fp32 at the same
+scale (target: fp16's mean final return >= 0.95 x fp32's on every task) and naive fp16 is expected to fail.
+walker-walk holds the ablation: the largest action space of the three (where softplus-fix and normal-fix act), a
+dense reward still rising at 100k steps, and less seed noise than reacher-easy.
 
-**Scale.** The paper trains 1024x1024 networks on batches of 1024 for 500k-1M steps, days per run on a CPU (the
-json's ``scale.why``). The default here is width 256 / batch 256 for 100k agent steps with the paper's other
-hyper-parameters (Table 4/5: lr 1e-4, 5000 seed steps, tau 0.005, loss scale 1e4, ...; ``docs/design.md``,
-"Reference hyper-parameters"), evaluated every 10k steps on 10 episodes. The returns are therefore *not* the
-paper's; what is compared is fp16 against fp32 at the same scale (target: fp16 mean final return >= 0.95 x fp32 on
-every task) and whether naive fp16 fails. The json states the scale and each run's cost (``train_seconds``,
-``steps_per_s``); its ``progress`` estimates the remaining hours from them.
-
-**Why walker-walk for the ablation.** At a fixed width and batch the cost of a step is dominated by the SAC
-update, which is the same for every task, so no task is much cheaper. walker-walk is the most informative of the
-three: the largest action space (6-d: six tanh-squashed Gaussian log-prob terms per sample, where softplus-fix
-and normal-fix act), a dense reward that keeps rising through 100k steps at this scale (so a missing method shows
-as a lower return instead of being hidden under cartpole-swingup's ceiling), and less seed noise than
-reacher-easy's sparse reward.
-
-**Resumable.** Each (config, task, seed) run has its own directory,
-``<runs_dir>/<scale tag>/<config>/<task>/seed<k>/``, kept by :mod:`benchmarks.run_farm`: ``sac_loop``'s files
-(``config.json``, ``metrics.csv``, ``checkpoints/``, ``learning_curve.png``) and the farm's (``sessions.jsonl``,
-``done.json`` once the run is final, ``error.json`` if a session raised, a lock). A run with checkpoints is resumed
-from the latest one (bit-identically, see ``sac_loop``); one with ``done.json``, or whose latest checkpoint is at
-``--steps``, is final and skipped; one without a checkpoint starts over. A diverged run (``sac_loop`` reports
-``status: diverged: ...`` when the policy outputs non-finite actions) is final too: resuming would diverge again.
-The directory's ``config.json`` must match the config the flags build (``checkpoint_every`` aside), else the run is
-reported as ``config_mismatch`` and left alone.
-
-**A session** trains the selected runs that are not final, resumed (partial) runs first, then in plan order
-seed by seed (all cells get seed 0 before any gets seed 1), at most ``--max_runs`` of them, ``--workers`` at a
-time (``--workers 2``: two ``python -m experiments.sac`` subprocesses, logging to each run's ``worker.log``;
-XLA already uses every core, so expect less than 2x), then aggregates. Ctrl-C stops cleanly: rerun the same
-command to continue.
-
-**The rounding study** (``--rounding_task walker-walk``; not in the default plan) separates the two updates
-that ``fp16_sr`` rounds stochastically: ``fp16_sr_params`` rounds only the parameter updates (Kahan for the
-target), ``fp16_sr_target`` only the target updates (Kahan for the parameters). With ``fp16`` (Kahan for both)
-and ``fp16_sr`` (stochastic rounding for both) they are the json's ``rounding`` rows.
-
-**Aggregate** (``--aggregate_only``: no training) reads every run of the scale that exists, planned or not, and
-writes ``<results_dir>/sac_reproduction.json`` (:mod:`benchmarks.sac_reproduction_aggregate`: only final runs
-count) and ``.png`` (:mod:`benchmarks.sac_reproduction_plot`).
-
-Run ``python -m benchmarks.sac_reproduction --help``.
+**Resumable.** Each (config, task, seed) run has its own directory, ``<runs_dir>/<scale tag>/<config>/<task>/
+seed<k>/``, kept by :mod:`benchmarks.run_farm`: a run with checkpoints resumes from the latest (bit-identically);
+one with ``done.json``, or a checkpoint at ``--steps``, or diverged, is final and skipped; a directory whose
+``config.json`` differs from the flags' config (``checkpoint_every`` aside) is ``config_mismatch`` and left
+alone. A session trains the selected runs that are not final, partial runs first, then seed by seed, at most
+``--max_runs``, ``--workers`` at a time (subprocesses logging to ``worker.log``), then aggregates; Ctrl-C stops
+cleanly. ``--aggregate_only`` reads every run of the scale on disk and writes ``sac_reproduction.json``
+(:mod:`benchmarks.sac_reproduction_aggregate`: only final runs count) and ``.png``
+(:mod:`benchmarks.sac_reproduction_plot`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import functools
 import os
@@ -67,9 +39,8 @@ from collections.abc import Sequence
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from benchmarks import run_farm
-from benchmarks.common import write_results
-from benchmarks.sac_reproduction_aggregate import RESULT_NAME, aggregate, config_differences, format_table, inspect_run
+from benchmarks import common, run_farm
+from benchmarks.sac_reproduction_aggregate import aggregate, config_differences, format_table, inspect_run
 from benchmarks.sac_reproduction_plan import (
     ALL_CONFIGS,
     CONFIG_GROUPS,
@@ -88,7 +59,6 @@ from benchmarks.sac_reproduction_plan import (
 from benchmarks.sac_reproduction_plot import plot
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs" / "sac_reproduction"
-DEFAULT_RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
@@ -105,94 +75,28 @@ def _csv(kind):
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.sac_reproduction",
-        description="fp32 vs fp16 (all methods) vs naive fp16 SAC on dm_control, plus the one-method-removed "
-        "ablation; resumable: each (config, task, seed) run has its own directory and an interrupted "
-        "benchmark continues where it stopped. Ends by aggregating every run on disk into "
-        "<results_dir>/sac_reproduction.{json,png}.",
-    )
+    parser = common.parser("sac_reproduction", __doc__, out=("--results_dir",))
     plan = parser.add_argument_group("what to run (the plan is default tasks + --tasks, seeds 0..num_seeds-1)")
-    plan.add_argument(
-        "--tasks",
-        type=_csv(str),
-        default=None,
-        help=f"comma-separated dm_control tasks to train (default: {','.join(DEFAULT_TASKS)}); "
-        "tasks outside the default are added to the plan",
-    )
-    plan.add_argument(
-        "--ablation_task",
-        type=_csv(str),
-        default=[DEFAULT_ABLATION_TASK],
-        help=f"task(s) of the one-method-removed ablation (default: {DEFAULT_ABLATION_TASK}; "
-        "why: see the module docstring)",
-    )
-    plan.add_argument(
-        "--rounding_task",
-        type=_csv(str),
-        default=[],
-        help="task(s) of the rounding study (default: none; e.g. walker-walk): fp16 with stochastic rounding for "
-        "the parameter updates only (fp16_sr_params) and for the target updates only (fp16_sr_target), beside fp16 "
-        "and fp16_sr",
-    )
-    plan.add_argument(
-        "--num_seeds",
-        type=int,
-        default=DEFAULT_NUM_SEEDS,
-        help=f"seeds 0..N-1 make the plan (default: {DEFAULT_NUM_SEEDS})",
-    )
+    tasks, ablation, seeds = ",".join(DEFAULT_TASKS), DEFAULT_ABLATION_TASK, DEFAULT_NUM_SEEDS
+    plan.add_argument("--tasks", type=_csv(str), default=None, help=f"dm_control tasks, added to {tasks}")
+    plan.add_argument("--ablation_task", type=_csv(str), default=[ablation], help=f"the ablation's tasks ({ablation})")
+    plan.add_argument("--rounding_task", type=_csv(str), default=[], help="the rounding study's tasks (none)")
+    plan.add_argument("--num_seeds", type=int, default=seeds, help=f"seeds 0..N-1 make the plan ({seeds})")
     plan.add_argument("--seeds", type=_csv(int), default=None, help="only these seeds (comma-separated ids)")
-    plan.add_argument(
-        "--configs",
-        type=_csv(str),
-        default=None,
-        help=f"only these configs (comma-separated; groups: {', '.join(CONFIG_GROUPS)}). "
-        f"Valid: {', '.join(ALL_CONFIGS)}",
-    )
-    plan.add_argument(
-        "--only",
-        type=_csv(str),
-        default=None,
-        help="only runs whose name config/task/seedN matches one of these fnmatch patterns, e.g. 'fp16*/walker-walk/*'",
-    )
+    groups = ", ".join(CONFIG_GROUPS)
+    plan.add_argument("--configs", type=_csv(str), default=None, help=f"only these configs or groups ({groups})")
+    plan.add_argument("--only", type=_csv(str), default=None, help="only runs whose config/task/seedN matches these")
     plan.add_argument("--max_runs", type=int, default=None, help="train at most N runs this session")
-    plan.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="parallel runs, each a `python -m experiments.sac` subprocess (default 1: in this "
-        "process; XLA already uses every core, so N workers give less than N x)",
-    )
+    plan.add_argument("--workers", type=int, default=1, help="parallel `python -m experiments.sac` subprocesses")
     plan.add_argument("--aggregate_only", action="store_true", help="no training: aggregate what exists")
     plan.add_argument("--list", action="store_true", help="print the plan with each run's status and exit")
-    plan.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="per-step progress bar (default: when stderr is a terminal and --workers 1)",
-    )
+    plan.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="per-step progress bar")
     scale = parser.add_argument_group("scale (part of the run directory name; paper: width 1024, batch 1024, 1M)")
-    defaults = Scale()
-    scale.add_argument("--width", type=int, default=defaults.width, help="hidden width (2 layers, actor and critic)")
-    scale.add_argument("--batch", type=int, default=defaults.batch, help="batch size")
-    scale.add_argument("--steps", type=int, default=defaults.steps, help="agent steps per run")
-    scale.add_argument("--seed_steps", type=int, default=defaults.seed_steps, help="random-action steps first")
-    scale.add_argument("--eval_every", type=int, default=defaults.eval_every, help="evaluate every N steps")
-    scale.add_argument("--eval_episodes", type=int, default=defaults.eval_episodes, help="episodes per evaluation")
-    scale.add_argument(
-        "--action_repeat", type=int, default=defaults.action_repeat, help="0: the task's default (1 from states)"
-    )
-    scale.add_argument(
-        "--checkpoint_every",
-        type=int,
-        default=defaults.checkpoint_every,
-        help="checkpoint at the first episode end after each multiple (not part of the scale)",
-    )
-    paths = parser.add_argument_group("paths")
-    paths.add_argument("--runs_dir", type=pathlib.Path, default=DEFAULT_RUNS_DIR, help="where run directories go")
-    paths.add_argument(
-        "--results_dir", type=pathlib.Path, default=DEFAULT_RESULTS_DIR, help="where sac_reproduction.{json,png} go"
-    )
+    helps = dict(width="hidden width (2 layers)", steps="agent steps per run", seed_steps="random-action steps first")
+    helps.update(action_repeat="0: the task's default", checkpoint_every="not part of the scale")
+    for field in dataclasses.fields(Scale):
+        scale.add_argument(f"--{field.name}", type=int, default=field.default, help=helps.get(field.name))
+    parser.add_argument("--runs_dir", type=pathlib.Path, default=DEFAULT_RUNS_DIR, help="where run directories go")
     args = parser.parse_args(argv)
 
     import lpjax.envs
@@ -228,16 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _scale(args: argparse.Namespace) -> Scale:
-    return Scale(
-        width=args.width,
-        batch=args.batch,
-        steps=args.steps,
-        seed_steps=args.seed_steps,
-        eval_every=args.eval_every,
-        eval_episodes=args.eval_episodes,
-        action_repeat=args.action_repeat,
-        checkpoint_every=args.checkpoint_every,
-    )
+    return Scale(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Scale)})
 
 
 def _plan(args: argparse.Namespace, runs_dir: pathlib.Path, scale: Scale) -> list[RunSpec]:
@@ -323,9 +218,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             trained = run_farm.run_jobs(jobs(todo, scale, runs_dir), args.workers, progress, report)
         except KeyboardInterrupt:
             print("\ninterrupted: rerun the same command to continue from the last checkpoints", flush=True)
-    previous = run_farm.read_json(args.results_dir / f"{RESULT_NAME}.json")
+    previous = run_farm.read_json(args.out_dir / f"{args.name}.json")
     result = aggregate(runs_dir, scale, plan, argv, previous)
-    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
+    common.finish(args, result, format_table(result), plot)
     return {
         "result": result,
         "trained": trained,

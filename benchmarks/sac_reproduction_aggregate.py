@@ -56,6 +56,8 @@ CONFIG_FIELDS_ADDED = {
     "agent.methods.moment_dtype": None,
     "agent.methods.stochastic_rounding": False,
     "agent.methods.moment_block_size": 256,  # read only with 8-bit moments
+    "agent.fused_optimizer": True,  # gives the per-leaf update's bits (docs/design.md, tests/optim/test_flat.py)
+    "agent.rematerialize": False,
     "replay_dtype": None,
     "replay_shards": None,  # one stratum on one device
     "mesh": {"data": 1, "fsdp": 1},
@@ -385,6 +387,141 @@ def recorded_runs(previous: dict | None, scale: Scale) -> dict[RunSpec, dict]:
     return out
 
 
+NOTES = [
+    "Only final runs are results: finished (final evaluation at `scale.steps`), diverged (non-finite "
+    "actions; final_return null), nonfinite. Runs still partial are in `incomplete_seeds`, never in "
+    "`final_return_per_seed` or the means.",
+    "mean/std: over finished seeds (population std); diverged seeds are counted in `seeds_diverged`.",
+    "comparison.meets_target is null until every planned seed of fp32 and fp16 is final on the task; a "
+    "diverged fp16 seed fails the target, and so does one whose losses stayed non-finite.",
+    "nonfinite_losses_since (per seed): a finished run whose logged critic losses are non-finite from that "
+    "step to the end; the loss scaler skipped every update, so its final return is a frozen policy's.",
+    "evidence (per seed, runs on disk at aggregation): each loss scaler's final scale and skipped steps "
+    "over the whole run, read from the last checkpoint, and the last logged loss scales, entropy (SAC's "
+    "target: -action_dim) and alpha; a config that misses its target is read against it.",
+    "rounding (the rounding study, --rounding_task): each of the parameter and target updates either "
+    "Kahan-compensated or stochastically rounded; ratio_to_fp32 and, on the row's own seeds, "
+    "ratio_to_fp16_same_seeds (fp16: Kahan for both).",
+    "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
+    "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
+]
+"""The result's ``notes``."""
+SCALE_WHY = (
+    "Paper: width 1024, batch 1024, 500k-1M steps (~320 ms per update on this 2-core CPU, ~2 days per "
+    "run). Here: the paper's hyper-parameters at a scale that fits this CPU; returns are not comparable "
+    "to the paper's, fp16 vs fp32 at the same scale is."
+)
+
+
+def read_runs(runs_dir: pathlib.Path, scale: Scale, plan: Sequence[RunSpec], recorded: dict) -> dict:
+    """Every run of ``scale`` planned, on disk or ``recorded`` (an earlier result's final runs, used where their
+    directory is gone), by ``(config, task, seed)``, in task, config and seed order."""
+    specs = sorted(
+        set(plan) | set(discover_runs(runs_dir, scale)) | set(recorded),
+        key=lambda s: (s.task, ALL_CONFIGS.index(s.config), s.seed),
+    )
+    runs = {}
+    for spec in specs:
+        record = inspect_run(run_dir_of(runs_dir, scale, spec), scale, make_config(spec, scale))
+        if record["status"] == "missing" and spec in recorded:
+            record = recorded[spec]
+        runs[(spec.config, spec.task, spec.seed)] = record
+    return runs
+
+
+def naive_verdict(naive: dict, fp32: dict, final: bool) -> dict:
+    """Whether naive fp16 failed on a task: a seed diverged or ended non-finite, or its mean is below
+    :data:`NAIVE_FAR_LOWER` x fp32's (``None`` while undecided), and the reasons."""
+    reasons = []
+    if naive["seeds_diverged"]:
+        reasons.append(f"diverged on seeds {naive['seeds_diverged']}")
+    if naive["seeds_nonfinite"]:
+        reasons.append(f"non-finite final return on seeds {naive['seeds_nonfinite']}")
+    naive_ratio = _ratio(naive, fp32)
+    if naive_ratio is not None and naive_ratio < NAIVE_FAR_LOWER:
+        reasons.append(f"mean return {naive_ratio:.2f} x fp32's (< {NAIVE_FAR_LOWER})")
+    conclusive = bool(reasons) or (cell_done(naive) and final)
+    return dict(
+        naive_mean=naive["mean"],
+        naive_ratio=naive_ratio,
+        naive_status=naive["status"],
+        naive_failed=bool(reasons) if conclusive else None,
+        naive_failure=reasons,
+    )
+
+
+def beyond_rows(cells: dict) -> dict:
+    """Each config beyond the paper on a task against fp32 and :data:`TARGET_RATIO`."""
+    beyond = {}
+    for config in BEYOND_CONFIGS:
+        if config not in cells:
+            continue
+        cell = cells[config]
+        done = cell_done(cell) and cell_done(cells["fp32"])
+        ratio = _ratio(cell, cells["fp32"])
+        meets = bool(ratio is not None and ratio >= TARGET_RATIO and not cell["seeds_diverged"])
+        beyond[config] = {
+            "mean": cell["mean"],
+            "ratio": ratio,
+            "seeds_final": cell["seeds_final"],
+            "seeds_planned": cell["seeds_planned"],
+            "final": done,
+            "meets_target": meets if done else None,
+        }
+    return beyond
+
+
+def comparison(cells: dict) -> dict:
+    """fp16 (all methods) against fp32 on one task, with naive fp16's verdict and the configs beyond the paper."""
+    fp16 = cells["fp16"]
+    final = cell_done(cells["fp32"]) and cell_done(fp16)
+    ratio = _ratio(fp16, cells["fp32"])
+    meets = ratio is not None and ratio >= TARGET_RATIO
+    meets = meets and not fp16["seeds_diverged"] and not fp16["seeds_nonfinite"] and not fp16["nonfinite_losses_since"]
+    entry = {
+        "fp32_mean": cells["fp32"]["mean"],
+        "fp16_mean": fp16["mean"],
+        "ratio": ratio,
+        "target_ratio": TARGET_RATIO,
+        "final": final,
+        "meets_target": meets if final else None,
+    }
+    if not final:
+        entry["note"] = "provisional: fp32 or fp16 is not complete (ratio of the seeds final so far)"
+    if "fp16_naive" in cells:
+        entry.update(naive_verdict(cells["fp16_naive"], cells["fp32"], final))
+    beyond = beyond_rows(cells)
+    if beyond:
+        entry["beyond"] = beyond
+    return entry
+
+
+def ablation_rows(cells: dict) -> list[dict]:
+    """The Figure 7 ablation on one task: each variant against fp16 with all methods (also on its own seeds)."""
+    reference = cells.get("fp16")
+    rows = []
+    for config in ("fp16", *ABLATION_CONFIGS, "fp16_naive", "fp32"):
+        if config not in cells:
+            continue
+        cell = cells[config]
+        rows.append(
+            {
+                "variant": config,
+                "removed": removed_method(config) or ("all" if config == "fp16_naive" else None),
+                "mean": cell["mean"],
+                "std": cell["std"],
+                "seeds_final": cell["seeds_final"],
+                "seeds_planned": cell["seeds_planned"],
+                "seeds_diverged": cell["seeds_diverged"],
+                "status": cell["status"],
+                "nonfinite_losses_since": cell["nonfinite_losses_since"],
+                "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
+                **_same_seeds_reference(cell, reference),
+            }
+        )
+    return rows
+
+
 def aggregate(
     runs_dir: pathlib.Path,
     scale: Scale,
@@ -397,23 +534,14 @@ def aggregate(
     import jax
 
     recorded = recorded_runs(previous, scale)
-    specs = sorted(
-        set(plan) | set(discover_runs(runs_dir, scale)) | set(recorded),
-        key=lambda s: (s.task, ALL_CONFIGS.index(s.config), s.seed),
-    )
-    runs = {}
-    for spec in specs:
-        record = inspect_run(run_dir_of(runs_dir, scale, spec), scale, make_config(spec, scale))
-        if record["status"] == "missing" and spec in recorded:
-            record = recorded[spec]
-        runs[(spec.config, spec.task, spec.seed)] = record
+    runs = read_runs(runs_dir, scale, plan, recorded)
     previous_curves = (previous or {}).get("curves", {}) if recorded else {}
     planned = {}
     for spec in plan:
         planned.setdefault((spec.config, spec.task), []).append(spec.seed)
-    tasks = list(dict.fromkeys(s.task for s in [*plan, *specs]))
-    seeds = sorted({s.seed for s in specs})
-    results, curves, comparison, ablation, rounding = {}, {}, {}, {}, {}
+    tasks = list(dict.fromkeys([*(s.task for s in plan), *(task for _, task, _ in runs)]))
+    seeds = sorted({seed for _, _, seed in runs})
+    results, curves, comparisons, ablation, rounding = {}, {}, {}, {}, {}
     for task in tasks:
         configs = [
             c
@@ -421,7 +549,7 @@ def aggregate(
             if (c, task) in planned
             or any((c, task, s) in runs and runs[(c, task, s)]["status"] != "missing" for s in seeds)
         ]
-        results[task] = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
+        results[task] = cells = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
         curves[task] = {
             c: _curves(
                 task,
@@ -433,95 +561,13 @@ def aggregate(
             )
             for c in configs
         }
-        cells = results[task]
         if "fp32" in cells and "fp16" in cells:
-            fp16 = cells["fp16"]
-            final = cell_done(cells["fp32"]) and cell_done(fp16)
-            ratio = _ratio(fp16, cells["fp32"])
-            meets = (
-                ratio is not None
-                and ratio >= TARGET_RATIO
-                and not fp16["seeds_diverged"]
-                and not fp16["seeds_nonfinite"]
-                and not fp16["nonfinite_losses_since"]
-            )
-            entry = {
-                "fp32_mean": cells["fp32"]["mean"],
-                "fp16_mean": fp16["mean"],
-                "ratio": ratio,
-                "target_ratio": TARGET_RATIO,
-                "final": final,
-                "meets_target": meets if final else None,
-            }
-            if not final:
-                entry["note"] = "provisional: fp32 or fp16 is not complete (ratio of the seeds final so far)"
-            if "fp16_naive" in cells:
-                naive = cells["fp16_naive"]
-                reasons = []
-                if naive["seeds_diverged"]:
-                    reasons.append(f"diverged on seeds {naive['seeds_diverged']}")
-                if naive["seeds_nonfinite"]:
-                    reasons.append(f"non-finite final return on seeds {naive['seeds_nonfinite']}")
-                naive_ratio = _ratio(naive, cells["fp32"])
-                if naive_ratio is not None and naive_ratio < NAIVE_FAR_LOWER:
-                    reasons.append(f"mean return {naive_ratio:.2f} x fp32's (< {NAIVE_FAR_LOWER})")
-                conclusive = bool(reasons) or (cell_done(naive) and final)
-                entry.update(
-                    naive_mean=naive["mean"],
-                    naive_ratio=naive_ratio,
-                    naive_status=naive["status"],
-                    naive_failed=bool(reasons) if conclusive else None,
-                    naive_failure=reasons,
-                )
-            beyond = {}
-            for config in BEYOND_CONFIGS:
-                if config not in cells:
-                    continue
-                cell = cells[config]
-                done = cell_done(cell) and cell_done(cells["fp32"])
-                ratio = _ratio(cell, cells["fp32"])
-                beyond[config] = {
-                    "mean": cell["mean"],
-                    "ratio": ratio,
-                    "seeds_final": cell["seeds_final"],
-                    "seeds_planned": cell["seeds_planned"],
-                    "final": done,
-                    "meets_target": (
-                        bool(ratio is not None and ratio >= TARGET_RATIO and not cell["seeds_diverged"])
-                        if done
-                        else None
-                    ),
-                }
-            if beyond:
-                entry["beyond"] = beyond
-            comparison[task] = entry
+            comparisons[task] = comparison(cells)
         if any(c in cells for c in ABLATION_CONFIGS):
-            reference = cells.get("fp16")
-            rows = []
-            for config in ("fp16", *ABLATION_CONFIGS, "fp16_naive", "fp32"):
-                if config not in cells:
-                    continue
-                cell = cells[config]
-                rows.append(
-                    {
-                        "variant": config,
-                        "removed": removed_method(config) or ("all" if config == "fp16_naive" else None),
-                        "mean": cell["mean"],
-                        "std": cell["std"],
-                        "seeds_final": cell["seeds_final"],
-                        "seeds_planned": cell["seeds_planned"],
-                        "seeds_diverged": cell["seeds_diverged"],
-                        "status": cell["status"],
-                        "nonfinite_losses_since": cell["nonfinite_losses_since"],
-                        "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
-                        **_same_seeds_reference(cell, reference),
-                    }
-                )
-            ablation[task] = rows
+            ablation[task] = ablation_rows(cells)
         if any(c in cells for c in ROUNDING_CONFIGS):
             rounding[task] = _rounding_rows(cells)
     statuses = [r["status"] for r in runs.values()]
-    final_runs = [r for r in runs.values() if r["final"]]
     remaining = [s for s in plan if not runs[(s.config, s.task, s.seed)]["final"]]
     result = {
         "benchmark": RESULT_NAME,
@@ -529,14 +575,7 @@ def aggregate(
         "generated": run_farm.now(),
         "jax_version": jax.__version__,
         "complete": not remaining,
-        "scale": {
-            **scale.describe(),
-            "why": (
-                "Paper: width 1024, batch 1024, 500k-1M steps (~320 ms per update on this 2-core CPU, ~2 days per "
-                "run). Here: the paper's hyper-parameters at a scale that fits this CPU; returns are not comparable "
-                "to the paper's, fp16 vs fp32 at the same scale is."
-            ),
-        },
+        "scale": {**scale.describe(), "why": SCALE_WHY},
         "plan": {
             "tasks": [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)],
             "ablation_tasks": sorted({s.task for s in plan if removed_method(s.config)}),
@@ -547,7 +586,7 @@ def aggregate(
         },
         "progress": {
             "runs_on_disk": sum(s != "missing" for s in statuses),
-            "runs_final": len(final_runs),
+            "runs_final": sum(r["final"] for r in runs.values()),
             "runs_planned_remaining": len(remaining),
             "by_status": {s: statuses.count(s) for s in sorted(set(statuses))},
             **_time_remaining(runs, remaining, scale),
@@ -555,30 +594,13 @@ def aggregate(
         "target_ratio": TARGET_RATIO,
         "naive_far_lower_threshold": NAIVE_FAR_LOWER,
         "results": results,
-        "comparison": comparison,
+        "comparison": comparisons,
         "ablation": ablation,
         "rounding": rounding,
         "curves": curves,
         "runs": [{"run": f"{c}/{t}/seed{s}", **r} for (c, t, s), r in runs.items()],
         "reference_returns_pytorch_sac_500k_1m": {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS},
-        "notes": [
-            "Only final runs are results: finished (final evaluation at `scale.steps`), diverged (non-finite "
-            "actions; final_return null), nonfinite. Runs still partial are in `incomplete_seeds`, never in "
-            "`final_return_per_seed` or the means.",
-            "mean/std: over finished seeds (population std); diverged seeds are counted in `seeds_diverged`.",
-            "comparison.meets_target is null until every planned seed of fp32 and fp16 is final on the task; a "
-            "diverged fp16 seed fails the target, and so does one whose losses stayed non-finite.",
-            "nonfinite_losses_since (per seed): a finished run whose logged critic losses are non-finite from that "
-            "step to the end; the loss scaler skipped every update, so its final return is a frozen policy's.",
-            "evidence (per seed, runs on disk at aggregation): each loss scaler's final scale and skipped steps "
-            "over the whole run, read from the last checkpoint, and the last logged loss scales, entropy (SAC's "
-            "target: -action_dim) and alpha; a config that misses its target is read against it.",
-            "rounding (the rounding study, --rounding_task): each of the parameter and target updates either "
-            "Kahan-compensated or stochastically rounded; ratio_to_fp32 and, on the row's own seeds, "
-            "ratio_to_fp16_same_seeds (fp16: Kahan for both).",
-            "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
-            "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
-        ],
+        "notes": NOTES,
     }
     return _clean(result)
 
