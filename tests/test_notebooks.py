@@ -48,7 +48,8 @@ MAX_NOTEBOOK_BYTES = 1_000_000
 
 # The extras of setup.cfg each notebook installs (LPJAX_EXTRAS in its first cell): `runs` for matplotlib (every
 # notebook plots) and the run logs of the training loops, `dmc` for the DeepMind Control tasks, `int8` for ActorQ's
-# int8 actors (ONNX Runtime; the notebook runs its actors in-process, without Ray).
+# int8 actors (ONNX Runtime; the notebook runs its actors in-process, without Ray), `examples` for the worked ports'
+# data (scikit-learn's digits).
 EXTRAS = {
     "01_numerics.ipynb": "runs",
     "02_sac_fp16.ipynb": "runs,dmc",
@@ -56,6 +57,7 @@ EXTRAS = {
     "04_actorq.ipynb": "runs,dmc,int8",
     "05_fp8_grpo.ipynb": "runs",
     "06_precision_inspector.ipynb": "runs",
+    "07_your_own_code.ipynb": "runs,examples",
 }
 
 # Output text that names a place on the machine that ran the notebook.

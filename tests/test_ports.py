@@ -2,6 +2,8 @@
 port variant changes more than six lines."""
 
 import json
+import pathlib
+import re
 import warnings
 
 import pytest
@@ -62,3 +64,10 @@ def quick_run(bench, tmp_path) -> dict:
     assert (tmp_path / f"{bench.RESULT_NAME}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert saved["variants"]["fp16_lpjax"]["lines_added"] <= ports.MAX_CHANGED_LINES
     return saved
+
+
+def test_the_readme_shows_each_ports_lpjax_diff_as_it_runs():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = re.findall(r"^```diff\n(.*?)^```", readme, flags=re.S | re.M)
+    for bench in (port_ppo, port_cnn):
+        assert ports.diff(bench.MODULE, bench.VARIANTS["fp16_lpjax"]) in shown, bench.RESULT_NAME
