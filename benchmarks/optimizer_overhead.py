@@ -487,13 +487,9 @@ def _plot_traffic(ax, result: dict, variants: list[str], dtypes: list[str]) -> N
             bottoms += heights
     labels = [f"{variant}\n{dtype}" for variant, dtype in rows]
     ax.set_xticks(positions, labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("trees read + written per step (one tree = the parameters' bytes)")
-    ax.set_title(
-        "Memory traffic of the compiled step, by what each pass writes (from the optimized HLO;\n"
-        "bodies of conditionals not counted)",
-        fontsize=9,
-    )
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+    ax.set(ylabel="trees read + written per step (one tree = the parameters' bytes)", ylim=(0, ax.get_ylim()[1] * 1.3))
+    title = "Memory traffic of the compiled step, by what each pass writes (from the optimized HLO;\n"
+    ax.set_title(title + "bodies of conditionals not counted)", fontsize=9)
     ax.legend(fontsize=7, ncol=4, loc="upper left")
 
 

@@ -390,18 +390,8 @@ def compare(base: dict, low: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ cross-check
 
-_DTYPE_ABBREV = {
-    "f16": np.float16,
-    "bf16": jnp.bfloat16,
-    "f32": np.float32,
-    "f64": np.float64,
-    "bool": np.bool_,
-    "i32": np.int32,
-    "u32": np.uint32,
-    "i64": np.int64,
-    "u8": np.uint8,
-    "u16": np.uint16,
-}
+_DTYPE_ABBREV = dict(f16=np.float16, bf16=jnp.bfloat16, f32=np.float32, f64=np.float64, bool=np.bool_)
+_DTYPE_ABBREV.update(i32=np.int32, u32=np.uint32, i64=np.int64, u8=np.uint8, u16=np.uint16)
 
 
 def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
@@ -692,13 +682,9 @@ def plot(result: dict, path: Path) -> None:
                 f"{c['total_ratio']:.2f}x", (xi, top), fontsize=9, weight="bold", **offset | {"xytext": (0, 12)}
             )
         ax.set_xticks(x, labels)
-        ax.set_ylabel("MiB (counted from shapes and dtypes)")
-        ax.set_title(
-            "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
-            "with 8-bit moments (sr_8bit) (hatched)\nbold: fp32/fp16 total",
-            fontsize=9,
-        )
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+        ax.set(ylabel="MiB (counted from shapes and dtypes)", ylim=(0, ax.get_ylim()[1] * 1.1))
+        title = "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
+        ax.set_title(title + "with 8-bit moments (sr_8bit) (hatched)\nbold: fp32/fp16 total", fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
 
         shown = [comp for comp in COMPONENTS if comp != "temperature_residuals"]  # a few KiB: not worth a bar

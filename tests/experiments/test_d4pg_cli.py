@@ -6,23 +6,19 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from experiments import d4pg_loop
-from experiments.cli import REPO_ROOT
 from experiments.configs.d4pg import demo
 from experiments.run import Interrupted
 from lpjax.run_logging import read_metrics
 from tests.run_refusals import assert_refusals
+from tests.sac_configs import assert_usage_error, run_cli
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.d4pg", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
-    )
+    return run_cli("experiments.d4pg", *args)
 
 
 def _tiny(**overrides):
@@ -69,8 +65,7 @@ def test_unreachable_ray_address_is_a_usage_error(tmp_path):
         f"--run_dir={tmp_path}",
         "--noprogress",
     )
-    assert result.returncode != 0 and "Cannot reach the Ray cluster" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert_usage_error(result, "Cannot reach the Ray cluster")
 
 
 def test_short_in_process_run_evaluates_records_and_resumes(tmp_path, monkeypatch):

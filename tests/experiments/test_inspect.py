@@ -2,9 +2,6 @@
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,25 +10,17 @@ import pytest
 
 from experiments import inspect as cli
 from experiments import sac_loop
-from experiments.cli import REPO_ROOT
 from experiments.configs.sac import fp16, fp16_naive, fp32
 from lpjax.agents import d4pg, sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.methods import PrecisionMethods
-from tests.sac_configs import tiny_cartpole
+from tests.sac_configs import run_cli, tiny_cartpole
 
 TINY = ("--config.env=dmc:cartpole-swingup", "--config.agent.hidden_dims=32,32", "--batch_size=32")
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.inspect", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, MUJOCO_GL="egl"),
-    )
+    return run_cli("experiments.inspect", *args)
 
 
 def test_help_lists_the_flags_and_explains_the_phases():

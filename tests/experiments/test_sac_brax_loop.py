@@ -14,6 +14,7 @@ from experiments.cli import REPO_ROOT
 from experiments.configs.sac import fp16
 from lpjax.checkpoint import Checkpointer
 from lpjax.run_logging import read_metrics
+from tests.sac_configs import tiny_config
 
 # Columns that depend on wall-clock time, not on the computation.
 TIMING_COLUMNS = {"wall_time", "train/env_steps_per_s", "train/updates_per_s"}
@@ -21,22 +22,9 @@ TIMING_COLUMNS = {"wall_time", "train/env_steps_per_s", "train/updates_per_s"}
 
 def _tiny(**overrides):
     """fp16 with all methods, tiny networks, 8 inverted pendulums (random actions end episodes within ~20 steps)."""
-    config = fp16.get_config()
-    config.unlock()
-    config.update(
-        env="brax:inverted_pendulum",
-        brax_num_envs=8,
-        total_steps=480,
-        seed_steps=64,
-        replay_capacity=1024,
-        eval_every=240,
-        eval_episodes=2,
-        log_every=160,
-        checkpoint_every=240,
-    )
-    config.agent.update(hidden_dims=(32, 32), batch_size=32)
-    config.update(overrides)
-    return config
+    sizes = dict(total_steps=480, seed_steps=64, replay_capacity=1024, eval_every=240, eval_episodes=2)
+    loop = dict(env="brax:inverted_pendulum", brax_num_envs=8, log_every=160, checkpoint_every=240)
+    return tiny_config(fp16, **{**sizes, **loop, **overrides})
 
 
 @pytest.mark.parametrize(

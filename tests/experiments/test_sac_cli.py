@@ -22,7 +22,7 @@ from lpjax.checkpoint import Checkpointer
 from lpjax.run_lock import DirectoryLock
 from lpjax.run_logging import read_metrics
 from tests.run_refusals import assert_refusals, tree
-from tests.sac_configs import tiny_cartpole
+from tests.sac_configs import assert_usage_error, run_cli, tiny_cartpole
 
 CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
 
@@ -35,15 +35,7 @@ def _tiny(**overrides):
 
 
 def _cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.sac", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, MUJOCO_GL="egl"),
-        **kwargs,
-    )
+    return run_cli("experiments.sac", *args, **kwargs)
 
 
 def test_help_lists_the_flags():
@@ -91,8 +83,7 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path):
         f"--run_dir={tmp_path / 'run'}",
         "--noprogress",
     )
-    assert result.returncode != 0 and "larger than the replay buffer" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert_usage_error(result, "larger than the replay buffer")
 
 
 def test_short_run_logs_evaluates_checkpoints_and_plots(tmp_path):
@@ -237,19 +228,9 @@ def test_a_run_directory_in_use_or_damaged_is_refused_before_anything_is_written
 def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
     from experiments.configs.sac import pixels
 
-    config = pixels.get_config()
-    config.unlock()
-    config.update(
-        env="dmc:cartpole-swingup",
-        total_steps=150,
-        seed_steps=50,
-        replay_capacity=300,
-        eval_every=150,
-        eval_episodes=1,
-        log_every=50,
-        checkpoint_every=150,
-    )
-    config.agent.update(hidden_dims=(32,), batch_size=8, encoder_features=16)
+    sizes = dict(action_repeat=0, total_steps=150, seed_steps=50, replay_capacity=300, eval_every=150, log_every=50)
+    config = tiny_cartpole(pixels, dict(hidden_dims=(32,), batch_size=8, encoder_features=16), **sizes)
+    config.checkpoint_every = 150
     summary = sac_loop.train(config, tmp_path, progress=False)
     assert summary["status"] == "finished"
     metrics = read_metrics(tmp_path)
@@ -265,20 +246,8 @@ def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
 def test_naive_fp16_diverges_cleanly_and_still_plots(tmp_path):
     from experiments.configs.sac import fp16_naive
 
-    config = fp16_naive.get_config()
-    config.unlock()
-    config.update(
-        env="dmc:cartpole-swingup",
-        action_repeat=8,
-        total_steps=400,
-        seed_steps=50,
-        replay_capacity=500,
-        eval_every=400,
-        eval_episodes=1,
-        log_every=10,
-        checkpoint_every=400,
-    )
-    config.agent.update(hidden_dims=(32, 32), batch_size=32)
+    sizes = dict(total_steps=400, seed_steps=50, eval_every=400, log_every=10, checkpoint_every=400)
+    config = tiny_cartpole(fp16_naive, action_repeat=8, **sizes)
     summary = sac_loop.train(config, tmp_path, progress=False)
     assert summary["status"].startswith("diverged") and summary["env_steps"] < 400
     assert summary["curve"] is not None and pathlib.Path(summary["curve"]).is_file()
