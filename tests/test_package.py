@@ -23,12 +23,14 @@ SOURCES = sorted(ROOT.rglob("*.py")) + sorted((REPO_ROOT / "kernels").rglob("*.p
 """Every module of the library: lpjax/ and kernels/ (installed as lpjax.kernels)."""
 
 PUBLIC = {
-    "lpjax.precision": ["Policy", "get_policy", "POLICIES"],
+    "lpjax.precision": ["Policy", "get_policy", "POLICIES", "set_policy"],
     "lpjax.optim": [
         "scale_by_hadam",
         "hadam",
         "compound_loss_scaling",
         "loss_scale",
+        "scaled_value_and_grad",
+        "UnscaledLossWarning",
         "kahan_summation",
         "kahan_polyak",
         "PYTORCH_AMP_DEFAULTS",
