@@ -123,11 +123,12 @@ def stochastic_rounding(seed: int | jax.Array = 0) -> optax.GradientTransformati
     """Makes the updates of an optax chain land on float16/bfloat16 parameters with stochastic rounding.
 
     Put it **last** in the chain (where :func:`lpjax.optim.kahan_summation` would go; lpjax refuses it elsewhere,
-    see :mod:`lpjax.optim._misuse`) and apply its output with ``optax.apply_updates``. It needs ``params`` in ``update``. It returns the increment ``d = SR(p + u) - p``
-    in the parameters' dtype, which is exact for every update small against its parameter, so ``p + d`` is
-    ``SR(p + u)`` bit for bit (for jumps by more than a factor 2, ``d`` is rounded once). Where ``p + u`` is not
-    finite in the parameter's dtype, ``d = 0``. An all-zero update leaves the parameters bit-identical; the key
-    advances regardless, so that the roundings depend only on the step count and the seed.
+    see :mod:`lpjax.optim._misuse`) and apply its output with ``optax.apply_updates``. It needs ``params`` in
+    ``update``. It returns the increment ``d = SR(p + u) - p`` in the parameters' dtype, which is exact for every
+    update small against its parameter, so ``p + d`` is ``SR(p + u)`` bit for bit (for jumps by more than a factor
+    2, ``d`` is rounded once). Where ``p + u`` is not finite in the parameter's dtype, ``d = 0``. An all-zero update
+    leaves the parameters bit-identical; the key advances regardless, so that the roundings depend only on the step
+    count and the seed.
 
     Unlike Kahan summation it keeps no per-parameter state: the state is one key.
 
