@@ -51,6 +51,10 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,runs,dmc,brax,mjx,distributed]'
+	@# gymnax (the PPO port's environments) pins jax<0.12 but runs on the newest jax: its other requirements are
+	@# installed with theirs, gymnax itself without its pins.
+	$(PY) -m pip install --quiet 'gymnasium>=1.1,<1.4' seaborn
+	$(PY) -m pip install --quiet --no-deps gymnax
 	touch $(STAMP)
 
 $(STAMP_NEWEST): setup.cfg pyproject.toml
