@@ -1,98 +1,44 @@
 """Training throughput of lpjax's fully jitted SAC loop against ``brax.training.agents.sac.train`` and, on MJX
-cartpole-swingup, against lpjax's dm_control host loop.
+cartpole-swingup, against lpjax's dm_control host loop, in environment steps per second.
 
-Three learners, in environment steps per second, with matched hyper-parameters:
-
-* ``lpjax_fp32`` / ``lpjax_fp16``: the jitted loop, :mod:`experiments.sac_brax_loop` (environments, replay buffer
-  and SAC updates in one compiled ``lax.scan`` chunk), on ``brax:<env>`` or ``mjx:<domain>-<task>``;
-* ``brax``: brax's own SAC on the same environment: the brax env, or the Playground env wrapped by
-  ``mujoco_playground.wrapper.wrap_for_brax_training`` (as Playground's brax training scripts do), with
-  ``impl="jax"`` (:data:`lpjax.envs.MJX_IMPL`);
+* ``lpjax_fp32`` / ``lpjax_fp16``: the jitted loop, :mod:`experiments.sac_brax_loop` (environments, replay and
+  updates in one compiled ``lax.scan`` chunk), on ``brax:<env>`` or ``mjx:<domain>-<task>``;
+* ``brax``: brax's own SAC on the same environment (a Playground env wrapped by
+  ``mujoco_playground.wrapper.wrap_for_brax_training``, as Playground's scripts do; MJX with ``impl="jax"``);
 * ``lpjax_host_fp32`` / ``lpjax_host_fp16`` (settings with a ``host_env``): the dm_control host loop,
-  :mod:`experiments.sac_loop` (one host-side ``dmc:`` environment, one jitted action and one jitted
-  record-and-update call per step), on the same task with the same agent.
+  :mod:`experiments.sac_loop`, on the same task with the same agent.
 
-================================  ==============================  ==========================================
-setting                           lpjax (loop config / SACConfig) brax (``sac.train`` argument)
-================================  ==============================  ==========================================
-environment                       ``env`` (jitted loop),          ``environment`` (brax env, or Playground
-                                  ``host_env`` (host loop)        env and ``wrap_env_fn``)
-parallel environments             ``brax_num_envs`` (host: 1)     ``num_envs``
-episode length                    1000 (lpjax.envs default)       ``episode_length=1000``
-SAC updates per vectorized step   ``updates_per_step``            ``grad_updates_per_step``
-batch size                        ``agent.batch_size``            ``batch_size``
-networks (actor, 2 critics)       ``agent.hidden_dims``           ``network_factory=make_sac_networks(
-                                                                  hidden_layer_sizes=...)``
-replay capacity                   ``replay_capacity``             ``max_replay_size``
-learning rate, discount, tau      ``agent.{actor,critic}_lr``,    ``learning_rate``, ``discounting``,
-                                  ``agent.gamma``, ``agent.tau``  ``tau``
-random steps before learning      ``seed_steps = 0``              ``min_replay_size = 0`` (no prefill)
-observation normalization         none                            ``normalize_observations=False``
-precision                         ``agent.policy = "fp32"``       float32 (brax's only precision)
-================================  ==============================  ==========================================
+Matched settings (lpjax / brax's ``sac.train``): parallel environments ``brax_num_envs`` / ``num_envs`` (host: 1);
+episode length 1000; updates per vectorized step ``updates_per_step`` / ``grad_updates_per_step``; batch size;
+networks ``agent.hidden_dims`` / ``make_sac_networks(hidden_layer_sizes=...)``; replay capacity; learning rate,
+discount and tau; no random steps before learning (``seed_steps=0`` / ``min_replay_size=0``); no observation
+normalization; float32 (brax's only precision). The algorithms' own differences remain: brax updates the
+temperature, critic and actor with three policy forward passes and the target every update; lpjax shares the
+actor's sample with the temperature update and updates the target every 2 updates.
 
-Settings (``SETTINGS``; ``--settings`` picks, ``--num-envs`` etc. override), each with the target check
-``lpjax_fp32 / brax >= 1``:
+Settings (:data:`SETTINGS`; ``--settings`` picks, ``--num-envs`` etc. override), each checked against
+``lpjax_fp32 / brax >= 1``: ``brax_colab`` (brax's published SAC sizes on halfcheetah: 128 envs, batch 512, 64
+updates per step: update-bound), ``one_update`` (128 envs, batch 256, 1 update: loop-bound), ``mjx_cartpole``
+(the paper's protocol, 1 env and 1 update per step, at 256x256 and batch 256, beside the host loop) and
+``mjx_cartpole_128`` (128 environments, which a host loop cannot vectorize).
 
-* ``brax_colab``: the sizes of brax's published SAC settings (its training colab's hopper SAC: 128 envs, batch
-  512, 64 updates per vectorized step; ``make_sac_networks``' default 256x256 networks), on brax halfcheetah.
-  The SAC updates take most of the time: it compares the learners' update steps.
-* ``one_update``: brax halfcheetah, 128 envs, batch 256, one update per vectorized step. The environments take
-  most of the time: it compares the loops around the update.
-* ``mjx_cartpole``: the paper's protocol (one environment, one update per step) on MJX cartpole-swingup, at the
-  CPU-affordable scale of ``benchmarks/sac_reproduction.py`` (256x256, batch 256), with the dm_control host loop
-  on ``dmc:cartpole-swingup`` (the paper's task, the same SAC config) beside the jitted loop and brax.
-* ``mjx_cartpole_128``: MJX cartpole-swingup with 128 environments and one update per vectorized step: what a
-  jitted loop offers that a host loop cannot (dm_control's host loop steps one environment).
+**Interleaving.** brax's ``train`` runs ``rounds + 1`` epochs of ``iterations`` iterations and calls its
+``progress_fn`` after each; that callback runs one round of every lpjax variant, their order alternating, so round
+``k`` of every variant runs at nearly the same time. A jitted round is one call of the compiled chunk (as brax
+times its epochs, ``training/sps``); a host round resumes ``experiments.sac_loop.train`` for ``iterations`` more
+steps and reads the loop's own ``train/env_steps_per_s``. Round 0 (compilation) is excluded: reported are the
+median, min and max over rounds, ``ratio`` = median over rounds of (lpjax fp32 / brax) and, with a host loop,
+``jitted_over_host``. brax's evaluations run on a stand-in env (:func:`null_env`) outside its timed epochs.
+Compile time is recorded apart (the chunk's ahead-of-time compile, and ``jax.monitoring``'s backend-compile
+seconds per side).
 
-All learn from the first iteration on (one iteration: a policy step of every environment, the transitions into
-the replay buffer, then the SAC updates), so every timed iteration does the same work on all sides. Remaining
-differences are the algorithms' own: brax updates the temperature, critic and actor with three policy forward
-passes and the target network every update; lpjax's SAC (``lpjax.agents.sac``) shares the actor's sample with
-the temperature update and updates the target every ``target_update_period = 2`` updates.
+**Update profile** (``update_profile``; ``--no-profile`` skips it): one SAC update alone at the first setting's
+sizes, lpjax fp32 against brax's update as ``sac.train`` assembles it (:func:`brax_sgd_step`): XLA's flops and
+matmuls of one update, and the time per update over interleaved rounds of a ``lax.scan`` of updates.
 
-**Interleaving.** Everything runs in one process. brax's ``train`` runs ``rounds + 1`` training epochs of
-``iterations`` iterations each and calls its ``progress_fn`` after every epoch; that callback runs one round of
-each lpjax variant, alternating their order. So round ``k`` of every variant runs at nearly the same time, and
-machine noise hits them alike. A jitted round is one call of the compiled chunk
-(``experiments.sac_brax_loop.chunk_fn``, the function the training loop calls), timed with
-``block_until_ready``, as brax times its epochs (``training/sps``). A host round is
-``experiments.sac_loop.train`` resumed from the previous round's checkpoint for ``iterations`` more steps; its
-rate is the loop's own logged ``train/env_steps_per_s`` over those steps, which excludes the restore, the
-evaluation and the checkpoint at the round's end. The first round of every variant (warm-up: compilation) is
-excluded: reported per variant are the median, min and max over the ``rounds`` timed rounds, and ``ratio`` =
-median over rounds of (lpjax fp32 / brax) in that round; with a host loop also ``jitted_over_host`` = median
-over rounds of (lpjax fp32 / lpjax host fp32).
-
-**No evaluation while timed.** brax evaluates after every epoch, outside its timed epochs; the evaluation env is
-a stand-in (``NullEnv``: same observation and action sizes, nothing simulated) with one environment, so the
-untimed evaluations cost neither compile time nor run time. The jitted lpjax variants do not evaluate here.
-
-**Compile time** is measured separately: for the jitted lpjax variants, the wall time of ``chunk_fn``
-(ahead-of-time ``jit(...).lower(...).compile()``); for all, the XLA backend-compile seconds reported by
-``jax.monitoring`` (``/jax/core/compile/backend_compile_duration``) while each side compiles, and for brax the
-first epoch's overhead (its wall time minus the median timed epoch's).
-
-**Update profile** (``update_profile`` in the json; ``--no-profile`` skips it): one SAC update alone at the first
-setting's sizes, lpjax fp32 (``lpjax.agents.sac.update``) against brax's update (``brax_sgd_step``: assembled
-from brax's modules exactly as ``sac.train`` assembles its ``sgd_step``): XLA's flop count and number of matmuls
-of one jitted update, and the time per update over interleaved rounds of a ``lax.scan`` of updates on fixed
-random batches. It says whether a difference comes from the update or from the loop around it.
-
-The fp16 variants use all of the paper's methods (``experiments/configs/sac/fp16.py``). On XLA:CPU float16 is
-emulated (converted to float32 around the arithmetic), so fp16 is not expected to be faster here.
-
-Compatibility: brax 0.14.2's ``sac.train`` calls ``jax.device_put_replicated``, removed in jax 0.10; while brax
-trains, this benchmark provides it (stacked copies on the local devices).
-
-The machine is shared, so single rounds vary by tens of percent, and a loaded machine slows every variant alike;
-each setting records the run that measured it (``run``: command, date, package versions, machine with the load
-average at the run's end), and the json has ``notes`` on what CPU timings do and do not say.
-
-Run ``python -m benchmarks.sac_throughput`` (writes ``benchmarks/results/sac_throughput.{json,png}``, tens of
-minutes on 2 cores); ``--settings`` runs some settings only, and the json keeps the other settings' earlier
-results (and the earlier update profile with ``--no-profile``). ``--quick`` is one tiny setting, a smoke run,
-not the measurement: it writes its own results only.
+brax 0.14.2 calls ``jax.device_put_replicated``, removed in jax 0.10; this benchmark provides it while brax trains.
+Each setting records the run that measured it (``run``); ``--settings`` keeps the json's other settings, and
+``--quick`` (one tiny setting) writes its own results only.
 """
 
 from __future__ import annotations
@@ -120,7 +66,8 @@ import ml_collections
 import numpy as np
 
 import lpjax.envs
-from benchmarks.common import command_line, write_results
+from benchmarks import timing
+from benchmarks.common import command_line, figure, finish, parser
 from experiments import sac_brax_loop, sac_loop
 from experiments.configs.sac import _base as sac_base
 from lpjax.agents.sac import SACConfig
@@ -135,6 +82,9 @@ LEARNING_RATE = 1e-4
 GAMMA = 0.99
 TAU = 0.005
 PACKAGES = ("jax", "jaxlib", "brax", "playground", "mujoco", "mujoco-mjx", "dm_control")
+MATCHED = dict(episode_length=EPISODE_LENGTH, action_repeat=1, num_eval_envs=1, learning_rate=LEARNING_RATE)
+MATCHED.update(discounting=GAMMA, normalize_observations=False, reward_scaling=1.0, tau=TAU, min_replay_size=0)
+"""brax's ``sac.train`` arguments every setting shares (module docstring: the matched settings)."""
 NOTES = [
     "CPU only: 2 shared cores and XLA:CPU. Other jobs share the cores: each setting's run.machine.load_average "
     "(at the run's end) says how loaded the machine was; rounds are interleaved, so ratios within a setting are "
@@ -177,31 +127,28 @@ class Setting:
         return self.iterations * self.num_envs
 
 
+MJX = dict(env="mjx:cartpole-swingup", backend=None)
+ONE_UPDATE = dict(batch_size=256, updates_per_step=1)
+HOST = dict(host_env="dmc:cartpole-swingup", num_envs=1)
 SETTINGS = {
     setting.name: setting
     for setting in (
         Setting(
             "brax_colab",
-            "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per "
-            "vectorized step, 256x256): update-bound",
+            "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per vectorized step, 256x256): "
+            "update-bound",
         ),
         Setting(
             "one_update",
             "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
-            batch_size=256,
-            updates_per_step=1,
+            **ONE_UPDATE,
             iterations=20,
         ),
         Setting(
             "mjx_cartpole",
-            "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX "
-            "cartpole-swingup; the dm_control host loop on dmc:cartpole-swingup",
-            env="mjx:cartpole-swingup",
-            backend=None,
-            host_env="dmc:cartpole-swingup",
-            num_envs=1,
-            batch_size=256,
-            updates_per_step=1,
+            "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX cartpole-swingup; the "
+            "dm_control host loop on dmc:cartpole-swingup",
+            **MJX | HOST | ONE_UPDATE,
             replay_size=10_000,
             iterations=200,
             rounds=8,
@@ -209,41 +156,16 @@ SETTINGS = {
         Setting(
             "mjx_cartpole_128",
             "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
-            env="mjx:cartpole-swingup",
-            backend=None,
-            batch_size=256,
-            updates_per_step=1,
+            **MJX | ONE_UPDATE,
             iterations=20,
             rounds=8,
         ),
     )
 }
-QUICK = Setting(
-    "quick",
-    "a smoke test, not a measurement",
-    env="mjx:cartpole-swingup",
-    backend=None,
-    host_env="dmc:cartpole-swingup",
-    num_envs=1,
-    batch_size=32,
-    updates_per_step=2,
-    hidden=(32, 32),
-    replay_size=4096,
-    iterations=8,
-    rounds=2,
-)
-OVERRIDABLE = (
-    "env",
-    "backend",
-    "host_env",
-    "num_envs",
-    "batch_size",
-    "updates_per_step",
-    "hidden",
-    "replay_size",
-    "iterations",
-    "rounds",
-)
+QUICK = Setting("quick", "a smoke test, not a measurement", **MJX | HOST, batch_size=32, updates_per_step=2)
+QUICK = dataclasses.replace(QUICK, hidden=(32, 32), replay_size=4096, iterations=8, rounds=2)
+OVERRIDABLE = tuple(field.name for field in dataclasses.fields(Setting))[2:]
+"""The fields ``--env`` etc. override (every field but the name and description)."""
 _TEXT_FIELDS = ("env", "backend", "host_env")
 
 
@@ -264,47 +186,38 @@ def _setting_error(setting: Setting) -> str | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="one tiny setting: a smoke test, not the measurement")
-    parser.add_argument(
-        "--settings",
-        default=",".join(SETTINGS),
-        help=f"comma-separated settings to run, from {list(SETTINGS)} (default: all)",
-    )
+    cli = parser(RESULT_NAME, __doc__, quick="one tiny setting: a smoke test, not the measurement")
+    cli.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {list(SETTINGS)}")
     for name in OVERRIDABLE:
         kind = (
             (lambda s: tuple(int(w) for w in s.split(",")))
             if name == "hidden"
             else ((lambda s: s or None) if name in _TEXT_FIELDS else int)
         )
-        parser.add_argument(
+        cli.add_argument(
             f"--{name.replace('_', '-')}",
             type=kind,
             default=argparse.SUPPRESS,
             help="override for every setting"
             + (" (widths, e.g. 256,256)" if name == "hidden" else " ('' for none)" if name in _TEXT_FIELDS else ""),
         )
-    parser.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 variants")
-    parser.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
+    cli.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 variants")
+    cli.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
+    cli.add_argument("--seed", type=int, default=0)
+    args = cli.parse_args(argv)
     if args.quick:
         chosen = [QUICK]
     else:
         unknown = [n for n in args.settings.split(",") if n not in SETTINGS]
         if unknown:
-            parser.error(f"unknown settings {unknown}; valid: {list(SETTINGS)}")
+            cli.error(f"unknown settings {unknown}; valid: {list(SETTINGS)}")
         chosen = [SETTINGS[n] for n in args.settings.split(",")]
     overrides = {name: getattr(args, name) for name in OVERRIDABLE if hasattr(args, name)}
     args.chosen = [dataclasses.replace(setting, **overrides) for setting in chosen]
     for setting in args.chosen:
         error = _setting_error(setting)
         if error:
-            parser.error(f"setting {setting.name}: {error}")
+            cli.error(f"setting {setting.name}: {error}")
     return args
 
 
@@ -357,32 +270,18 @@ def null_env(observation_size: int, action_size: int):
     from brax.envs.base import Env, State
 
     class NullEnv(Env):
+        observation_size = property(lambda self: observation_size)
+        action_size = property(lambda self: action_size)
+        backend = property(lambda self: "null")
+
         def reset(self, rng):
-            del rng
+            zero = jnp.zeros(())
             return State(
-                pipeline_state=None,
-                obs=jnp.zeros(observation_size),
-                reward=jnp.zeros(()),
-                done=jnp.zeros(()),
-                metrics={},
-                info={},
+                pipeline_state=None, obs=jnp.zeros(observation_size), reward=zero, done=zero, metrics={}, info={}
             )
 
         def step(self, state, action):
-            del action
             return state.replace(reward=jnp.zeros(()), done=jnp.zeros(()))
-
-        @property
-        def observation_size(self):
-            return observation_size
-
-        @property
-        def action_size(self):
-            return action_size
-
-        @property
-        def backend(self):
-            return "null"
 
     return NullEnv()
 
@@ -542,10 +441,6 @@ class HostVariant:
         return {"round_wall_s": self.round_s}  # restore, round, evaluation and checkpoint
 
 
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run_setting(
     setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer, work_dir: Path
 ) -> dict[str, Any]:
@@ -559,16 +454,11 @@ def run_setting(
         variant = LpjaxVariant(f"lpjax_{policy}", lpjax_settings(setting, policy), setting.iterations, seed, timer)
         print(f"{variant.name}: init {variant.init_s:.1f} s, chunk compile {variant.compile_s:.1f} s", flush=True)
         ours.append(variant)
-    if setting.host_env is not None:
-        ours += [
-            HostVariant(
-                f"lpjax_host_{policy}",
-                host_config(setting, policy, seed),
-                work_dir / f"{setting.name}-host-{policy}",
-                timer,
-            )
-            for policy in policies
-        ]
+    for policy in policies if setting.host_env is not None else ():
+        name = f"lpjax_host_{policy}"
+        ours.append(
+            HostVariant(name, host_config(setting, policy, seed), work_dir / f"{setting.name}-host-{policy}", timer)
+        )
 
     epoch_steps = setting.env_steps_per_round
     brax_epochs: list[dict[str, float]] = []
@@ -577,13 +467,8 @@ def run_setting(
         if "training/sps" not in metrics:  # the initial evaluation, before any training
             return
         sps = float(metrics["training/sps"])
-        brax_epochs.append(
-            {
-                "sps": sps,
-                "seconds": epoch_steps / sps,
-                "critic_loss": float(metrics.get("training/critic_loss", float("nan"))),
-            }
-        )
+        critic_loss = float(metrics.get("training/critic_loss", float("nan")))
+        brax_epochs.append({"sps": sps, "seconds": epoch_steps / sps, "critic_loss": critic_loss})
         round_ = len(brax_epochs) - 1
         order = ours if round_ % 2 == 0 else ours[::-1]
         with timer.section(None):
@@ -600,20 +485,12 @@ def run_setting(
         brax_sac.train(
             environment=environment,
             num_timesteps=epochs * epoch_steps,
-            episode_length=EPISODE_LENGTH,
+            **MATCHED,
             wrap_env_fn=brax_wrap,
-            action_repeat=1,
             num_envs=setting.num_envs,
-            num_eval_envs=1,
-            learning_rate=LEARNING_RATE,
-            discounting=GAMMA,
             seed=seed,
             batch_size=setting.batch_size,
             num_evals=epochs + 1,
-            normalize_observations=False,
-            reward_scaling=1.0,
-            tau=TAU,
-            min_replay_size=0,
             max_replay_size=setting.replay_size,
             grad_updates_per_step=setting.updates_per_step,
             network_factory=network_factory,
@@ -629,7 +506,7 @@ def run_setting(
     results = {
         "brax": {
             "sps": brax_sps,
-            **_stats(brax_sps),
+            **timing.summary(brax_sps),
             "warmup_sps": brax_epochs[0]["sps"],
             "backend_compile_s": timer.seconds.get(f"brax/{setting.name}", 0.0),
             "first_epoch_overhead_s": brax_epochs[0]["seconds"] - brax_epoch_s,
@@ -640,7 +517,7 @@ def run_setting(
         sps = variant.sps[timed]
         results[variant.name] = {
             "sps": sps,
-            **_stats(sps),
+            **timing.summary(sps),
             "warmup_sps": variant.sps[0],
             "backend_compile_s": timer.seconds.pop(variant.name, 0.0),
             "last_critic_loss": variant.critic_loss,
@@ -700,47 +577,22 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
     policy_key, q_key, key = jax.random.split(jax.random.PRNGKey(0), 3)
     policy, q = network.policy_network.init(policy_key), network.q_network.init(q_key)
     log_alpha = jnp.zeros([], jnp.float32)
-    state = dict(
-        policy=policy,
-        policy_opt=policy_tx.init(policy),
-        q=q,
-        q_opt=q_tx.init(q),
-        target_q=jax.tree.map(jnp.copy, q),
-        log_alpha=log_alpha,
-        alpha_opt=alpha_tx.init(log_alpha),
-        key=key,
-    )
+    state = dict(policy=policy, policy_opt=policy_tx.init(policy), q=q, q_opt=q_tx.init(q))
+    state.update(target_q=jax.tree.map(jnp.copy, q), log_alpha=log_alpha, alpha_opt=alpha_tx.init(log_alpha), key=key)
 
     def sgd_step(state, transitions):
-        key, alpha_key, critic_key, actor_key = jax.random.split(state["key"], 4)
-        _, log_alpha, alpha_opt = alpha_update(
+        s = dict(state)
+        s["key"], alpha_key, critic_key, actor_key = jax.random.split(state["key"], 4)
+        _, s["log_alpha"], s["alpha_opt"] = alpha_update(
             state["log_alpha"], state["policy"], normalizer, transitions, alpha_key, optimizer_state=state["alpha_opt"]
         )
         alpha = jnp.exp(state["log_alpha"])
-        loss, q, q_opt = critic_update(
-            state["q"],
-            state["policy"],
-            normalizer,
-            state["target_q"],
-            alpha,
-            transitions,
-            critic_key,
-            optimizer_state=state["q_opt"],
-        )
-        _, policy, policy_opt = actor_update(
-            state["policy"], normalizer, state["q"], alpha, transitions, actor_key, optimizer_state=state["policy_opt"]
-        )
-        target_q = jax.tree.map(lambda x, y: x * (1 - TAU) + y * TAU, state["target_q"], q)
-        return dict(
-            policy=policy,
-            policy_opt=policy_opt,
-            q=q,
-            q_opt=q_opt,
-            target_q=target_q,
-            log_alpha=log_alpha,
-            alpha_opt=alpha_opt,
-            key=key,
-        ), loss
+        critic_args = (state["q"], state["policy"], normalizer, state["target_q"], alpha, transitions, critic_key)
+        loss, s["q"], s["q_opt"] = critic_update(*critic_args, optimizer_state=state["q_opt"])
+        actor_args = (state["policy"], normalizer, state["q"], alpha, transitions, actor_key)
+        _, s["policy"], s["policy_opt"] = actor_update(*actor_args, optimizer_state=state["policy_opt"])
+        s["target_q"] = jax.tree.map(lambda x, y: x * (1 - TAU) + y * TAU, state["target_q"], s["q"])
+        return s, loss
 
     return state, sgd_step
 
@@ -797,19 +649,18 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
         cost = one.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
-    times = {name: [] for name in variants}
-    for round_ in range(rounds + 1):
-        for name in list(variants) if round_ % 2 == 0 else list(variants)[::-1]:
-            compiled, state, batches = variants[name]
-            started = time.perf_counter()
-            state, loss = compiled(state, batches)
-            jax.block_until_ready(loss)
-            times[name].append((time.perf_counter() - started) / updates * 1e3)
-            variants[name][1] = state
+
+    def run(name):
+        compiled, state, batches = variants[name]
+        variants[name][1], loss = compiled(state, batches)
+        return loss
+
+    timed = timing.interleaved({name: functools.partial(run, name) for name in variants}, rounds)
+    times = {name: [1e3 * t / updates for t in timed[name]["rounds_s"]] for name in variants}
     result = {
-        name: {**work[name], "ms_per_update": _stats(times[name][1:]), "ms": times[name][1:]} for name in variants
+        name: {**work[name], "ms_per_update": timing.summary(times[name]), "ms": times[name]} for name in variants
     }
-    ratios = [b / o for o, b in zip(times["lpjax_fp32"][1:], times["brax"][1:])]
+    ratios = [b / o for o, b in zip(times["lpjax_fp32"], times["brax"])]
     return {
         "setting": setting.name,
         "batch_size": batch,
@@ -944,50 +795,43 @@ COLORS = {
 
 
 def plot(result: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     settings = result["settings"]
     columns = min(len(settings), 2)
     rows = -(-len(settings) // columns)
-    figure = Figure(figsize=(5.6 * columns + 0.4, 4.4 * rows + 0.4), dpi=120)
-    FigureCanvasAgg(figure)
-    for k, setting in enumerate(settings):
-        axes = figure.add_subplot(rows, columns, k + 1)
-        names = list(setting["results"])
-        for i, name in enumerate(names):
-            row = setting["results"][name]
-            axes.bar(i, row["median"], color=COLORS.get(name, "tab:purple"), alpha=0.8)
-            axes.plot([i] * len(row["sps"]), row["sps"], "k.", markersize=4)
-            axes.text(i, max(row["sps"]), f"{row['median']:,.0f}", ha="center", va="bottom", fontsize=8)
-        axes.set_xticks(
-            range(len(names)), [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n") for n in names], fontsize=8
-        )
-        axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
-        cfg = setting["config"]
-        run = setting["run"]
-        title = (
-            f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
-            f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
-            f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}"
-        )
-        if "jitted_over_host" in setting:
-            title += f"; jitted / host ({cfg['host_env']}) = {setting['jitted_over_host']:.2f}"
-        axes.set_title(title, fontsize=8)
-        axes.grid(True, axis="y", alpha=0.3)
-    figure.suptitle("SAC training throughput, CPU (2 cores, XLA:CPU)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path)
+    size = (5.6 * columns + 0.4, 4.4 * rows + 0.4)
+    with figure(path, rows, columns, figsize=size, squeeze=False) as (fig, grid):
+        for axes in grid.flat[len(settings) :]:
+            axes.axis("off")
+        for axes, setting in zip(grid.flat, settings):
+            names = list(setting["results"])
+            for i, name in enumerate(names):
+                row = setting["results"][name]
+                axes.bar(i, row["median"], color=COLORS.get(name, "tab:purple"), alpha=0.8)
+                axes.plot([i] * len(row["sps"]), row["sps"], "k.", markersize=4)
+                axes.text(i, max(row["sps"]), f"{row['median']:,.0f}", ha="center", va="bottom", fontsize=8)
+            labels = [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n") for n in names]
+            axes.set_xticks(range(len(names)), labels, fontsize=8)
+            axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
+            cfg, run = setting["config"], setting["run"]
+            title = (
+                f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
+                f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
+                f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}"
+            )
+            if "jitted_over_host" in setting:
+                title += f"; jitted / host ({cfg['host_env']}) = {setting['jitted_over_host']:.2f}"
+            axes.set_title(title, fontsize=8)
+            axes.grid(True, axis="y", alpha=0.3)
+        fig.suptitle("SAC training throughput, CPU (2 cores, XLA:CPU)", fontsize=10)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run_benchmark(args, argv)
-    previous = args.out_dir / f"{RESULT_NAME}.json"
+    previous = args.out_dir / f"{args.name}.json"
     if not args.quick and previous.is_file():
         result = with_earlier_results(result, json.loads(previous.read_text()))
-    write_results(result, format_table(result), args.out_dir, RESULT_NAME, None if args.no_plot else plot)
-    return result
+    return finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":
