@@ -17,7 +17,7 @@ Parts (``--parts`` takes names or letters, comma-separated; the default runs all
 * ``jitted_loop`` (b): env steps/s and updates/s of the jitted MJX loop with :mod:`benchmarks.gpu_train`'s
   settings, fp32/bf16/fp16, on 1 device and on all (needs the wheels of ``make gpu-wheels``; without them the
   part records why).
-* ``matmul`` (e): the measurements behind ``impl="auto"``: :func:`lpjax.nn.policy_dense` with ``impl="xla"`` and
+* ``matmul`` (e): the measurements behind ``matmul_impl="auto"``: :func:`lpjax.nn.policy_dense` with ``"xla"`` and
   ``"pallas"`` for bf16, fp8 and fp16 at the kernels' shapes, and the table rows this GPU implies.
 
 Every figure is steady state (:mod:`benchmarks.steady_state`), compiled ahead of time with the compile time
@@ -399,7 +399,7 @@ def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str
 
     from benchmarks.common import random_transitions
     from lpjax.agents import sac
-    from lpjax.nn.matmul_choice import resolve_impl
+    from lpjax.nn.matmul_choice import resolve_matmul_impl
 
     name, precision = SAC_PRECISIONS[label]
     config = sac_config(name, width, batch)
@@ -415,7 +415,7 @@ def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str
         **timing,
         "config": f"experiments/configs/sac/{name}.py",
         "matmul_precision": precision or "default",
-        "matmul_impl": resolve_impl("auto", config.precision.matmul_dtype, (batch, width, width)),
+        "matmul_impl": resolve_matmul_impl("auto", config.precision.matmul_dtype, (batch, width, width)),
         "critic_loss_finite": bool(np.isfinite(metrics["critic_loss"])),
         "critic_skipped_steps": float(metrics["critic_skipped_steps"]),
     }
@@ -555,7 +555,7 @@ def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
     policy, kv = ROLLOUT_VARIANTS[label]
     dims, sizes = (QUICK_LM, QUICK_ROLLOUT) if quick else (LM, ROLLOUT)
     batch, prompt, new = sizes["batch"], sizes["prompt"], sizes["new_tokens"]
-    model = transformer_causal_lm({**dims, "max_len": prompt + new, "policy": policy}, kv_dtype=kv)
+    model = transformer_causal_lm({**dims, "max_len": prompt + new, "policy": policy}, kv_cache_dtype=kv)
     if policy not in shared:  # the parameters of a policy, shared by its two KV-cache variants
         shared[policy] = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     params = shared[policy]
@@ -575,7 +575,7 @@ def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
         **timing,
         **_decode_traffic(compiled),
         "policy": policy,
-        "kv_dtype": kv,
+        "kv_cache_dtype": kv,
         "parameters": count,
         "parameter_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(params)),
         "tokens_per_s": batch * new / (timing["wall_ms_per_step"] / 1e3),
@@ -671,7 +671,7 @@ QUICK_SHAPES = {"sac": (32, 64, 64), "llm_prefill": (64, 128, 128), "llm_decode"
 
 
 def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
-    """GPU ms per product of ``policy_dense`` with ``impl="xla"`` and ``"pallas"`` at one shape (operand sets
+    """GPU ms per product of ``policy_dense`` with ``matmul_impl="xla"`` and ``"pallas"`` at one shape (operand sets
     beyond the L2 cache, as :mod:`benchmarks.kernels`), and what ``"auto"`` picks here."""
     import jax
     import jax.numpy as jnp
@@ -680,7 +680,7 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
     from benchmarks.steady_state import on_gpu
     from benchmarks.timing import interleaved
     from lpjax.nn import policy_dense
-    from lpjax.nn.matmul_choice import resolve_impl
+    from lpjax.nn.matmul_choice import resolve_matmul_impl
     from lpjax.precision import get_policy
 
     policy = get_policy(MATMUL_DTYPES[dtype])
@@ -694,7 +694,7 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
         inputs.append((x, w))
     out: dict[str, Any] = {"shape": [m, k, n], "sets_per_call": sets}
     for impl in ("xla", "pallas"):
-        fn = lambda s, impl=impl: [policy_dense(x, w, None, policy=policy, impl=impl) for x, w in s]
+        fn = lambda s, impl=impl: [policy_dense(x, w, None, policy=policy, matmul_impl=impl) for x, w in s]
         if on_gpu():
             timing = measure(fn, (inputs,), iterations=5 if quick else 10)
         else:
@@ -707,7 +707,7 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
         out[impl] = {"ms_per_product": ms / sets, "kernels": len(timing.get("kernels", {})) or None}
     timed = {impl: out[impl]["ms_per_product"] for impl in ("xla", "pallas") if "ms_per_product" in out[impl]}
     out["fastest"] = min(timed, key=timed.__getitem__) if timed else None
-    out["auto"] = resolve_impl("auto", dtype, (m, k, n))
+    out["auto"] = resolve_matmul_impl("auto", dtype, (m, k, n))
     out["auto_is_fastest"] = out["auto"] == out["fastest"] if len(timed) == 2 else None
     return out
 

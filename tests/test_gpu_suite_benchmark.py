@@ -203,7 +203,7 @@ def test_gpu_programs_lower_for_an_abstract_h100():
         assert (lowered["mosaic_gpu_calls"] > 0) == kernels and lowered["triton_calls"] == 0
         assert lowered["wgmma"] == (["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"] if kernels else [])
     dims = dict(gpu_suite.QUICK_LM, num_layers=1, max_len=12, policy="fp8")
-    model = transformer_causal_lm(dims, kv_dtype="float8_e4m3fn")
+    model = transformer_causal_lm(dims, kv_cache_dtype="float8_e4m3fn")
     params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     scales = jax.eval_shape(model.calibrate_kv, params, jnp.zeros((2, 4), jnp.int32))
     settings = rollout.SamplingSettings(max_new_tokens=8, eos_id=0)

@@ -41,7 +41,9 @@ def test_fp32_rollout_logprobs_equal_the_training_models(setup):
 
 def test_fp8_rollout_is_close_but_not_equal_and_follows_synced_weights(setup):
     model, params, prompts = setup
-    engine = RolloutEngine(transformer_causal_lm(dict(LM, policy="fp8"), kv_dtype="fp8"), SamplingSettings(NEW, EOS))
+    engine = RolloutEngine(
+        transformer_causal_lm(dict(LM, policy="fp8"), kv_cache_dtype="fp8"), SamplingSettings(NEW, EOS)
+    )
     with pytest.raises(RuntimeError, match="before the first sync"):
         engine.rollout(prompts, jax.random.key(1))
     engine.sync(params, 0, prompts)

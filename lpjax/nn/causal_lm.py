@@ -37,7 +37,7 @@ from lpjax.nn.transformer import (
     KVCache,
     TransformerLM,
     calibrate_kv_scales,
-    kv_cache_dtype,
+    kv_cache_dtype_of,
 )
 
 _FLOAT32 = np.dtype(np.float32)
@@ -58,7 +58,7 @@ class CausalLM:
       calibrate_kv: ``(params, tokens (B, T)) -> kv_scales or None``; KV-cache scales for these parameters.
       vocab_size: ``V``.
       max_len: the longest sequence ``logits`` accepts and the largest cache.
-      kv_dtype: storage dtype of the KV cache (informational; float32 for recomputing models).
+      kv_cache_dtype: storage dtype of the KV cache (informational; float32 for recomputing models).
       module: the underlying Flax module, if any (e.g. to count parameters or clone it with another policy).
     """
 
@@ -69,22 +69,32 @@ class CausalLM:
     calibrate_kv: Callable[[Any, jax.Array], Any]
     vocab_size: int
     max_len: int
-    kv_dtype: np.dtype = _FLOAT32
+    kv_cache_dtype: np.dtype = _FLOAT32
     module: Any = None
 
 
-_LM_FIELDS = ("vocab_size", "num_layers", "num_heads", "d_model", "d_ff", "max_len", "policy", "impl", "activation")
+_LM_FIELDS = (
+    "vocab_size",
+    "num_layers",
+    "num_heads",
+    "d_model",
+    "d_ff",
+    "max_len",
+    "policy",
+    "matmul_impl",
+    "activation",
+)
 
 
-def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_dtype: Any = None) -> CausalLM:
+def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_cache_dtype: Any = None) -> CausalLM:
     """A :class:`CausalLM` backed by :class:`~lpjax.nn.transformer.TransformerLM` and its KV cache.
 
     Args:
       config: a ``TransformerLM``, or a mapping (dict, ``ml_collections.ConfigDict``) of its fields
-        ``vocab_size, num_layers, num_heads, d_model, d_ff, max_len`` and optionally ``policy, impl, activation``
-        and ``kv_dtype``.
-      kv_dtype: KV-cache storage, ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"``
-        (``"fp8"``); overrides ``config["kv_dtype"]``. With fp8, ``calibrate_kv`` returns per-layer, per-head
+        ``vocab_size, num_layers, num_heads, d_model, d_ff, max_len`` and optionally ``policy, matmul_impl, activation``
+        and ``kv_cache_dtype``.
+      kv_cache_dtype: KV-cache storage, ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"``
+        (``"fp8"``); overrides ``config["kv_cache_dtype"]``. With fp8, ``calibrate_kv`` returns per-layer, per-head
         :class:`~lpjax.nn.transformer.KVScales` (``amax / 448`` on the given tokens) and ``init_cache`` requires
         them; otherwise ``calibrate_kv`` returns ``None``.
 
@@ -95,13 +105,15 @@ def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_dtype: A
         lm, cfg_kv = config, None
     else:
         cfg = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-        cfg_kv = cfg.pop("kv_dtype", None)
+        cfg_kv = cfg.pop("kv_cache_dtype", None)
         unknown = sorted(set(cfg) - set(_LM_FIELDS))
         if unknown:
-            raise ValueError(f"Unknown TransformerLM config keys {unknown}; valid: {_LM_FIELDS + ('kv_dtype',)}.")
+            raise ValueError(f"Unknown TransformerLM config keys {unknown}; valid: {_LM_FIELDS + ('kv_cache_dtype',)}.")
         lm = TransformerLM(**cfg)
     lm._check_config()
-    dtype = kv_cache_dtype(kv_dtype if kv_dtype is not None else cfg_kv if cfg_kv is not None else "float32")
+    dtype = kv_cache_dtype_of(
+        kv_cache_dtype if kv_cache_dtype is not None else cfg_kv if cfg_kv is not None else "float32"
+    )
     quantized = dtype == np.dtype(jnp.float8_e4m3fn)
 
     logits_fn = jax.jit(lambda params, tokens: lm.apply(params, tokens)[0])
@@ -132,7 +144,7 @@ def transformer_causal_lm(config: TransformerLM | Mapping[str, Any], kv_dtype: A
         calibrate_kv=calibrate_kv,
         vocab_size=lm.vocab_size,
         max_len=lm.max_len,
-        kv_dtype=dtype,
+        kv_cache_dtype=dtype,
         module=lm,
     )
 

@@ -1,10 +1,10 @@
 """A dense layer whose matmul implementation follows the precision policy: XLA, or one of lpjax's kernels.
 
 :func:`policy_dense` computes ``y = act(x @ kernel + bias)`` and picks the implementation from
-``policy.matmul_dtype`` and ``impl``:
+``policy.matmul_dtype`` and ``matmul_impl``:
 
 ==================  =====================  ========================================================
-``matmul_dtype``    ``impl="xla"``          ``impl="pallas"`` / ``"reference"``
+``matmul_dtype``    ``"xla"``               ``"pallas"`` / ``"reference"``
 ==================  =====================  ========================================================
 float32 / float64   ``lax.dot_general`` in  (no kernel: ``ValueError``)
                     ``compute_dtype``
@@ -14,12 +14,12 @@ float8_e4m3fn       the jnp reference of    :func:`lpjax.kernels.fp8_blockwise_m
                     the fp8 GEMM            blocks, 1x128 activation groups, fp32 promotion per slice
 ==================  =====================  ========================================================
 
-``impl="auto"`` (the default) picks ``"xla"`` or ``"pallas"`` per device, matmul dtype and GEMM shape from the
+``matmul_impl="auto"`` (the default) picks ``"xla"`` or ``"pallas"`` per device, matmul dtype and GEMM shape from the
 GPU measurements of :mod:`lpjax.nn.matmul_choice`: ``"xla"`` on a CPU or TPU, for float32 and on GPUs nobody
 measured; on Hopper ``"xla"`` for float16/bfloat16 (XLA's dot is faster at every measured shape) and ``"pallas"``
 for fp8 (the kernel is faster than the GEMM's XLA reference).
 
-``impl="xla"`` with a float16/bfloat16/float32 matmul is exactly what ``flax.linen.Dense(dtype=compute_dtype)``
+``matmul_impl="xla"`` with a float16/bfloat16/float32 matmul is exactly what ``flax.linen.Dense(dtype=compute_dtype)``
 computes, so swapping Flax's layer for :class:`Dense` changes nothing until a kernel is asked for (or ``"auto"``
 picks one: fp8 on a Hopper GPU). On a CPU, ``"pallas"`` runs in Pallas' interpret mode (slow; for tests). Outputs
 are in ``policy.compute_dtype``.
@@ -37,11 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul
-from lpjax.nn.matmul_choice import AUTO, resolve_impl
+from lpjax.nn.matmul_choice import AUTO, resolve_matmul_impl
 from lpjax.precision import Policy, get_policy
 
-IMPLS = (AUTO, "xla", "pallas", "reference")
-"""Valid matmul implementations of :class:`Dense` (``"auto"``: :func:`lpjax.nn.matmul_choice.resolve_impl`)."""
+MATMUL_IMPLS = (AUTO, "xla", "pallas", "reference")
+"""Valid matmul implementations of :class:`Dense` (``"auto"``: :func:`lpjax.nn.matmul_choice.resolve_matmul_impl`)."""
 
 
 @jax.custom_vjp
@@ -81,13 +81,13 @@ _HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 _FP8 = np.dtype(jnp.float8_e4m3fn)
 
 
-def check_dense_options(policy: Policy, impl: str, activation: str) -> None:
-    """Raises a ``ValueError`` for an unknown ``impl``/``activation`` or a kernel that does not exist.
+def check_dense_options(policy: Policy, matmul_impl: str, activation: str) -> None:
+    """Raises a ``ValueError`` for an unknown ``matmul_impl``/``activation`` or a kernel that does not exist.
 
     Called by configs before any compute, and by :func:`policy_dense`.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}.")
+    if matmul_impl not in MATMUL_IMPLS:
+        raise ValueError(f"matmul_impl must be one of {MATMUL_IMPLS}, got {matmul_impl!r}.")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}.")
     matmul = policy.matmul_dtype
@@ -95,10 +95,10 @@ def check_dense_options(policy: Policy, impl: str, activation: str) -> None:
         raise ValueError(
             f"No dense matmul for matmul_dtype={matmul.name}; use float64, float32, float16, bfloat16 or float8_e4m3fn."
         )
-    if impl not in (AUTO, "xla") and matmul not in _HALF + (_FP8,):
+    if matmul_impl not in (AUTO, "xla") and matmul not in _HALF + (_FP8,):
         raise ValueError(
-            f"impl={impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
-            f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use impl='xla'."
+            f"matmul_impl={matmul_impl!r} selects a low-precision kernel, but the policy's matmul dtype is "
+            f"{matmul.name}; kernels exist for float16, bfloat16 and float8_e4m3fn. Use matmul_impl='xla'."
         )
 
 
@@ -108,26 +108,26 @@ def policy_dense(
     bias: jax.Array | None,
     *,
     policy: Policy | str,
-    impl: str = AUTO,
+    matmul_impl: str = AUTO,
     activation: str = "none",
 ) -> jax.Array:
-    """``act(x @ kernel + bias)`` with the matmul implementation chosen by ``policy`` and ``impl``.
+    """``act(x @ kernel + bias)`` with the matmul implementation chosen by ``policy`` and ``matmul_impl``.
 
     Args:
       x: inputs ``(..., K)``; leading axes are flattened for the kernels and restored.
       kernel: weights ``(K, N)`` in any float dtype (the parameter dtype).
       bias: ``(N,)`` or ``None``.
       policy: precision policy; its ``matmul_dtype`` picks the GEMM, its ``compute_dtype`` the output dtype.
-      impl: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"`` (see the module docstring).
+      matmul_impl: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"`` (see the module docstring).
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``; fused into the fp16 kernel's epilogue.
 
     Returns:
       ``(..., N)`` in ``policy.compute_dtype``.
     """
     policy = get_policy(policy)
-    check_dense_options(policy, impl, activation)
+    check_dense_options(policy, matmul_impl, activation)
     compute, matmul = policy.compute_dtype, policy.matmul_dtype
-    impl = resolve_impl(impl, matmul, (math.prod(x.shape[:-1]) or 1, kernel.shape[0], kernel.shape[1]))
+    impl = resolve_matmul_impl(matmul_impl, matmul, (math.prod(x.shape[:-1]) or 1, kernel.shape[0], kernel.shape[1]))
     if matmul == _FP8:
         y = _flat(
             x,
@@ -165,8 +165,8 @@ class Dense(nn.Module):
     Attributes:
       features: output width ``N``.
       policy: a :class:`lpjax.precision.Policy` or a name for :func:`lpjax.precision.get_policy`.
-      impl: ``"auto"`` (default: the implementation measured fastest for this device, dtype and shape; ``"xla"``
-        on a CPU), ``"xla"``, ``"pallas"`` or ``"reference"``.
+      matmul_impl: ``"auto"`` (default: the implementation measured fastest for this device, dtype and shape;
+        ``"xla"`` on a CPU), ``"xla"``, ``"pallas"`` or ``"reference"``.
       activation: ``"none"``, ``"relu"``, ``"elu"`` or ``"tanh"``.
       use_bias: whether to add a bias.
       kernel_init, bias_init: initializers (Flax's defaults).
@@ -174,7 +174,7 @@ class Dense(nn.Module):
 
     features: int
     policy: Policy | str = "fp32"
-    impl: str = AUTO
+    matmul_impl: str = AUTO
     activation: str = "none"
     use_bias: bool = True
     kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
@@ -185,4 +185,4 @@ class Dense(nn.Module):
         policy = get_policy(self.policy)
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), policy.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), policy.param_dtype) if self.use_bias else None
-        return policy_dense(x, kernel, bias, policy=policy, impl=self.impl, activation=self.activation)
+        return policy_dense(x, kernel, bias, policy=policy, matmul_impl=self.matmul_impl, activation=self.activation)

@@ -23,7 +23,7 @@ class TanhGaussianActor(nn.Module):
       action_dim: number of action dimensions.
       log_std_bounds: ``(lo, hi)``.
       policy: precision policy of the MLP; outputs are in its compute dtype.
-      impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
+      matmul_impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
       high_precision_ends: the MLP's first and last layers multiply in the compute dtype (see :class:`lpjax.nn.MLP`).
     """
 
@@ -31,7 +31,7 @@ class TanhGaussianActor(nn.Module):
     action_dim: int
     log_std_bounds: tuple[float, float] = (-5.0, 2.0)
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
@@ -40,7 +40,7 @@ class TanhGaussianActor(nn.Module):
             self.hidden_dims,
             2 * self.action_dim,
             self.policy,
-            impl=self.impl,
+            matmul_impl=self.matmul_impl,
             high_precision_ends=self.high_precision_ends,
         )(obs)
         mean, raw = jnp.split(out, 2, axis=-1)
@@ -52,23 +52,33 @@ class TanhGaussianActor(nn.Module):
 class DoubleCritic(nn.Module):
     """Two independent Q-networks ``Q_i(s, a)`` on the concatenation of observation and action.
 
-    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype. ``impl`` and
+    Returns an array of shape ``(2, batch)`` (the two estimates), in the policy's compute dtype. ``matmul_impl`` and
     ``high_precision_ends`` are the MLPs' (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
         q1 = MLP(
-            self.hidden_dims, 1, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends, name="q1"
+            self.hidden_dims,
+            1,
+            self.policy,
+            matmul_impl=self.matmul_impl,
+            high_precision_ends=self.high_precision_ends,
+            name="q1",
         )(x)
         q2 = MLP(
-            self.hidden_dims, 1, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends, name="q2"
+            self.hidden_dims,
+            1,
+            self.policy,
+            matmul_impl=self.matmul_impl,
+            high_precision_ends=self.high_precision_ends,
+            name="q2",
         )(x)
         return jnp.stack([q1[..., 0], q2[..., 0]])
 
@@ -84,20 +94,24 @@ class DeterministicActor(nn.Module):
       hidden_dims: MLP widths.
       action_dim: number of action dimensions.
       policy: precision policy of the MLP.
-      impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
+      matmul_impl: matmul implementation of the MLP's layers (see :class:`lpjax.nn.Dense`).
       high_precision_ends: the MLP's first and last layers multiply in the compute dtype (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     action_dim: int
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         mlp = MLP(
-            self.hidden_dims, self.action_dim, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends
+            self.hidden_dims,
+            self.action_dim,
+            self.policy,
+            matmul_impl=self.matmul_impl,
+            high_precision_ends=self.high_precision_ends,
         )
         nn.share_scope(self, mlp)
         return jnp.tanh(mlp(obs))
@@ -108,18 +122,22 @@ class CategoricalCritic(nn.Module):
 
     One MLP on the concatenation of observation and action (as :class:`DoubleCritic`); returns ``(..., num_atoms)``
     logits in the policy's compute dtype. The atoms' values are the learner's business
-    (:mod:`lpjax.agents.d4pg`). ``impl`` and ``high_precision_ends`` are the MLP's (see :class:`lpjax.nn.MLP`).
+    (:mod:`lpjax.agents.d4pg`). ``matmul_impl`` and ``high_precision_ends`` are the MLP's (see :class:`lpjax.nn.MLP`).
     """
 
     hidden_dims: Sequence[int]
     num_atoms: int
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     high_precision_ends: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
         return MLP(
-            self.hidden_dims, self.num_atoms, self.policy, impl=self.impl, high_precision_ends=self.high_precision_ends
+            self.hidden_dims,
+            self.num_atoms,
+            self.policy,
+            matmul_impl=self.matmul_impl,
+            high_precision_ends=self.high_precision_ends,
         )(x)

@@ -1,10 +1,10 @@
-"""What ``impl="auto"`` means for a dense layer: XLA's dot or lpjax's Pallas kernel, per device, dtype and shape,
-chosen from GPU measurements kept here with their source.
+"""What ``matmul_impl="auto"`` means for a dense layer: XLA's dot or lpjax's Pallas kernel, per device, dtype and
+shape, chosen from GPU measurements kept here with their source.
 
-:func:`lpjax.nn.policy_dense` (and every module built on it) resolves ``impl="auto"`` with :func:`resolve_impl`
-when it is traced, from the GEMM's shape ``(M, K, N)`` (``M`` the rows of the flattened input), its matmul dtype
-and the device the program is built for (JAX's default device, or the abstract GPU of an ahead-of-time lowering,
-:func:`lpjax.kernels._common.abstract_gpu`):
+:func:`lpjax.nn.policy_dense` (and every module built on it) resolves ``matmul_impl="auto"`` with
+:func:`resolve_matmul_impl` when it is traced, from the GEMM's shape ``(M, K, N)`` (``M`` the rows of the flattened
+input), its matmul dtype and the device the program is built for (JAX's default device, or the abstract GPU of an
+ahead-of-time lowering, :func:`lpjax.kernels._common.abstract_gpu`):
 
 * not a GPU (CPU, TPU): ``"xla"``. lpjax's Pallas kernels target GPUs; elsewhere they only run interpreted.
 * a float32/float64 matmul: ``"xla"``, the only implementation.
@@ -43,7 +43,7 @@ import numpy as np
 from lpjax.kernels._common import HOPPER_DEVICE_KIND, target_device_kind
 
 AUTO = "auto"
-"""The ``impl`` value resolved by :func:`resolve_impl`."""
+"""The ``matmul_impl`` value resolved by :func:`resolve_matmul_impl`."""
 
 CHOICES = ("xla", "pallas")
 """What ``"auto"`` resolves to."""
@@ -158,18 +158,18 @@ def table_for(device_kind: str | None) -> MatmulTable | None:
     return next((table for table in TABLES if table.matches(device_kind)), None)
 
 
-def resolve_impl(
-    impl: str,
+def resolve_matmul_impl(
+    matmul_impl: str,
     matmul_dtype: Any,
     shape: Sequence[int],
     *,
     platform: str | None = None,
     device_kind: str | None = None,
 ) -> str:
-    """``impl`` itself unless it is ``"auto"``; then ``"xla"`` or ``"pallas"`` as the module docstring says.
+    """``matmul_impl`` itself unless it is ``"auto"``; then ``"xla"`` or ``"pallas"`` as the module docstring says.
 
     Args:
-      impl: a dense layer's ``impl``.
+      matmul_impl: a dense layer's ``matmul_impl``.
       matmul_dtype: the policy's matmul dtype (a dtype or its name).
       shape: ``(M, K, N)`` of the GEMM.
       platform: the target's platform (``"cpu"``, ``"tpu"``, ``"gpu"``/``"cuda"``/``"rocm"``); with
@@ -177,8 +177,8 @@ def resolve_impl(
         an ahead-of-time lowering).
       device_kind: the target GPU's ``device_kind`` (e.g. ``"NVIDIA H100 80GB HBM3"``); may be given alone.
     """
-    if impl != AUTO:
-        return impl
+    if matmul_impl != AUTO:
+        return matmul_impl
     if platform is None and device_kind is None:
         device_kind = target_device_kind()
     elif platform is not None and platform not in ("gpu", "cuda", "rocm"):

@@ -2,7 +2,7 @@
 
 :class:`TransformerLM` is a GPT-style causal language model: learned token and position embeddings, ``num_layers``
 pre-LayerNorm blocks ``x += attn(LN(x)); x += mlp(LN(x))``, a final LayerNorm and a separate lm_head. The
-q/k/v/o and MLP projections are :class:`lpjax.nn.Dense` layers, so ``policy`` and ``impl`` pick their matmul
+q/k/v/o and MLP projections are :class:`lpjax.nn.Dense` layers, so ``policy`` and ``matmul_impl`` pick their matmul
 (``"fp8"``: blockwise W8A8 E4M3 GEMMs with bf16 activations). Embeddings, LayerNorms, the residual stream, the
 attention core (``q k^T``, softmax, ``p v``) and the lm_head are float32, as in the FP8-RL recipe
 (docs/design.md, "FP8 rollouts"); the logits are float32 whatever the policy.
@@ -10,16 +10,16 @@ attention core (``q k^T``, softmax, ``p v``) and the lm_head are float32, as in 
 Interface (what :mod:`lpjax.nn.causal_lm` wraps for the GRPO learner; ``params`` is the dict ``lm.init``
 returns, ``{"params": ...}``)::
 
-    lm = TransformerLM(vocab_size, num_layers, num_heads, d_model, d_ff, max_len, policy="fp32", impl="auto")
+    lm = TransformerLM(vocab_size, num_layers, num_heads, d_model, d_ff, max_len, policy="fp32", matmul_impl="auto")
     params = lm.init(key, tokens)                            # tokens (B, T) int32, any T <= max_len
     logits, _ = lm.apply(params, tokens)                     # full sequence: (B, T, V) float32, positions 0..T-1
     scales = calibrate_kv_scales(params, lm, calib_tokens)   # KVScales; only needed for an fp8 cache
-    cache = lm.init_cache(batch, max_len=None, kv_dtype="float8_e4m3fn", kv_scales=scales)
+    cache = lm.init_cache(batch, max_len=None, kv_cache_dtype="float8_e4m3fn", kv_scales=scales)
     logits, cache = lm.apply(params, prompt, cache)          # prefill: prompt (B, P)
     logits, cache = lm.apply(params, next_token, cache)      # one step: next_token (B, 1)
 
 The cache is a :class:`KVCache` pytree of fixed-shape arrays (jit-friendly; nothing is a Flax mutable
-collection): ``k``/``v`` of shape ``(num_layers, B, S, num_heads, head_dim)`` in ``kv_dtype`` (float32,
+collection): ``k``/``v`` of shape ``(num_layers, B, S, num_heads, head_dim)`` in ``kv_cache_dtype`` (float32,
 bfloat16, float16 or float8_e4m3fn), their float32 per-layer, per-head scales ``(num_layers, num_heads)`` and
 ``index (B,)`` int32, the number of positions already written for each row. ``lm.apply(params, tokens, cache)``
 with ``tokens (B, T)``:
@@ -65,7 +65,7 @@ from lpjax.nn.dense import Dense
 from lpjax.precision import Policy, dtype_of, get_policy
 from lpjax.quant.fp8 import E4M3_MAX
 
-KV_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
+KV_CACHE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
 """Dtypes a :class:`KVCache` can store keys and values in (named by any of their names in
 :data:`lpjax.precision.DTYPE_NAMES`: ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ...)."""
 
@@ -115,18 +115,18 @@ class KVCache(NamedTuple):
         return np.dtype(self.k.dtype)
 
 
-def kv_cache_dtype(kv_dtype: Any) -> np.dtype:
+def kv_cache_dtype_of(name: Any) -> np.dtype:
     """The numpy dtype of a KV cache from a dtype or a name of :data:`lpjax.precision.DTYPE_NAMES`.
 
     Raises:
-      ValueError: for an unknown name or a dtype not in :data:`KV_DTYPES`.
+      ValueError: for an unknown name or a dtype not in :data:`KV_CACHE_DTYPES`.
     """
     try:
-        dtype = dtype_of(kv_dtype)
+        dtype = dtype_of(name)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"Unknown KV-cache dtype {kv_dtype!r}; a KV cache stores one of {KV_DTYPES}.") from error
-    if dtype.name not in KV_DTYPES:
-        raise ValueError(f"A KV cache stores one of {KV_DTYPES}, got {dtype.name}.")
+        raise ValueError(f"Unknown KV-cache dtype {name!r}; a KV cache stores one of {KV_CACHE_DTYPES}.") from error
+    if dtype.name not in KV_CACHE_DTYPES:
+        raise ValueError(f"A KV cache stores one of {KV_CACHE_DTYPES}, got {dtype.name}.")
     return dtype
 
 
@@ -173,7 +173,7 @@ class SelfAttention(nn.Module):
 
     num_heads: int
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, cache: _LayerCache | None):
@@ -181,7 +181,8 @@ class SelfAttention(nn.Module):
         b, t, d = x.shape
         h = self.num_heads
         q, k, v = (
-            Dense(d, policy, self.impl, name=name)(x).reshape(b, t, h, d // h) for name in ("query", "key", "value")
+            Dense(d, policy, self.matmul_impl, name=name)(x).reshape(b, t, h, d // h)
+            for name in ("query", "key", "value")
         )
         if cache is None:
             keys, values = k.astype(jnp.float32), v.astype(jnp.float32)
@@ -195,7 +196,7 @@ class SelfAttention(nn.Module):
         scores = jnp.where(mask[:, None], scores, _MASKED)
         weights = jax.nn.softmax(scores, axis=-1)
         y = jnp.einsum("bhts,bshd->bthd", weights, values).reshape(b, t, d)
-        return Dense(d, policy, self.impl, name="out")(y.astype(policy.compute_dtype)), cache
+        return Dense(d, policy, self.matmul_impl, name="out")(y.astype(policy.compute_dtype)), cache
 
 
 class Block(nn.Module):
@@ -204,21 +205,23 @@ class Block(nn.Module):
     num_heads: int
     d_ff: int
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     activation: str = "gelu"
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array, cache: _LayerCache | None):
         policy = get_policy(self.policy)
         ln = lambda name: nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name=name)
-        y, cache = SelfAttention(self.num_heads, policy, self.impl, name="attn")(ln("ln_attn")(x), positions, cache)
+        y, cache = SelfAttention(self.num_heads, policy, self.matmul_impl, name="attn")(
+            ln("ln_attn")(x), positions, cache
+        )
         x = x + y.astype(jnp.float32)
         y = ln("ln_mlp")(x)
         if self.activation == "relu":
-            y = Dense(self.d_ff, policy, self.impl, activation="relu", name="fc1")(y)
+            y = Dense(self.d_ff, policy, self.matmul_impl, activation="relu", name="fc1")(y)
         else:
-            y = jax.nn.gelu(Dense(self.d_ff, policy, self.impl, name="fc1")(y))
-        y = Dense(x.shape[-1], policy, self.impl, name="fc2")(y)
+            y = jax.nn.gelu(Dense(self.d_ff, policy, self.matmul_impl, name="fc1")(y))
+        y = Dense(x.shape[-1], policy, self.matmul_impl, name="fc2")(y)
         return x + y.astype(jnp.float32), cache
 
 
@@ -234,7 +237,7 @@ class TransformerLM(nn.Module):
       max_len: number of learned positions: sequences and caches hold at most ``max_len`` tokens.
       policy: precision policy of the q/k/v/o and MLP :class:`lpjax.nn.Dense` layers (a name or a
         :class:`lpjax.precision.Policy`); embeddings, norms, attention core and lm_head are float32.
-      impl: matmul implementation of those layers: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"``.
+      matmul_impl: matmul implementation of those layers: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"reference"``.
       activation: MLP activation, ``"gelu"`` (tanh approximation) or ``"relu"``.
 
     ``__call__(tokens (B, T) int, cache: KVCache | None = None, lengths (B,) | None = None)`` returns
@@ -248,7 +251,7 @@ class TransformerLM(nn.Module):
     d_ff: int
     max_len: int
     policy: Policy | str = "fp32"
-    impl: str = "auto"
+    matmul_impl: str = "auto"
     activation: str = "gelu"
 
     def _check_config(self) -> None:
@@ -268,14 +271,18 @@ class TransformerLM(nn.Module):
         return self.d_model // self.num_heads
 
     def init_cache(
-        self, batch_size: int, max_len: int | None = None, kv_dtype: Any = "float32", kv_scales: KVScales | None = None
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        kv_cache_dtype: Any = "float32",
+        kv_scales: KVScales | None = None,
     ) -> KVCache:
         """An empty :class:`KVCache` (``index = 0``) for ``batch_size`` rows of up to ``max_len`` positions.
 
         Args:
           batch_size: ``B``.
           max_len: ``S``, the positions the cache holds; ``None`` for ``self.max_len`` (it cannot be larger).
-          kv_dtype: storage of keys and values, one of :data:`KV_DTYPES` as a dtype or a name of
+          kv_cache_dtype: storage of keys and values, one of :data:`KV_CACHE_DTYPES` as a dtype or a name of
             :data:`lpjax.precision.DTYPE_NAMES` (``"fp8"``, ``"bf16"``, ...).
           kv_scales: required for float8_e4m3fn (from :func:`calibrate_kv_scales`): :class:`KVScales` whose ``k``
             and ``v`` are ``(num_layers, num_heads)`` or ``(num_layers,)`` (one scale per layer). Ignored, and
@@ -289,7 +296,7 @@ class TransformerLM(nn.Module):
             )
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-        dtype = kv_cache_dtype(kv_dtype)
+        dtype = kv_cache_dtype_of(kv_cache_dtype)
         shape = (self.num_layers, self.num_heads)
         if dtype == _FP8:
             if kv_scales is None:
@@ -357,7 +364,7 @@ class TransformerLM(nn.Module):
                 )
             )
             x, layer_cache = Block(
-                self.num_heads, self.d_ff, self.policy, self.impl, self.activation, name=f"block_{layer}"
+                self.num_heads, self.d_ff, self.policy, self.matmul_impl, self.activation, name=f"block_{layer}"
             )(x, positions, layer_cache)
             if layer_cache is not None:
                 new_k.append(layer_cache.k)
@@ -392,7 +399,7 @@ def calibrate_kv_scales(
     Runs ``lm`` on ``calibration_tokens`` (as a prefill from position 0 into a float32 cache, so with the model's
     own policy but no KV quantization), takes the largest magnitude of every layer's keys and values, and maps
     it onto E4M3's largest finite value 448. Call it after every parameter update (the scales belong to the
-    parameters) and pass the result to ``lm.init_cache(..., kv_dtype="float8_e4m3fn", kv_scales=...)``. To
+    parameters) and pass the result to ``lm.init_cache(..., kv_cache_dtype="float8_e4m3fn", kv_scales=...)``. To
     calibrate with float32 projections under a low-precision policy: ``calibrate_kv_scales(params,
     lm.clone(policy="fp32"), tokens)`` (works whenever the parameters are float32, as in the ``"fp8"`` policy).
 

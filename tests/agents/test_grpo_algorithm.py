@@ -264,7 +264,7 @@ def test_config_defaults_and_derived_values():
 
 
 @pytest.mark.parametrize(
-    "name, policy, kv_dtype",
+    "name, policy, kv_cache_dtype",
     [
         ("fp32", "fp32", jnp.float32),
         ("bf16", "mixed_bf16", jnp.bfloat16),
@@ -272,21 +272,22 @@ def test_config_defaults_and_derived_values():
         ("fp8_kv", "fp32", jnp.float8_e4m3fn),
     ],
 )
-def test_rollout_presets_map_to_their_policy_and_kv_dtype(name, policy, kv_dtype):
+def test_rollout_presets_map_to_their_policy_and_kv_cache_dtype(name, policy, kv_cache_dtype):
     preset = grpo.RolloutConfig.preset(name)
     assert preset == grpo.ROLLOUT_PRESETS[name] == grpo.RolloutConfig.from_value(name)
-    assert preset.policy == policy and preset.precision == get_policy(policy) and preset.kv_dtype == kv_dtype
+    assert preset.policy == policy and preset.precision == get_policy(policy)
+    assert preset.kv_cache_dtype == np.dtype(kv_cache_dtype).name  # the canonical name
     assert grpo.GRPOConfig(rollout=name).rollout == preset
     assert grpo.GRPOConfig(rollout=dataclasses.asdict(preset)).rollout == preset
-    assert grpo.RolloutConfig.preset(name, kv_cache_dtype="fp16").kv_dtype == jnp.float16
+    assert grpo.RolloutConfig.preset(name, kv_cache_dtype="fp16").kv_cache_dtype == "float16"
 
 
 def test_rollout_presets_build_models_of_that_precision():
     lm = dict(vocab_size=8, num_layers=1, num_heads=2, d_model=16, d_ff=32, max_len=8)
     config = grpo.GRPOConfig(policy="fp16", rollout="fp8_kv")
     train, rollout = grpo.transformer_models(lm, config)
-    assert train.module.policy == "fp16" and train.kv_dtype == jnp.float32
-    assert rollout.module.policy == "fp32" and rollout.kv_dtype == jnp.float8_e4m3fn
+    assert train.module.policy == "fp16" and train.kv_cache_dtype == jnp.float32
+    assert rollout.module.policy == "fp32" and rollout.kv_cache_dtype == jnp.float8_e4m3fn
     params = train.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     assert params["params"]["block_0"]["fc1"]["kernel"].dtype == jnp.float16  # the training policy's params
 

@@ -1,4 +1,4 @@
-"""lpjax.nn.Dense: identical to flax's Dense with impl="xla"; the kernels behind a policy; clear errors."""
+"""lpjax.nn.Dense: identical to flax's Dense with matmul_impl="xla"; the kernels behind a policy; clear errors."""
 
 import flax.linen as nn
 import jax
@@ -38,8 +38,8 @@ def test_mlp_keeps_flax_parameter_names():
 @pytest.mark.parametrize("activation", ["none", "relu", "elu", "tanh"])
 @pytest.mark.parametrize("compute", ["float16", "bfloat16"])
 def test_half_kernel_follows_the_policy(compute, activation):
-    """impl="reference"/"pallas" route a half-precision policy to lpjax.kernels.fp16_matmul, fused activation included,
-    and agree with the XLA path to the rounding of the compute dtype."""
+    """matmul_impl="reference"/"pallas" route a half-precision policy to lpjax.kernels.fp16_matmul, fused activation
+    included, and agree with the XLA path to the rounding of the compute dtype."""
     policy = Policy("float32", compute, "float32")
     x = jax.random.normal(jax.random.key(0), (2, 6, 40))
     layer = Dense(24, policy, activation=activation)
@@ -93,9 +93,9 @@ def test_jit_and_functional_form_agree():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(impl="triton"), "impl must be one of"),
+        (dict(matmul_impl="triton"), "matmul_impl must be one of"),
         (dict(activation="gelu"), "activation must be one of"),
-        (dict(impl="pallas"), "matmul dtype is float32"),
+        (dict(matmul_impl="pallas"), "matmul dtype is float32"),
         (dict(policy="params=float32,compute=float32,matmul=float8_e5m2"), "No dense matmul"),
     ],
 )

@@ -1,4 +1,4 @@
-"""lpjax.nn.matmul_choice: what impl="auto" resolves to per platform, GPU, dtype and shape, and that the table is
+"""lpjax.nn.matmul_choice: what matmul_impl="auto" resolves to per platform, GPU, dtype and shape, and that the table is
 the measurement it names."""
 
 import json
@@ -12,8 +12,8 @@ import pytest
 from benchmarks.kernels import describe_lowering
 from lpjax.kernels._common import lower_for_cuda
 from lpjax.nn import Dense
-from lpjax.nn.dense import IMPLS, check_dense_options
-from lpjax.nn.matmul_choice import HOPPER, MatmulTable, Measurement, resolve_impl, shape_distance, table_for
+from lpjax.nn.dense import MATMUL_IMPLS, check_dense_options
+from lpjax.nn.matmul_choice import HOPPER, MatmulTable, Measurement, resolve_matmul_impl, shape_distance, table_for
 from lpjax.precision import get_policy
 
 H100, H200, A100, L4 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA L4"
@@ -25,7 +25,7 @@ RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn"])
 def test_auto_is_xla_off_gpus(platform, dtype):
     for shape in (SAC, PREFILL, DECODE, (3, 17, 6)):
-        assert resolve_impl("auto", dtype, shape, platform=platform) == "xla"
+        assert resolve_matmul_impl("auto", dtype, shape, platform=platform) == "xla"
 
 
 @pytest.mark.parametrize("device_kind", [H100, H200, "NVIDIA GH200 480GB"])
@@ -34,23 +34,25 @@ def test_hopper_uses_xla_for_half_and_the_kernel_for_fp8(device_kind):
     float16 follows bfloat16's rows, float32 has no kernel. Every Hopper GPU uses the table."""
     for shape in (SAC, PREFILL, DECODE, (64, 2048, 8192), (1024, 17, 1024), (1, 1, 1)):
         for platform in ("gpu", "cuda"):
-            resolve = lambda dtype: resolve_impl("auto", dtype, shape, platform=platform, device_kind=device_kind)
+            resolve = lambda dtype: resolve_matmul_impl(
+                "auto", dtype, shape, platform=platform, device_kind=device_kind
+            )
             assert resolve(jnp.bfloat16) == resolve("float16") == resolve(np.float32) == "xla"
             assert resolve(jnp.float8_e4m3fn) == "pallas"
-        assert resolve_impl("auto", "float8_e4m3fn", shape, device_kind=device_kind) == "pallas"
+        assert resolve_matmul_impl("auto", "float8_e4m3fn", shape, device_kind=device_kind) == "pallas"
 
 
 @pytest.mark.parametrize("device_kind", [A100, L4, "NVIDIA B200", None])
 def test_unmeasured_gpus_keep_xla(device_kind):
     assert table_for(device_kind) is None
     for dtype in ("bfloat16", "float16", "float8_e4m3fn"):
-        assert resolve_impl("auto", dtype, SAC, platform="gpu", device_kind=device_kind) == "xla"
+        assert resolve_matmul_impl("auto", dtype, SAC, platform="gpu", device_kind=device_kind) == "xla"
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas", "reference"])
-def test_an_explicit_impl_is_kept(impl):
-    assert resolve_impl(impl, "float8_e4m3fn", SAC, platform="gpu", device_kind=H100) == impl
-    assert resolve_impl(impl, "bfloat16", DECODE, platform="cpu") == impl
+def test_an_explicit_matmul_impl_is_kept(impl):
+    assert resolve_matmul_impl(impl, "float8_e4m3fn", SAC, platform="gpu", device_kind=H100) == impl
+    assert resolve_matmul_impl(impl, "bfloat16", DECODE, platform="cpu") == impl
 
 
 def test_the_nearest_measured_shape_decides_and_disagreeing_ties_keep_xla():
@@ -97,10 +99,10 @@ def test_the_hopper_table_is_the_recorded_measurement():
 
 
 def test_auto_is_the_default_and_valid_for_every_matmul_dtype():
-    assert IMPLS[0] == "auto" and Dense(4).impl == "auto"
+    assert MATMUL_IMPLS[0] == "auto" and Dense(4).matmul_impl == "auto"
     for policy in ("fp32", "fp16", "bf16", "fp8"):
         check_dense_options(get_policy(policy), "auto", "relu")
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'pallas', 'reference'\)"):
+    with pytest.raises(ValueError, match=r"matmul_impl must be one of \('auto', 'xla', 'pallas', 'reference'\)"):
         check_dense_options(get_policy("fp32"), "fastest", "none")
 
 

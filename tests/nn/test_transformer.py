@@ -30,7 +30,7 @@ from lpjax.nn import (
     recomputing_causal_lm,
     transformer_causal_lm,
 )
-from lpjax.nn.transformer import KV_DTYPES, kv_cache_dtype
+from lpjax.nn.transformer import KV_CACHE_DTYPES, kv_cache_dtype_of
 from lpjax.precision import DTYPE_NAMES
 
 V, L, H, D, FF, MAX = 15, 2, 2, 32, 64, 16
@@ -64,9 +64,9 @@ def setup(policy="fp32"):
     return (lm, float32_params(), tokens()) + jitted(lm)
 
 
-def decode(lm, params, toks, kv_dtype="float32", scales=None, chunks=(4, 4)):
+def decode(lm, params, toks, kv_cache_dtype="float32", scales=None, chunks=(4, 4)):
     """Logits of ``toks`` decoded through the cache: prefill/chunks of the given sizes, then one token at a time."""
-    cache = lm.init_cache(toks.shape[0], kv_dtype=kv_dtype, kv_scales=scales)
+    cache = lm.init_cache(toks.shape[0], kv_cache_dtype=kv_cache_dtype, kv_scales=scales)
     step = jitted(lm)[1]
     outs, start = [], 0
     for size in list(chunks) + [1] * (toks.shape[1] - sum(chunks)):
@@ -77,14 +77,16 @@ def decode(lm, params, toks, kv_dtype="float32", scales=None, chunks=(4, 4)):
     return jnp.concatenate(outs, axis=1), cache
 
 
-@pytest.mark.parametrize("policy, kv_dtype", [("fp32", "float32"), ("mixed_bf16", "bfloat16"), ("fp8", "float32")])
-def test_kv_cache_decoding_equals_full_recomputation(policy, kv_dtype):
+@pytest.mark.parametrize(
+    "policy, kv_cache_dtype", [("fp32", "float32"), ("mixed_bf16", "bfloat16"), ("fp8", "float32")]
+)
+def test_kv_cache_decoding_equals_full_recomputation(policy, kv_cache_dtype):
     """A 4-token prefill, a 4-token chunk, then single tokens: the logits of one full forward pass."""
     lm, params, toks, forward, _ = setup(policy)
     full = forward(params, toks)
     assert full.shape == (3, 12, V) and full.dtype == jnp.float32
-    inc, cache = decode(lm, params, toks, kv_dtype)
-    assert cache.k.dtype == jnp.dtype(kv_dtype) and cache.k.shape == (L, 3, MAX, H, D // H)
+    inc, cache = decode(lm, params, toks, kv_cache_dtype)
+    assert cache.k.dtype == jnp.dtype(kv_cache_dtype) and cache.k.shape == (L, 3, MAX, H, D // H)
     np.testing.assert_allclose(inc, full, atol=1e-5, rtol=0)
 
 
@@ -97,7 +99,7 @@ def test_fp8_kv_cache_within_tolerance():
     err = float(jnp.max(jnp.abs(inc - full)))
     assert 1e-3 < err <= FP8_TOL * float(jnp.max(jnp.abs(full))), err
     # A prefill and token-by-token steps read the same quantized keys/values: they agree to float32 rounding.
-    prefill = step(params, toks, lm.init_cache(3, kv_dtype="fp8", kv_scales=scales))[0]
+    prefill = step(params, toks, lm.init_cache(3, kv_cache_dtype="fp8", kv_scales=scales))[0]
     np.testing.assert_allclose(inc, prefill, atol=1e-5, rtol=0)
 
 
@@ -106,7 +108,7 @@ def test_fp8_policy_with_fp8_kv_cache():
     lm, params, toks, forward, step = setup("fp8")
     full = forward(params, toks)
     scales = calibrate_kv_scales(params, lm, toks)
-    logits = step(params, toks, lm.init_cache(3, kv_dtype="fp8", kv_scales=scales))[0]
+    logits = step(params, toks, lm.init_cache(3, kv_cache_dtype="fp8", kv_scales=scales))[0]
     err = float(jnp.max(jnp.abs(logits - full)))
     assert 1e-3 < err <= 3 * 2.0**-4 * float(jnp.max(jnp.abs(full))), err
 
@@ -117,7 +119,7 @@ def test_fp8_cache_holds_clipped_codes_of_calibrated_scales():
     scales = calibrate_kv_scales(params, lm, toks)
     assert isinstance(scales, KVScales) and scales.k.shape == (L, H) and scales.k.dtype == jnp.float32
     exact = step(params, toks, lm.init_cache(3))[1]
-    quant = step(params, toks, lm.init_cache(3, kv_dtype="fp8", kv_scales=scales))[1]
+    quant = step(params, toks, lm.init_cache(3, kv_cache_dtype="fp8", kv_scales=scales))[1]
     for codes, scale, ref in [(quant.k, scales.k, exact.k), (quant.v, scales.v, exact.v)]:
         np.testing.assert_allclose(jnp.max(jnp.abs(ref), axis=(1, 2, 4)) / 448, scale, rtol=1e-6)
         # Layer 0 sees the same input either way (deeper layers read dequantized keys/values below them).
@@ -128,7 +130,7 @@ def test_fp8_cache_holds_clipped_codes_of_calibrated_scales():
         assert float(jnp.max(jnp.abs(deq - ref[0]))) <= 2.0**-4 * float(jnp.max(jnp.abs(ref[0])))
     # Values beyond the calibrated range saturate at +-448 instead of turning into NaN.
     small = KVScales(scales.k / 4, scales.v / 4)
-    logits, clipped = step(params, toks, lm.init_cache(3, kv_dtype="fp8", kv_scales=small))
+    logits, clipped = step(params, toks, lm.init_cache(3, kv_cache_dtype="fp8", kv_scales=small))
     assert bool(jnp.all(jnp.isfinite(logits))) and float(jnp.max(jnp.abs(clipped.k.astype(jnp.float32)))) == 448.0
     per_layer = calibrate_kv_scales(params, lm, toks, per_head=False)
     np.testing.assert_allclose(per_layer.k, jnp.broadcast_to(jnp.max(scales.k, 1, keepdims=True), (L, H)))
@@ -173,9 +175,9 @@ def test_right_padded_prompts_with_lengths():
 
 
 def test_causal_lm_adapters():
-    config = dict(vocab_size=V, num_layers=L, num_heads=H, d_model=D, d_ff=FF, max_len=MAX, kv_dtype="fp8")
+    config = dict(vocab_size=V, num_layers=L, num_heads=H, d_model=D, d_ff=FF, max_len=MAX, kv_cache_dtype="fp8")
     model = transformer_causal_lm(config)
-    assert isinstance(model, CausalLM) and model.kv_dtype == jnp.float8_e4m3fn and model.max_len == MAX
+    assert isinstance(model, CausalLM) and model.kv_cache_dtype == jnp.float8_e4m3fn and model.max_len == MAX
     assert model.module == make()
     params, toks = float32_params(), tokens()
     full = model.logits(params, toks)
@@ -236,9 +238,9 @@ def test_clear_errors():
     logits, _ = step(params, toks[:, :4], cache)  # under jit: the overflowing row gets loud NaNs
     assert bool(jnp.all(jnp.isnan(logits[1]))) and bool(jnp.all(jnp.isfinite(logits[0])))
     with pytest.raises(ValueError, match="kv_scales"):
-        lm.init_cache(3, kv_dtype="fp8")
+        lm.init_cache(3, kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="KV"):
-        lm.init_cache(3, kv_dtype="int8")
+        lm.init_cache(3, kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="max_len"):
         lm.init_cache(3, max_len=MAX + 1)
     with pytest.raises(ValueError, match="max_len"):
@@ -251,11 +253,14 @@ def test_clear_errors():
 
 def test_kv_cache_dtype_names_are_lpjax_precision_dtype_names():
     """Every name of lpjax.precision.DTYPE_NAMES for a KV dtype is accepted (one table, no aliases of its own)."""
-    names = {name: np.dtype(dtype) for name, dtype in DTYPE_NAMES.items() if np.dtype(dtype).name in KV_DTYPES}
+    names = {name: np.dtype(dtype) for name, dtype in DTYPE_NAMES.items() if np.dtype(dtype).name in KV_CACHE_DTYPES}
     assert set(names) >= {"fp32", "float32", "bf16", "fp16", "f16", "fp8", "e4m3", "float8_e4m3fn"}
     for name, dtype in names.items():
-        assert kv_cache_dtype(name) == kv_cache_dtype(name.upper()) == kv_cache_dtype(dtype) == dtype
-    assert kv_cache_dtype("fp8") == jnp.float8_e4m3fn and make().init_cache(1, kv_dtype="bf16").dtype == jnp.bfloat16
+        assert kv_cache_dtype_of(name) == kv_cache_dtype_of(name.upper()) == kv_cache_dtype_of(dtype) == dtype
+    assert (
+        kv_cache_dtype_of("fp8") == jnp.float8_e4m3fn
+        and make().init_cache(1, kv_cache_dtype="bf16").dtype == jnp.bfloat16
+    )
     for bad, message in [
         ("int8", "Unknown KV-cache dtype"),
         ("float8_e5m2", "A KV cache stores one of"),
@@ -263,4 +268,4 @@ def test_kv_cache_dtype_names_are_lpjax_precision_dtype_names():
         ("float64", "A KV cache stores one of"),
     ]:
         with pytest.raises(ValueError, match=message):
-            kv_cache_dtype(bad)
+            kv_cache_dtype_of(bad)

@@ -26,11 +26,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from lpjax.agents.grpo.algorithm import CLIP_HIGHER_EPS, LOSS_NORMALIZATIONS, ROLLOUT_CORRECTIONS
 from lpjax.agents.training import LearnerConfig
-from lpjax.nn.transformer import kv_cache_dtype
+from lpjax.nn.transformer import kv_cache_dtype_of
 from lpjax.precision import Policy, get_policy
 
 
@@ -42,7 +40,8 @@ class RolloutConfig:
       policy: the precision policy of the rollout model's dense layers, a name or spec for
         :func:`lpjax.precision.get_policy` (``"fp32"``, ``"mixed_bf16"``, ``"fp8"``, ``"fp16"``, ...).
       kv_cache_dtype: the KV cache's storage, a name of :data:`lpjax.precision.DTYPE_NAMES` for one of
-        :data:`lpjax.nn.transformer.KV_DTYPES` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ...).
+        :data:`lpjax.nn.transformer.KV_CACHE_DTYPES` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``, ...), stored as
+        that dtype's canonical name (``"bfloat16"``, ``"float8_e4m3fn"``, ...).
     """
 
     policy: str = "mixed_bf16"
@@ -51,7 +50,7 @@ class RolloutConfig:
     def __post_init__(self):
         try:
             get_policy(self.policy)
-            kv_cache_dtype(self.kv_cache_dtype)
+            object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_of(self.kv_cache_dtype).name)
         except (TypeError, ValueError) as error:
             raise ValueError(f"RolloutConfig: {error}") from error
 
@@ -59,11 +58,6 @@ class RolloutConfig:
     def precision(self) -> Policy:
         """The :class:`lpjax.precision.Policy` of the rollout model."""
         return get_policy(self.policy)
-
-    @property
-    def kv_dtype(self) -> np.dtype:
-        """The KV cache's numpy dtype."""
-        return kv_cache_dtype(self.kv_cache_dtype)
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> RolloutConfig:

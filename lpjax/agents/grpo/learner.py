@@ -107,7 +107,9 @@ def transformer_models(lm: Mapping[str, Any], config: GRPOConfig) -> tuple[Causa
     ``init`` initialises the parameters both run."""
     lm = dict(lm)
     train = transformer_causal_lm(dict(lm, policy=config.policy))
-    rollout = transformer_causal_lm(dict(lm, policy=config.rollout.policy), kv_dtype=config.rollout.kv_cache_dtype)
+    rollout = transformer_causal_lm(
+        dict(lm, policy=config.rollout.policy), kv_cache_dtype=config.rollout.kv_cache_dtype
+    )
     return train, rollout
 
 
