@@ -8,7 +8,7 @@ run and receive: fp32 weights with a JAX forward, or int8 weights (4x smaller br
 actor steps/s, learner updates/s, broadcast bytes and the actors' time split; per seed: fp32's final return ``R``
 (mean of its last two evaluations) and each runtime's first time and step at ``0.95 R``, and their ratio.
 
-Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/`` (:mod:`benchmarks.run_farm`: finished runs are
+Runs live in ``runs/actorq_speedup/<task>/<runtime>/seed<k>/`` (:mod:`experiments.run_farm`: finished runs are
 not rerun, interrupted ones resume).
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import run_farm
 from benchmarks.common import REPO, command_line, figure, finish, parser
+from experiments import run_farm
 
 RUNTIMES = ("fp32", "int8")
 TARGET_FRACTION = 0.95

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import run_farm
 from benchmarks.common import REPO, command_line, figure, finish, parser
+from experiments import run_farm
 
 CONFIGS = ("fp32", "fp8_no_tis", "fp8_tis", "fp8_mis", "fp8_geo", "bf16", "fp16")
 FP8_CORRECTED = ("fp8_tis", "fp8_mis", "fp8_geo")

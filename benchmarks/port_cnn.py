@@ -1,10 +1,10 @@
-"""flax's MNIST CNN made fp16 with lpjax (benchmarks/ports/flax_mnist.py: nnx, BatchNorm, Dropout, SGD with
+"""flax's MNIST CNN made fp16 with lpjax (experiments/ports/flax_mnist.py: nnx, BatchNorm, Dropout, SGD with
 momentum) on scikit-learn's digits: fp32, naive fp16 and lpjax fp16 side by side, with an ablation.
 
     python -m benchmarks.port_cnn                # 30 epochs (330 steps), seeds 0-2
     python -m benchmarks.port_cnn --quick        # a smoke run: 1 epoch, seed 0, the three main variants
 
-The variants are the fp32 program with a few lines replaced (:mod:`benchmarks.ports`); their diffs are in the
+The variants are the fp32 program with a few lines replaced (:mod:`experiments.ports`); their diffs are in the
 json. The metric is flax's: test accuracy after the last epoch, with BatchNorm in eval mode (its running
 averages). Beside it, the same model evaluated with the test batch's own statistics (``use_running_average=False``)
 says whether a gap is in the trained weights or in the running averages. Needs scikit-learn (the ``examples``
@@ -23,11 +23,11 @@ import numpy as np
 from flax import nnx
 
 import lpjax
-from benchmarks import ports
 from benchmarks.common import write_results
+from experiments import ports
 
 RESULT_NAME = "port_cnn"
-MODULE = "benchmarks.ports.flax_mnist"
+MODULE = "experiments.ports.flax_mnist"
 
 _IMPORT = ("from flax import nnx", "from flax import nnx\nimport lpjax")
 _MODEL = "model = CNN(rngs=nnx.Rngs(seed))"

@@ -1,10 +1,10 @@
-"""PureJaxRL's PPO made fp16 with lpjax (benchmarks/ports/purejaxrl_ppo.py): fp32, naive fp16 and lpjax fp16 side
+"""PureJaxRL's PPO made fp16 with lpjax (experiments/ports/purejaxrl_ppo.py): fp32, naive fp16 and lpjax fp16 side
 by side on gymnax's CartPole-v1 and Acrobot-v1, each variant over the same seeds vmapped inside one jit.
 
     python -m benchmarks.port_ppo                      # 5e5 steps (PureJaxRL's), seeds 0-2, both tasks
     python -m benchmarks.port_ppo --quick              # a smoke run: 4096 steps, CartPole, 2 seeds
 
-The variants are the fp32 program with a few lines replaced (:mod:`benchmarks.ports`); their diffs are in the
+The variants are the fp32 program with a few lines replaced (:mod:`experiments.ports`); their diffs are in the
 json. The metric is PureJaxRL's: the mean return of the last finished episode of every environment, here over the
 last 10% of the updates, per seed. ``over_baseline`` divides the progress above the task's floor (0 on CartPole,
 -500 on Acrobot: an agent that never swings up) by fp32's on the same seed. Needs gymnax (setup.cfg's ``gymnax``
@@ -22,11 +22,11 @@ import jax
 import numpy as np
 
 import lpjax
-from benchmarks import ports
 from benchmarks.common import write_results
+from experiments import ports
 
 RESULT_NAME = "port_ppo"
-MODULE = "benchmarks.ports.purejaxrl_ppo"
+MODULE = "experiments.ports.purejaxrl_ppo"
 ENVS = ("CartPole-v1", "Acrobot-v1")
 FLOORS = {"CartPole-v1": 0.0, "Acrobot-v1": -500.0}
 ROOT_SEED = 30  # PureJaxRL's jax.random.PRNGKey(30); seed k trains from fold_in(key(30), k)

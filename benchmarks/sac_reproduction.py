@@ -16,7 +16,7 @@ walker-walk holds the ablation: the largest action space of the three (where sof
 dense reward still rising at 100k steps, and less seed noise than reacher-easy.
 
 **Resumable.** Each (config, task, seed) run has its own directory, ``<runs_dir>/<scale tag>/<config>/<task>/
-seed<k>/``, kept by :mod:`benchmarks.run_farm`: a run with checkpoints resumes from the latest (bit-identically);
+seed<k>/``, kept by :mod:`experiments.run_farm`: a run with checkpoints resumes from the latest (bit-identically);
 one with ``done.json``, or a checkpoint at ``--steps``, or diverged, is final and skipped; a directory whose
 ``config.json`` differs from the flags' config (``checkpoint_every`` aside) is ``config_mismatch`` and left
 alone. A session trains the selected runs that are not final, partial runs first, then seed by seed, at most
@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from benchmarks import common, run_farm
+from benchmarks import common
 from benchmarks.sac_reproduction_aggregate import aggregate, config_differences, format_table, inspect_run
 from benchmarks.sac_reproduction_plan import (
     ALL_CONFIGS,
@@ -57,6 +57,7 @@ from benchmarks.sac_reproduction_plan import (
     run_dir_of,
 )
 from benchmarks.sac_reproduction_plot import plot
+from experiments import run_farm
 
 DEFAULT_RUNS_DIR = REPO_ROOT / "runs" / "sac_reproduction"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import run_evidence, run_farm
+from benchmarks import run_evidence
 from benchmarks.common import command_line
 from benchmarks.sac_reproduction_plan import (
     ABLATION_CONFIGS,
@@ -36,6 +36,7 @@ from benchmarks.sac_reproduction_plan import (
     removed_method,
     run_dir_of,
 )
+from experiments import run_farm
 
 RESULT_NAME = "sac_reproduction"
 TARGET_RATIO = 0.95  # fp16 mean final return / fp32's (paper Table 7: within ~3%)
@@ -107,7 +108,7 @@ def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
 
 
 def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check_lock: bool = True) -> dict:
-    """What is on disk for one run. ``status``: :data:`benchmarks.run_farm.STATUSES`, ``nonfinite`` (finished
+    """What is on disk for one run. ``status``: :data:`experiments.run_farm.STATUSES`, ``nonfinite`` (finished
     with a non-finite final return) or ``config_mismatch`` (its ``config.json`` is not ``expected_config``'s).
     ``final`` says whether the run is done (finished, diverged or nonfinite): only final runs are results."""
     record: dict[str, Any] = {

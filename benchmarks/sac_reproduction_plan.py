@@ -16,7 +16,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks import run_farm
+from experiments import run_farm
 from lpjax.methods import PrecisionMethods
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ meanwhile sees, once it holds the lock, that the path no longer names its file, 
 the file is deleted if this process created it, or given back its previous bytes (a stale holder line), and a
 directory created for the lock is removed.
 
-**Other locks.** ``benchmarks/run_farm.py`` keeps its own ``.lock`` in each run directory for the farm's
+**Other locks.** ``experiments/run_farm.py`` keeps its own ``.lock`` in each run directory for the farm's
 bookkeeping (deciding whether to start or resume, recording sessions); the training it starts, in the same
 process or in a subprocess, takes this lock on ``run.lock``. The two files never conflict.
 """

@@ -1,6 +1,6 @@
 """Linen models from flax's own examples, as their authors wrote them: test subjects for
 :func:`lpjax.precision.set_policy` on models nobody here wrote (the nnx subject is flax's MNIST CNN,
-:mod:`benchmarks.ports.flax_mnist`).
+:mod:`experiments.ports.flax_mnist`).
 
 Ported from google/flax (commit 18f8f31; Copyright The Flax Authors, Apache License 2.0):
 

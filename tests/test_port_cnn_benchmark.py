@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("sklearn")
 
 from benchmarks import port_cnn as bench
-from benchmarks import ports
+from experiments import ports
 from tests.test_ports import quick_run
 
 

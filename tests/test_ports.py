@@ -1,4 +1,4 @@
-"""benchmarks/ports: a variant is its fp32 program's text with a few lines replaced, that diff is what runs, and no
+"""experiments/ports: a variant is its fp32 program's text with a few lines replaced, that diff is what runs, and no
 port variant changes more than six lines."""
 
 import json
@@ -8,10 +8,11 @@ import warnings
 
 import pytest
 
-from benchmarks import port_cnn, port_ppo, ports
+from benchmarks import port_cnn, port_ppo
+from experiments import ports
 from lpjax.optim import UnscaledLossWarning
 
-PROGRAM = "benchmarks.ports.flax_mnist"
+PROGRAM = "experiments.ports.flax_mnist"
 
 
 def test_apply_edits_replaces_whole_lines_keeping_their_indentation():

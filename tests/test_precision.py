@@ -326,7 +326,7 @@ def _variable_dtypes(model, variable_type) -> dict[str, np.dtype]:
 def _mnist_cnn(seed=0):
     from flax import nnx
 
-    from benchmarks.ports.flax_mnist import CNN
+    from experiments.ports.flax_mnist import CNN
 
     return CNN(rngs=nnx.Rngs(seed))
 
@@ -394,7 +394,7 @@ def test_set_policy_trains_flax_mnist_cnn_with_flax_train_step_and_no_dtype_warn
     import optax
     from flax import nnx
 
-    from benchmarks.ports import flax_mnist
+    from experiments.ports import flax_mnist
 
     batch = {"image": jax.random.uniform(jax.random.key(0), (16, 28, 28, 1)), "label": jnp.arange(16) % 10}
     for keep in (None, ()):

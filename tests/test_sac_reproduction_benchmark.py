@@ -14,11 +14,10 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from benchmarks import run_farm
 from benchmarks import sac_reproduction as bench
 from benchmarks import sac_reproduction_aggregate as agg
 from benchmarks import sac_reproduction_plan as plan
-from experiments import sac_loop
+from experiments import run_farm, sac_loop
 from lpjax.jsonable import to_jsonable
 from lpjax.methods import PrecisionMethods
 

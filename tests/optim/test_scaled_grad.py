@@ -197,8 +197,8 @@ def test_apply_if_finite_outside_the_scaler_would_freeze_the_scale():
 
 
 def _mnist_cnn_problem(seed=0):
-    """flax's MNIST example CNN (benchmarks.ports.flax_mnist), its loss, and a random batch of 28x28 images."""
-    from benchmarks.ports import flax_mnist
+    """flax's MNIST example CNN (experiments.ports.flax_mnist), its loss, and a random batch of 28x28 images."""
+    from experiments.ports import flax_mnist
 
     keys = jax.random.split(jax.random.key(seed))
     batch = {"image": jax.random.uniform(keys[0], (16, 28, 28, 1)), "label": jax.random.randint(keys[1], (16,), 0, 10)}

@@ -14,8 +14,8 @@ flax's configuration trains 10 epochs of 468 MNIST batches; digits has 11 batche
 averages (momentum 0.99: 1% of a batch's statistics per step) still hold a third of their initial values after
 110 steps, so the benchmark (``benchmarks.port_cnn``) trains longer.
 
-:mod:`benchmarks.ports` derives the fp16 programs from this file's text by replacing a few lines
-(``benchmarks.ports.FLAX_MNIST``): that diff is all a user changes.
+:mod:`experiments.ports` derives the fp16 programs from this file's text by replacing a few lines
+(``experiments.ports.FLAX_MNIST``): that diff is all a user changes.
 """
 
 from functools import partial

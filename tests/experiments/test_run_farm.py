@@ -1,4 +1,4 @@
-"""benchmarks/run_farm.py with fake training: sessions in this process and in subprocesses, resuming, skipping
+"""experiments/run_farm.py with fake training: sessions in this process and in subprocesses, resuming, skipping
 final runs, errors, divergence, locks, mismatched runs, and an interrupted farm."""
 
 import json
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from benchmarks import run_farm
+from experiments import run_farm
 
 # A fake ``python -m experiments.<name>`` session: reaches step argv[3] (a checkpoint directory), prints some
 # log lines and then its summary as indented json (or exits with status argv[4] first, or sleeps argv[5] s).

@@ -1,8 +1,8 @@
 """Worked ports: programs nobody here wrote, made fp16 with lpjax by changing a few lines.
 
 Each port is one module holding the fp32 program as its authors wrote it (with what the port changed listed in
-its docstring): :mod:`benchmarks.ports.purejaxrl_ppo` (PureJaxRL's PPO: flax linen, ``TrainState``, vmap over
-seeds inside one jit, on gymnax) and :mod:`benchmarks.ports.flax_mnist` (flax's nnx MNIST CNN with ``BatchNorm``
+its docstring): :mod:`experiments.ports.purejaxrl_ppo` (PureJaxRL's PPO: flax linen, ``TrainState``, vmap over
+seeds inside one jit, on gymnax) and :mod:`experiments.ports.flax_mnist` (flax's nnx MNIST CNN with ``BatchNorm``
 and ``Dropout``, on scikit-learn's digits). Its other versions are not copies: a :class:`Variant` lists the lines
 it replaces, and :func:`load` runs the fp32 module's text with those lines replaced, so the diff that the docs
 show (:func:`diff`) is exactly what runs.

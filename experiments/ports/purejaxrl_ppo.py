@@ -12,7 +12,7 @@ hyper-parameters are PureJaxRL's. What the port changed:
 * the two branches that built the optimizer with and without ``ANNEAL_LR`` are one line with the learning rate
   chosen before it; the ``DEBUG`` printing callback is left out.
 
-:mod:`benchmarks.ports` derives the fp16 programs from this file's text by replacing a few lines
+:mod:`experiments.ports` derives the fp16 programs from this file's text by replacing a few lines
 (``benchmarks.port_ppo.VARIANTS``): that diff is all a user changes.
 """
 
