@@ -40,7 +40,8 @@ def _tiny(**overrides):
         (dict(seed_steps=1000), "seed_steps"),
         (dict(replay_capacity=16), "larger than the replay buffer"),
         (dict(mesh=dict(data=3)), r"brax_num_envs \(8\) must be a multiple of the mesh's 3 devices"),
-        (dict(mesh=dict(data=2, fsdp=2)), r"4 devices, but there are 1 .*force devices"),  # this process has 1
+        (dict(mesh=dict(data=4)), r"4 devices, but there are 1 .*force devices"),  # this process has 1
+        (dict(mesh=dict(data=2, fsdp=2)), r"fused_optimizer=True keeps the optimizer state in one flat buffer"),
         (dict(mesh=dict(data=0)), r"mesh.data must be a positive integer, got 0"),
         (dict(replay_shards=16), r"replay_shards \(16\) must divide brax_num_envs \(8\)"),
         (dict(replay_shards=3), r"replay_shards \(3\) must be a multiple of the mesh's 1 device"),
