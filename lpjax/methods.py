@@ -12,7 +12,7 @@ moment_dtype         the moments' dtype (None: the params'; 8-bit: blockwise)   
 stochastic_rounding  stochastically rounded parameter and target updates, each  ``method_optimizer``,
                      one that no Kahan buffer compensates                       ``target_updater``
 kahan_momentum       Kahan-compensated target (Polyak) updates                  ``target_updater``
-softplus_fix         the fp16-safe softplus of the policy's standard deviation  :mod:`lpjax.agents.sac`
+softplus_fix         the policy's log(1 - tanh^2) in its overflow-free form       :mod:`lpjax.agents.sac`
 normal_fix           the fp16-safe Gaussian log-density                         :mod:`lpjax.agents.sac`
 ===================  =========================================================  ======================
 
@@ -47,7 +47,10 @@ class PrecisionMethods:
       kahan_momentum: Kahan-compensated target-network updates (:func:`lpjax.optim.kahan_polyak`), the
         compensation kept multiplied by ``kahan_momentum_scale``.
       kahan_momentum_scale: see ``kahan_momentum``.
-      softplus_fix: SAC's policy computes its standard deviation with the fp16-safe softplus.
+      softplus_fix: SAC's tanh-squashed policy computes ``log(1 - tanh(u)^2)`` as
+        ``2 (log 2 - |u| - log1p(exp(-2|u|)))`` (:func:`lpjax.numerics.tanh_log_det_jacobian`), which no ``u``
+        overflows, instead of PyTorch's ``2 (log 2 - u - softplus(-2u))``, whose ``exp(-2u)`` overflows float16
+        for ``u < -5.55``.
       normal_fix: SAC's policy computes its Gaussian log-density without squaring a small sigma.
       moment_dtype: a dtype name of :data:`lpjax.precision.DTYPE_NAMES`, or ``"int8"``, for the optimizer's
         moments, or ``None`` for the parameters' dtype. An 8-bit name (``int8``, ``fp8``/``e4m3``, ``e5m2``)

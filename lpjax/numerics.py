@@ -2,7 +2,7 @@
 
 Each function equals its textbook formula in exact arithmetic and differs only in the order of operations,
 chosen so that float16 (max 65504, smallest subnormal 6e-8, 11 significant bits) neither overflows nor
-underflows where the textbook formula does. All functions compute in the dtype of their inputs.
+underflows where the textbook formula does. Every function returns the dtype of its inputs.
 """
 
 from __future__ import annotations
@@ -12,29 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-SOFTPLUS_LIMIT = 10.0
-"""Default linear limit K of :func:`softplus`: ``exp(x)`` overflows float16 above ``log(65504) ~= 11.09``."""
-
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def softplus(x: jax.Array, limit: float = SOFTPLUS_LIMIT) -> jax.Array:
-    """softplus-fix: ``log(1 + exp(x))`` for ``x <= K`` and ``x`` for ``x > K``.
-
-    For ``x > K`` the two differ by ``log(1 + exp(-x)) < exp(-K)`` (4.5e-5 at K=10, below float16's half-ulp
-    at 10), so the switch is invisible in float16; in exact arithmetic it is the identity up to that bound.
-    ``exp`` is evaluated only on ``x`` clipped to ``K``, so neither the value nor the gradient of the branch not
-    taken can overflow (a plain ``where`` would give ``0 * inf = nan`` in the backward pass). The clip is a
-    ``where``, not ``minimum``, whose gradient at ``x == K`` would be split in half between its arguments.
-
-    Args:
-      x: input array, any floating dtype.
-      limit: K, the threshold above which softplus is the identity.
-    """
-    x = jnp.asarray(x)
-    above = x > limit
-    safe = jnp.where(above, jnp.asarray(limit, x.dtype), x)
-    return jnp.where(above, x, jnp.log1p(jnp.exp(safe)))
 
 
 @jax.custom_jvp
@@ -81,15 +59,6 @@ def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:
     """
     a = jnp.abs(jnp.asarray(u))
     return 2.0 * (jnp.asarray(math.log(2.0), a.dtype) - a - jnp.log1p(jnp.exp(-2.0 * a)))
-
-
-def tanh_normal_log_prob(u: jax.Array, loc: jax.Array, scale: jax.Array) -> jax.Array:
-    """Elementwise log-density of ``a = tanh(u)`` with ``u ~ N(loc, scale)``, given the pre-tanh sample ``u``.
-
-    ``log p(a) = log N(u; loc, scale) - log(1 - tanh(u)^2)`` (change of variables), with the normal-fix and
-    :func:`tanh_log_det_jacobian`. Sum over the action axis for a multivariate policy.
-    """
-    return normal_log_prob(u, loc, scale) - tanh_log_det_jacobian(u)
 
 
 def weight_standardize(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:

@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from lpjax import numerics
 
-K = numerics.SOFTPLUS_LIMIT
 F16_MAX = 65504.0
 F16_TINY = 2.0**-14  # smallest normal float16
 F16_SUBNORMAL = 2.0**-24  # smallest subnormal float16 (spacing of the subnormals)
@@ -59,25 +58,17 @@ def fp16_floats(lo: float, hi: float):
 
 # --- jitted functions: always called with runtime arrays, never closed-over constants ------------------------
 
-softplus_j = jax.jit(numerics.softplus)
 normal_j = jax.jit(numerics.normal_log_prob)
 tanh_ldj_j = jax.jit(numerics.tanh_log_det_jacobian)
-tanh_normal_j = jax.jit(numerics.tanh_normal_log_prob)
 standardize_j = jax.jit(numerics.weight_standardize)
 hypot_j = jax.jit(numerics.hypot)
 
-softplus_grad_j = jax.jit(jax.vmap(jax.grad(numerics.softplus)))
 tanh_ldj_grad_j = jax.jit(jax.vmap(jax.grad(numerics.tanh_log_det_jacobian)))
 hypot_grad_j = jax.jit(jax.vmap(jax.grad(numerics.hypot, argnums=(0, 1))))
 normal_grad_j = jax.jit(jax.vmap(jax.grad(numerics.normal_log_prob, argnums=(0, 1, 2))))
 
 
 # --- the naive (textbook / PyTorch-style) formulas the fixes replace ------------------------------------------
-
-
-def naive_softplus(x):
-    """torch.nn.functional.softplus(x, threshold=20): linear only above 20, exp(x) overflows fp16 above 11.09."""
-    return jnp.where(x > 20.0, x, jnp.log1p(jnp.exp(x)))
 
 
 def naive_normal_log_prob(x, loc, scale):
@@ -97,8 +88,6 @@ def naive_hypot(x, y):
     return jnp.sqrt(x * x + y * y)
 
 
-naive_softplus_j = jax.jit(naive_softplus)
-naive_softplus_grad_j = jax.jit(jax.vmap(jax.grad(naive_softplus)))
 naive_normal_j = jax.jit(naive_normal_log_prob)
 naive_normal_grad_j = jax.jit(jax.vmap(jax.grad(naive_normal_log_prob, argnums=(0, 1, 2))))
 naive_tanh_ldj_j = jax.jit(naive_tanh_ldj)
@@ -109,10 +98,6 @@ naive_hypot_grad_j = jax.jit(jax.vmap(jax.grad(naive_hypot, argnums=(0, 1))))
 
 
 # --- float64 references (numpy) --------------------------------------------------------------------------------
-
-
-def ref_softplus(x):
-    return np.logaddexp(0.0, f64(x))
 
 
 def ref_normal(x, loc, scale):
@@ -126,96 +111,10 @@ def ref_tanh_ldj(u):
     return -2.0 * (np.logaddexp(u, -u) - math.log(2.0))
 
 
-def ref_sigmoid(x):
-    x = f64(x)
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
 def ref_standardize(w, eps=1e-5):
     w = f64(w)
     axes = tuple(range(w.ndim - 1))
     return (w - w.mean(axis=axes)) / np.sqrt(w.std(axis=axes) ** 2 + eps)
-
-
-# ======================================================================================================
-# softplus
-# ======================================================================================================
-
-
-@given(x=st.floats(-700.0, 700.0), limit=st.sampled_from([K, 1.0, 5.0, 20.0, 30.0]))
-def test_softplus_float64_equals_log1p_exp_up_to_exp_minus_k(run_x64, x, limit):
-    got = float(run_x64(softplus_j, np.float64(x), limit))
-    textbook = math.log1p(math.exp(x))
-    if x <= limit:
-        assert got == pytest.approx(textbook, rel=1e-15, abs=0.0)
-    else:
-        assert got == x  # the identity branch, exactly
-        assert 0.0 <= textbook - got <= math.exp(-limit)  # the documented bound
-
-
-@given(x=st.floats(-1e300, 1e300))
-def test_softplus_float64_finite_and_exact_over_the_whole_range(run_x64, x):
-    got = float(run_x64(softplus_j, np.float64(x)))
-    ref = float(ref_softplus(x))
-    assert math.isfinite(got)
-    assert abs(got - ref) <= max(1e-15 * ref, 1e-300) + (math.exp(-K) if x > K else 0.0)
-
-
-def test_softplus_float16_is_within_1_5_ulp_for_every_float16_input():
-    got = f64(softplus_j(ALL_F16))
-    ref = ref_softplus(ALL_F64)
-    representable = ref <= F16_MAX
-    assert np.all(np.isfinite(got[representable]))
-    err = np.abs(got - ref) / ulp16(ref)
-    assert err[representable].max() <= 1.5
-    assert np.all(got[~representable] == np.inf)
-
-
-def test_softplus_float16_naive_threshold_20_overflows_on_11_1_to_20_and_fix_does_not():
-    x = ALL_F16[(ALL_F64 > 11.1) & (ALL_F64 <= 20.0)]  # 570 values
-    assert x.size > 500
-    assert np.all(np.isposinf(f64(naive_softplus_j(x))))
-    assert np.all(np.isnan(f64(naive_softplus_grad_j(x))))  # sigmoid via inf/inf
-    got = f64(softplus_j(x))
-    assert np.all(np.abs(got - ref_softplus(x)) <= 0.5 * ulp16(x))
-    np.testing.assert_array_equal(f64(softplus_grad_j(x)), 1.0)  # sigmoid(x) rounds to 1 in fp16
-    # Sanity of the demonstration: below log(65504) = 11.09 the naive form is still fine.
-    below = ALL_F16[(ALL_F64 > 0.0) & (ALL_F64 < 11.0)]
-    assert np.all(np.isfinite(f64(naive_softplus_j(below))))
-
-
-def test_softplus_float16_gradient_is_sigmoid_within_2_5_ulp_for_every_input():
-    x = ALL_F16
-    got = f64(softplus_grad_j(x))
-    ref = ref_sigmoid(x)
-    assert np.all(np.isfinite(got))
-    assert np.max(np.abs(got - ref) / ulp16(ref)) <= 2.5
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_softplus_gradient_at_the_limit_is_sigmoid(run_x64, dtype):
-    grad = run_x64(lambda: softplus_grad_j(jnp.full((3,), K, dtype)))
-    # sigmoid(10) = 0.9999546; a minimum(x, K) clip would split the gradient and give 0.4999773.
-    np.testing.assert_allclose(f64(grad), ref_sigmoid(K), rtol=1e-2)
-
-
-def test_softplus_special_values_and_gradients_in_float16():
-    x = np.array([-np.inf, -60000.0, -20.0, 0.0, 30000.0, np.inf, np.nan], np.float16)
-    got = f64(softplus_j(x))
-    np.testing.assert_array_equal(got[:-1], [0.0, 0.0, 0.0, np.float16(math.log(2.0)), 30000.0, np.inf])
-    assert np.isnan(got[-1])
-    grads = f64(softplus_grad_j(x[1:-2]))
-    np.testing.assert_allclose(grads, [0.0, ref_sigmoid(-20.0), 0.5, 1.0], atol=F16_SUBNORMAL)
-
-
-def test_softplus_bfloat16_is_within_1_ulp_and_gradients_are_finite():
-    x = jnp.asarray(np.linspace(-80.0, 200.0, 4001), jnp.bfloat16)
-    got = f64(softplus_j(x))
-    ref = ref_softplus(x)
-    ok = ref >= 2.0**-126
-    assert np.max((np.abs(got - ref) / ulp_bf16(ref))[ok]) <= 1.0
-    assert np.all(np.isfinite(f64(softplus_grad_j(x))))
 
 
 # ======================================================================================================
@@ -360,15 +259,11 @@ def test_tanh_log_det_jacobian_float64_equals_log_one_minus_tanh_squared(run_x64
 
 
 @given(u=st.one_of(st.floats(-30.0, 30.0), st.floats(-1e5, 1e5)))
-def test_tanh_log_det_jacobian_float64_equals_minus_two_log_cosh_up_to_2_exp_minus_k(run_x64, u):
-    """Exact for u >= -K/2; for u < -K/2 softplus(-2u) takes softplus-fix's linear branch, so the result is off by
-    2 log1p(exp(2u)) <= 2 exp(-K) = 9.1e-5 (see test_tanh_log_det_jacobian_exact_in_float64_and_float32)."""
+def test_tanh_log_det_jacobian_float64_equals_minus_two_log_cosh(run_x64, u):
     got = float(run_x64(tanh_ldj_j, np.float64(u)))
     ref = float(ref_tanh_ldj(u))  # log(1 - tanh^2) = -2 log cosh(u), no overflow
     assert got <= 1e-15
-    extra = 2.0 * math.log1p(math.exp(2.0 * u)) if u < -K / 2 else 0.0
-    assert extra <= 2.0 * math.exp(-K)
-    assert abs(got - ref) <= 1e-13 * abs(ref) + 1e-15 + extra
+    assert abs(got - ref) <= 1e-13 * abs(ref) + 1e-15
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -377,7 +272,7 @@ def test_tanh_log_det_jacobian_exact_in_float64_and_float32(run_x64, dtype):
     got = f64(run_x64(lambda: tanh_ldj_j(jnp.asarray(u, dtype))))
     mirrored = f64(run_x64(lambda: tanh_ldj_j(jnp.asarray(-u, dtype))))
     rtol = 1e-13 if dtype == "float64" else 1e-6
-    np.testing.assert_allclose(got, ref_tanh_ldj(u), rtol=rtol)  # u = -5.01: off by 8.9e-5
+    np.testing.assert_allclose(got, ref_tanh_ldj(u), rtol=rtol)
     np.testing.assert_allclose(got, mirrored, rtol=rtol)
 
 
@@ -399,7 +294,7 @@ def test_tanh_log_det_jacobian_float16_naive_is_minus_inf_beyond_4_5_fix_is_accu
 
 def test_tanh_log_det_jacobian_float16_error_bound_for_every_float16_input():
     """Bound: 4 ulps of the result + 2^-8 absolute. The absolute floor (8 ulps at 0.5) comes from the cancellation
-    in 2 (log 2 - u - softplus(-2u)) for small |u|, where the result is ~ -u^2."""
+    in 2 (log 2 - |u| - log1p(exp(-2|u|))) for small |u|, where the result is ~ -u^2."""
     got = f64(tanh_ldj_j(ALL_F16))
     ref = ref_tanh_ldj(ALL_F64)
     representable = ref >= -F16_MAX
@@ -411,18 +306,12 @@ def test_tanh_log_det_jacobian_float16_error_bound_for_every_float16_input():
     assert np.all((err <= 3 * ulp16(ref))[away])
 
 
-def test_tanh_log_det_jacobian_float16_gradient_finite_and_accurate_except_at_minus_k_over_2():
-    u = ALL_F16[ALL_F64 != -K / 2]  # u == -K/2 exactly: see test_tanh_log_det_jacobian_gradient_at_minus_k_over_2
+def test_tanh_log_det_jacobian_float16_gradient_finite_and_accurate_for_every_float16_input():
+    u = ALL_F16
     got = f64(tanh_ldj_grad_j(u))
     ref = -2.0 * np.tanh(f64(u))
     assert np.all(np.isfinite(got))
     assert np.all(np.abs(got - ref) <= 4 * ulp16(ref) + 2.0**-8)
-
-
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_tanh_log_det_jacobian_gradient_at_minus_k_over_2(dtype):
-    u = jnp.full((2,), -K / 2, dtype)
-    np.testing.assert_allclose(f64(tanh_ldj_grad_j(u)), -2.0 * math.tanh(-K / 2), rtol=1e-2)
 
 
 def test_tanh_log_det_jacobian_bfloat16_spot_check():
@@ -436,18 +325,25 @@ def test_tanh_log_det_jacobian_bfloat16_spot_check():
 
 
 # ======================================================================================================
-# tanh_normal_log_prob
+# the tanh-squashed Gaussian: normal_log_prob(u) - tanh_log_det_jacobian(u), as SAC's policy composes them
 # ======================================================================================================
 
 
+def squashed_log_prob(u, loc, scale):
+    """log p(tanh(u)) for u ~ N(loc, scale): the composition in lpjax.agents.sac.squashed_gaussian."""
+    return numerics.normal_log_prob(u, loc, scale) - numerics.tanh_log_det_jacobian(u)
+
+
+squashed_j = jax.jit(squashed_log_prob)
+
+
 @given(u=st.floats(-50.0, 50.0), loc=st.floats(-20.0, 20.0), log_scale=st.floats(-10.0, 3.0))
-def test_tanh_normal_log_prob_float64_equals_textbook(run_x64, u, loc, log_scale):
+def test_squashed_log_prob_float64_equals_textbook(run_x64, u, loc, log_scale):
     scale = math.exp(log_scale)
-    got = float(run_x64(tanh_normal_j, np.float64(u), np.float64(loc), np.float64(scale)))
+    got = float(run_x64(squashed_j, np.float64(u), np.float64(loc), np.float64(scale)))
     textbook = float(ref_normal(u, loc, scale) - ref_tanh_ldj(u))
     largest = max(0.5 * ((u - loc) / scale) ** 2, abs(log_scale), 2 * abs(u), 1.0)
-    extra = 2.0 * math.log1p(math.exp(2.0 * u)) if u < -K / 2 else 0.0  # softplus-fix inside the log-det
-    assert abs(got - textbook) <= 1e-14 * largest + extra
+    assert abs(got - textbook) <= 1e-14 * largest
     if abs(u) <= 5:  # literal log(1 - tanh(u)^2) is accurate enough here
         literal = -((u - loc) ** 2) / (2 * scale**2) - log_scale - HALF_LOG_2PI - math.log(1 - math.tanh(u) ** 2)
         assert abs(got - literal) <= 1e-14 * largest + 1e-11
@@ -462,10 +358,10 @@ def _sac_batch(seed: int, n: int):
     return loc, scale, eps
 
 
-def test_tanh_normal_log_prob_float16_sac_batch_fix_accurate_naive_not():
+def test_squashed_log_prob_float16_sac_batch_fix_accurate_naive_not():
     loc, scale, eps = _sac_batch(0, 20000)
     u = jax.jit(lambda m, s, e: m + s * e)(loc, scale, eps)
-    got = f64(tanh_normal_j(u, loc, scale))
+    got = f64(squashed_j(u, loc, scale))
     U = f64(u)
     ref = ref_normal(U, loc, scale) - ref_tanh_ldj(U)
     zz = (U - f64(loc)) / f64(scale)
@@ -477,14 +373,14 @@ def test_tanh_normal_log_prob_float16_sac_batch_fix_accurate_naive_not():
     assert wrong.mean() > 0.3  # every |u| > ~8 (and often |u| > 4.5)
 
 
-def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
+def test_squashed_log_prob_float16_reparameterized_gradients_are_finite():
     """SAC differentiates log pi(tanh(mu + sigma eps)) w.r.t. mu and sigma; in fp16 the naive form gives nan."""
     loc, scale, eps = _sac_batch(1, 4096)
 
     def loss(fn, m, s, e):
         return jnp.sum(fn(m + s * e, m, s).astype(jnp.float32))
 
-    ours = jax.jit(jax.grad(lambda m, s, e: loss(numerics.tanh_normal_log_prob, m, s, e), argnums=(0, 1)))
+    ours = jax.jit(jax.grad(lambda m, s, e: loss(squashed_log_prob, m, s, e), argnums=(0, 1)))
     naive = jax.jit(
         jax.grad(
             lambda m, s, e: loss(lambda u, mm, ss: naive_normal_log_prob(u, mm, ss) - naive_tanh_ldj(u), m, s, e),
@@ -498,9 +394,8 @@ def test_tanh_normal_log_prob_float16_reparameterized_gradients_are_finite():
     # d/dmu: the normal term does not depend on mu (u - mu = sigma eps); only -log(1 - tanh^2) does: 2 tanh(u).
     # In float16 the two +-z/sigma contributions of the normal term cancel only up to their rounding.
     U = f64(jax.jit(lambda m, s, e: m + s * e)(loc, scale, eps))
-    safe = U != -K / 2  # u == -5.0 exactly (2 of these 4096 samples): test_tanh_log_det_jacobian_gradient_at_...
     tol = 4 * ulp16(np.abs(f64(eps)) / f64(scale)) + 2.0**-7
-    assert np.all((np.abs(g_ours[0] - 2 * np.tanh(U)) <= tol)[safe])
+    assert np.all(np.abs(g_ours[0] - 2 * np.tanh(U)) <= tol)
 
 
 # ======================================================================================================
@@ -725,14 +620,11 @@ def test_hypot_bfloat16_spot_check():
 def test_every_primitive_computes_and_returns_in_its_input_dtype(dtype):
     x = jnp.linspace(-3, 3, 6, dtype=dtype)
     outs = {
-        "softplus": numerics.softplus(x),
         "normal_log_prob": numerics.normal_log_prob(x, 0.5, 2.0),  # Python-scalar loc/scale do not promote
         "tanh_log_det_jacobian": numerics.tanh_log_det_jacobian(x),
-        "tanh_normal_log_prob": numerics.tanh_normal_log_prob(x, 0.0, 1.0),
         "weight_standardize": numerics.weight_standardize(x.reshape(3, 2)),
         "hypot": numerics.hypot(x, x[::-1]),
         "grad hypot": jax.grad(lambda a: jnp.sum(numerics.hypot(a, 1.0)))(x),
-        "grad softplus": jax.grad(lambda a: jnp.sum(numerics.softplus(a)))(x),
     }
     for name, out in outs.items():
         assert out.dtype == jnp.dtype(dtype), name

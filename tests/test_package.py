@@ -35,7 +35,7 @@ PUBLIC = {
         "kahan_polyak",
         "PYTORCH_AMP_DEFAULTS",
     ],
-    "lpjax.numerics": ["softplus", "normal_log_prob", "tanh_normal_log_prob", "weight_standardize", "hypot"],
+    "lpjax.numerics": ["normal_log_prob", "tanh_log_det_jacobian", "weight_standardize", "hypot"],
     "lpjax.quant": [
         "quantize_fp8_blockwise",
         "dequantize_fp8_blockwise",

@@ -441,8 +441,8 @@ def _suggest(
         return "log of 0 or a negative value: an argument underflowed; use a stable form from lpjax.numerics"
     if primitive == "exp" and problem in ("overflow", "nonfinite"):
         return (
-            "exp overflows: use the softplus-fix (lpjax.numerics.softplus, "
-            "lpjax.numerics.tanh_log_det_jacobian; SAC's methods.softplus_fix) or bound the exponent"
+            "exp overflows: use the softplus-fix (lpjax.numerics.tanh_log_det_jacobian; SAC's "
+            "methods.softplus_fix) or bound the exponent"
         )
     if power and in_optimizer:
         return (
