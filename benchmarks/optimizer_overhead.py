@@ -1,7 +1,7 @@
 """Cost of one optimizer step: lpjax's pure-fp16 optimizer against ``optax.adam``, in float32 and float16.
 
 The target: the full lpjax chain ``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` (the learners'
-optimizer, :func:`lpjax.optim.method_optimizer` of :data:`FULL_METHODS`) costs at most ``TARGET_RATIO`` (1.5)
+optimizer, :func:`lpjax.methods.method_optimizer` of :data:`FULL_METHODS`) costs at most ``TARGET_RATIO`` (1.5)
 times ``optax.adam(1e-4)`` in the same dtype, on a ~3.2M-parameter MLP. A step is ``tx.update`` and
 ``optax.apply_updates`` under one ``jax.jit``, parameters and state donated. The gradients are the same runtime
 random arrays for every variant of a dtype, ``+-1e-3 * 1e4 * 10**U(-1, 1)`` (gradients of ~1e-3 times the loss
@@ -60,13 +60,13 @@ class Variant(NamedTuple):
 
 
 FULL_METHODS = PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True, init_scale=LOSS_SCALE)
-"""The optimizer's methods of the full chain: :func:`lpjax.optim.method_optimizer` builds
+"""The optimizer's methods of the full chain: :func:`lpjax.methods.method_optimizer` builds
 ``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` from them, the learners' optimizer."""
 
 
 def _method_optimizer(**off: bool) -> Callable[[], optax.GradientTransformation]:
     """``make`` of the full chain with the switches ``off`` (``name=False``) removed."""
-    return lambda: lpjax.optim.method_optimizer(LEARNING_RATE, dataclasses.replace(FULL_METHODS, **off))
+    return lambda: lpjax.methods.method_optimizer(LEARNING_RATE, dataclasses.replace(FULL_METHODS, **off))
 
 
 VARIANTS = (

@@ -60,7 +60,7 @@ METHODS: dict[str, PrecisionMethods] = {
     "lpjax_fp16": PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True),
     "adam_fp32": PrecisionMethods(),
 }
-"""Variant name -> its methods, for :func:`lpjax.optim.method_optimizer` (all off: ``optax.adam``)."""
+"""Variant name -> its methods, for :func:`lpjax.methods.method_optimizer` (all off: ``optax.adam``)."""
 
 DEFAULT_STEPS = 5000
 DEFAULT_LR = 1e-4  # The paper's Adam learning rate (Table 4).
@@ -130,10 +130,10 @@ def param_dtype(name: str) -> Any:
 
 def make_optimizer(name: str, learning_rate: float = DEFAULT_LR) -> optax.GradientTransformation:
     """Builds the optimizer of variant ``name`` (a key of :data:`OPTIMIZERS`): the learners' factory,
-    :func:`lpjax.optim.method_optimizer`, with the variant's :data:`METHODS` and Adam's b1 0.9, b2 0.999, eps 1e-8."""
+    :func:`lpjax.methods.method_optimizer`, with the variant's :data:`METHODS` and Adam's b1 0.9, b2 0.999, eps 1e-8."""
     if name not in METHODS:
         raise ValueError(f"Unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}.")
-    return lpjax.optim.method_optimizer(learning_rate, METHODS[name], b1=0.9, b2=0.999, eps=1e-8)
+    return lpjax.methods.method_optimizer(learning_rate, METHODS[name], b1=0.9, b2=0.999, eps=1e-8)
 
 
 def _uses_loss_scaling(opt_state) -> bool:

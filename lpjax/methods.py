@@ -16,7 +16,7 @@ softplus_fix         the policy's log(1 - tanh^2) in its overflow-free form     
 normal_fix           the fp16-safe Gaussian log-density                         :mod:`lpjax.agents.sac`
 ===================  =========================================================  ======================
 
-(``method_optimizer`` is :func:`lpjax.optim.method_optimizer`, ``target_updater``
+(``method_optimizer`` is :func:`method_optimizer` below, ``target_updater``
 :func:`lpjax.agents.training.target_updater`.)
 
 Adding a method takes two edits: its field here and its consumer. Everything that lists the methods (the
@@ -30,7 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import optax
 
+from lpjax.optim import low_precision_adam
 from lpjax.precision import dtype_of
 
 
@@ -155,3 +157,37 @@ def moment_dtype_of(name: str) -> np.dtype:
 
 
 __all__ = ["PrecisionMethods", "moment_dtype_of"]
+
+
+def method_optimizer(
+    learning_rate: Any,
+    methods: PrecisionMethods,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+    rounding_seed: int = 0,
+) -> optax.GradientTransformation:
+    """The optimizer of a learner's network: :func:`lpjax.optim.low_precision_adam` with ``methods``' optimizer
+    switches (``hadam``, ``loss_scaling`` with its scale schedule, ``kahan_gradients``, ``moment_dtype`` and
+    ``moment_block_size``, and ``stochastic_rounding`` where ``kahan_gradients`` is off). With every switch off
+    and no clipping or decay it is exactly ``optax.adam(learning_rate, b1, b2, eps)``."""
+    return low_precision_adam(
+        learning_rate,
+        b1,
+        b2,
+        eps,
+        hadam=methods.hadam,
+        loss_scaling=methods.loss_scaling,
+        kahan=methods.kahan_gradients,
+        stochastic_rounding=methods.stochastic_rounding,
+        init_scale=methods.init_scale,
+        growth_interval=methods.growth_interval,
+        moment_dtype=methods.moment_numpy_dtype,
+        moment_block_size=methods.moment_block_size,
+        weight_decay=weight_decay or None,
+        max_grad_norm=max_grad_norm,
+        rounding_seed=rounding_seed,
+    )

@@ -17,7 +17,7 @@ from lpjax import optim
 from lpjax.agents import PrecisionMethods as ExportedPrecisionMethods
 from lpjax.agents.d4pg import D4PGConfig
 from lpjax.agents.sac import SACConfig
-from lpjax.methods import PrecisionMethods
+from lpjax.methods import PrecisionMethods, method_optimizer
 from tests.optim.helpers import max_relative_error, random_tree, run_steps
 
 PAPER = ("hadam", "loss_scaling", "kahan_gradients", "kahan_momentum", "softplus_fix", "normal_fix")
@@ -138,7 +138,7 @@ def test_all_methods_off_is_optax_adam_bit_for_bit():
     params, grads = random_tree(0), [random_tree(i, scale=0.1) for i in range(1, 21)]
     ref, ref_state, ref_updates = run_steps(optax.adam(1e-3, b1=0.8, b2=0.99, eps=1e-6), params, grads)
     got, state, updates = run_steps(
-        optim.method_optimizer(1e-3, PrecisionMethods(), b1=0.8, b2=0.99, eps=1e-6), params, grads
+        method_optimizer(1e-3, PrecisionMethods(), b1=0.8, b2=0.99, eps=1e-6), params, grads
     )
     _assert_bitwise_equal(updates, ref_updates)
     _assert_bitwise_equal(got, ref)
@@ -148,7 +148,7 @@ def test_all_methods_off_is_optax_adam_bit_for_bit():
 def test_moment_dtype_is_optax_adams_mu_dtype():
     params, grads = random_tree(0), [random_tree(i, scale=0.1) for i in range(1, 6)]
     ref, _, _ = run_steps(optax.adam(1e-3, mu_dtype=jnp.bfloat16), params, grads)
-    got, state, _ = run_steps(optim.method_optimizer(1e-3, PrecisionMethods(moment_dtype="bf16")), params, grads)
+    got, state, _ = run_steps(method_optimizer(1e-3, PrecisionMethods(moment_dtype="bf16")), params, grads)
     _assert_bitwise_equal(got, ref)
     assert {x.dtype for x in jax.tree.leaves(state[0].mu)} == {jnp.dtype(jnp.bfloat16)}
 
@@ -157,7 +157,7 @@ def test_all_methods_off_with_weight_decay_is_optax_adamw_bit_for_bit():
     params, grads = random_tree(0), [random_tree(i, scale=0.1) for i in range(1, 21)]
     ref, _, ref_updates = run_steps(optax.adamw(1e-3, b1=0.8, eps=1e-6, weight_decay=1e-2), params, grads)
     got, _, updates = run_steps(
-        optim.method_optimizer(1e-3, PrecisionMethods(), b1=0.8, eps=1e-6, weight_decay=1e-2), params, grads
+        method_optimizer(1e-3, PrecisionMethods(), b1=0.8, eps=1e-6, weight_decay=1e-2), params, grads
     )
     _assert_bitwise_equal(updates, ref_updates)
     _assert_bitwise_equal(got, ref)
@@ -174,7 +174,7 @@ def test_loss_scaled_methods_with_decay_and_clipping_equal_the_unscaled_referenc
         methods = PrecisionMethods(
             hadam=hadam, loss_scaling=True, kahan_gradients=True, init_scale=256.0, growth_interval=20
         )
-        tx = optim.method_optimizer(1e-2, methods, eps=1e-3, weight_decay=1e-2, max_grad_norm=1.0)
+        tx = method_optimizer(1e-2, methods, eps=1e-3, weight_decay=1e-2, max_grad_norm=1.0)
         got, state, _ = run_steps(tx, params, grads, loss_scale_fn=optim.loss_scale)
         assert float(optim.loss_scale(state)) == 1024.0  # grew twice in 50 steps: the scale changed mid-run
         assert max_relative_error(got, ref) < 1e-9
@@ -182,6 +182,6 @@ def test_loss_scaled_methods_with_decay_and_clipping_equal_the_unscaled_referenc
 
 def test_stochastic_rounding_ends_the_chain_in_place_of_kahan():
     config = SACConfig(methods=PrecisionMethods(hadam=True, loss_scaling=True, stochastic_rounding=True))
-    state = optim.method_optimizer(1e-3, config.methods).init({"w": jnp.ones((2,), jnp.float16)})
+    state = method_optimizer(1e-3, config.methods).init({"w": jnp.ones((2,), jnp.float16)})
     assert isinstance(state[-1], optim.StochasticRoundingState)
     assert not any(isinstance(s, optim.KahanSummationState) for s in state)

@@ -92,13 +92,13 @@ def test_public_names_exist_and_are_documented(module, names):
 
 # Leaf modules (docs/design.md): they may import from themselves (their own package), lpjax._optional (which
 # imports nothing from lpjax: the install hints of optional dependencies) and the modules listed beside them, but
-# from nothing else in lpjax. The optimizer factory builds from the one declaration of the methods, which reads
-# dtype names from lpjax.precision.
+# from nothing else in lpjax. The methods' declaration reads dtype names from lpjax.precision and builds the
+# learners' optimizer from lpjax.optim's factory.
 LEAVES = {
     "precision.py": ("lpjax.precision",),
     "numerics.py": ("lpjax.numerics",),
-    "methods.py": ("lpjax.methods", "lpjax.precision"),
-    "optim": ("lpjax.optim", "lpjax.methods", "lpjax.precision"),
+    "methods.py": ("lpjax.methods", "lpjax.precision", "lpjax.optim"),
+    "optim": ("lpjax.optim",),
     "envs": ("lpjax.envs",),
     "quant": ("lpjax.quant",),
 }

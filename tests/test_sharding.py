@@ -180,8 +180,7 @@ import json
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec
 from experiments.configs.sac import fp16_sr_8bit
-from lpjax.methods import PrecisionMethods
-from lpjax.optim import method_optimizer
+from lpjax.methods import PrecisionMethods, method_optimizer
 from lpjax import sharding
 
 methods = PrecisionMethods.from_mapping(fp16_sr_8bit.get_config().agent.methods.to_dict())

@@ -13,6 +13,7 @@ learning rates, ``matmul_impl`` (see :class:`lpjax.nn.Dense`) and the targets' `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Self
 
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpjax.methods import PrecisionMethods
+from lpjax.methods import PrecisionMethods, method_optimizer
 from lpjax.nn.dense import check_dense_options
 from lpjax.optim import (
     OPTIMIZER_SCOPE,
@@ -30,7 +31,6 @@ from lpjax.optim import (
     fused,
     fused_target_update,
     kahan_polyak,
-    method_optimizer,
     scaled_value_and_grad,
     stochastic_rounding_polyak,
 )
@@ -82,7 +82,7 @@ def network_optimizer(
     max_grad_norm: float | None = None,
     rounding_seed: int = 0,
 ) -> optax.GradientTransformation:
-    """The optimizer of a learner's networks: :func:`lpjax.optim.method_optimizer` with ``config.methods`` and
+    """The optimizer of a learner's networks: :func:`lpjax.methods.method_optimizer` with ``config.methods`` and
     Adam's ``config.b1``, ``b2`` and ``adam_eps``; with every method off it is ``optax.adam``. With
     ``config.fused_optimizer`` it runs over one flat buffer per dtype (:func:`lpjax.optim.fused`, leaves padded to
     the block size of 8-bit moments): the same bits, in a handful of kernels whatever the number of leaves.
@@ -198,7 +198,7 @@ class LearnerConfig:
         then ``checks`` (the subclass's own fields).
         """
         object.__setattr__(self, "methods", PrecisionMethods.from_mapping(self.methods))
-        get_policy(self.policy)
+        self.precision  # noqa: B018 -- parses the policy once; its error lists the valid names
         for ok, message in [
             (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1 and b2 must be in [0, 1)"),
             (self.adam_eps >= 0, "adam_eps must be >= 0"),
@@ -207,9 +207,10 @@ class LearnerConfig:
             if not ok:
                 raise ValueError(f"{type(self).__name__}: {message}.")
 
-    @property
+    @functools.cached_property
     def precision(self) -> Policy:
-        """The :class:`lpjax.precision.Policy` of the networks."""
+        """The :class:`lpjax.precision.Policy` of the networks: ``policy`` parsed once, at the config boundary, and
+        handed inward to the networks as this object."""
         return get_policy(self.policy)
 
     @classmethod
@@ -249,7 +250,7 @@ class OffPolicyConfig(LearnerConfig):
         Checks ``policy`` and ``matmul_impl`` first (their errors list the valid values), then ``checks`` (the
         subclass's own fields), then the target fields read by :func:`target_updater`.
         """
-        check_dense_options(get_policy(self.policy), self.matmul_impl, "none")
+        check_dense_options(self.precision, self.matmul_impl, "none")
         super().validate(
             [
                 *checks,

@@ -24,7 +24,7 @@ inside the scaler with float16 parameters; a scaler whose loss nobody scaled war
 """
 
 from lpjax.optim._misuse import UnscaledLossWarning
-from lpjax.optim.alias import inject_hyperparams, low_precision_adam, method_optimizer
+from lpjax.optim.alias import inject_hyperparams, low_precision_adam
 from lpjax.optim.flat import FlatBuffer, FusedState, fused, fused_target_update
 from lpjax.optim.hadam import ScaleByHAdamState, hadam, scale_by_hadam
 from lpjax.optim.kahan import KahanPolyak, KahanPolyakState, KahanSummationState, kahan_polyak, kahan_summation
@@ -77,7 +77,6 @@ __all__ = [
     "loss_scale",
     "loss_scale_or_one",
     "low_precision_adam",
-    "method_optimizer",
     "rescale_moments",
     "scale_by_hadam",
     "scaled_value_and_grad",

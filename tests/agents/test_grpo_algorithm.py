@@ -286,8 +286,8 @@ def test_rollout_presets_build_models_of_that_precision():
     lm = dict(vocab_size=8, num_layers=1, num_heads=2, d_model=16, d_ff=32, max_len=8)
     config = grpo.GRPOConfig(policy="fp16", rollout="fp8_kv")
     train, rollout = grpo.transformer_models(lm, config)
-    assert train.module.policy == "fp16" and train.kv_cache_dtype == jnp.float32
-    assert rollout.module.policy == "fp32" and rollout.kv_cache_dtype == jnp.float8_e4m3fn
+    assert train.module.policy == get_policy("fp16") and train.kv_cache_dtype == jnp.float32  # parsed once
+    assert rollout.module.policy == get_policy("fp32") and rollout.kv_cache_dtype == jnp.float8_e4m3fn
     params = train.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     assert params["params"]["block_0"]["fc1"]["kernel"].dtype == jnp.float16  # the training policy's params
 

@@ -13,7 +13,7 @@ import pytest
 from jax.extend.random import threefry2x32_p
 
 from lpjax import optim
-from lpjax.methods import PrecisionMethods
+from lpjax.methods import PrecisionMethods, method_optimizer
 from lpjax.optim import flat
 from lpjax.optim._rounding import element_bits, threefry2x32
 from tests.optim.helpers import any_bit_patterns
@@ -114,7 +114,7 @@ def test_fused_gives_the_per_leaf_bits_over_the_whole_range(case, dtype):
     off; growth every 3 finite steps), between steps of ordinary gradients: parameters, updates and every state
     counter are bit-identical."""
     methods, align = METHOD_CASES[case]
-    tx = optim.method_optimizer(1e-3, methods, rounding_seed=5)
+    tx = method_optimizer(1e-3, methods, rounding_seed=5)
     params = _tree(0, dtype)
     grads_seq = [_range_tree(10 + i, dtype) if i % 3 == 1 else _tree(10 + i, dtype, 1e-2) for i in range(12)]
     per_leaf, leaf_state = _loss_scaled_run(tx, params, grads_seq)
@@ -132,7 +132,7 @@ def test_fused_is_the_identity_of_the_layout_in_float64():
     per-leaf chain's values and Adam's, to float64 rounding (a compiler may contract a product and a sum into one
     fused multiply-add in one program and not in the other; float16 and bfloat16 results are bit-identical, above)."""
     with jax.enable_x64(True):
-        tx = optim.method_optimizer(1e-3, PrecisionMethods.paper(), eps=1e-8)
+        tx = method_optimizer(1e-3, PrecisionMethods.paper(), eps=1e-8)
         params = {k: v for k, v in _tree(1, jnp.float64).items() if k != "extra"}
         grads_seq = [{k: v for k, v in _tree(20 + i, jnp.float64).items() if k != "extra"} for i in range(5)]
         per_leaf, _ = _loss_scaled_run(tx, params, grads_seq)
@@ -164,7 +164,7 @@ def test_fused_composes_with_chains_and_the_gradient_helper():
     """A fused optimizer in an optax chain: ``scaled_value_and_grad`` finds its loss scaler and its updates are the
     per-leaf optimizer's; a transform put before it in the chain is refused as before one that is not fused."""
     params = _tree(3, jnp.float16)
-    inner = optim.method_optimizer(1e-2, PrecisionMethods.paper())
+    inner = method_optimizer(1e-2, PrecisionMethods.paper())
     tx = optax.chain(optim.fused(inner))
     state = tx.init(params)
 

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from lpjax import optim
-from lpjax.methods import PrecisionMethods, moment_dtype_of
+from lpjax.methods import PrecisionMethods, method_optimizer, moment_dtype_of
 from lpjax.optim.quantized_moments import QUANTIZED_MOMENT_DTYPES, BlockQuantized, dequantize, quantize, zeros
 from tests.optim.helpers import random_tree, run_steps
 
@@ -127,10 +127,10 @@ def test_method_config_switch():
     with pytest.raises(ValueError, match="moment_block_size"):
         PrecisionMethods(moment_block_size=0)
     with pytest.raises(ValueError, match="needs hadam=True"):
-        optim.method_optimizer(1e-3, PrecisionMethods(moment_dtype="int8"))
+        method_optimizer(1e-3, PrecisionMethods(moment_dtype="int8"))
     methods = PrecisionMethods(hadam=True, loss_scaling=True, moment_dtype="fp8", moment_block_size=32)
     params = {"w": jnp.ones((64,), jnp.float16)}
-    tx = optim.method_optimizer(1e-3, methods)
+    tx = method_optimizer(1e-3, methods)
     state = tx.init(params)
     leaves = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, BlockQuantized))
     moments = [x for x in leaves if isinstance(x, BlockQuantized)]

@@ -10,12 +10,11 @@ import pytest
 
 from lpjax.agents.sac import SACConfig
 from lpjax.agents.training import TARGET_ROUNDING_SEED, target_updater
-from lpjax.methods import PrecisionMethods
+from lpjax.methods import PrecisionMethods, method_optimizer
 from lpjax.optim import (
     KahanPolyakState,
     KahanSummationState,
     StochasticRoundingState,
-    method_optimizer,
     stochastic_round,
     stochastic_rounding,
     stochastic_rounding_polyak,

@@ -77,14 +77,14 @@ def actor_network(config: D4PGConfig, action_dim: int) -> DeterministicActor:
     """The policy as a Flax module: ``actor_network(config, action_dim).apply(state.actor.params, obs)`` gives
     deterministic actions in [-1, 1] (in the policy's compute dtype) for observations ``(..., obs_dim)``."""
     return DeterministicActor(
-        config.actor_hidden, action_dim, config.policy, config.matmul_impl, config.high_precision_ends
+        config.actor_hidden, action_dim, config.precision, config.matmul_impl, config.high_precision_ends
     )
 
 
 def critic_network(config: D4PGConfig) -> CategoricalCritic:
     """The critic as a Flax module: ``apply(params, obs, action)`` gives ``(..., num_atoms)`` logits."""
     return CategoricalCritic(
-        config.critic_hidden, config.num_atoms, config.policy, config.matmul_impl, config.high_precision_ends
+        config.critic_hidden, config.num_atoms, config.precision, config.matmul_impl, config.high_precision_ends
     )
 
 

@@ -23,6 +23,7 @@ policy. An fp8 KV cache stores E4M3 codes with per-layer, per-head scales recali
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,14 +50,14 @@ class RolloutConfig:
 
     def __post_init__(self):
         try:
-            get_policy(self.policy)
+            self.precision  # noqa: B018 -- parses the policy once
             object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_of(self.kv_cache_dtype).name)
         except (TypeError, ValueError) as error:
             raise ValueError(f"RolloutConfig: {error}") from error
 
-    @property
+    @functools.cached_property
     def precision(self) -> Policy:
-        """The :class:`lpjax.precision.Policy` of the rollout model."""
+        """The :class:`lpjax.precision.Policy` of the rollout model, parsed once."""
         return get_policy(self.policy)
 
     @classmethod

@@ -106,9 +106,9 @@ def transformer_models(lm: Mapping[str, Any], config: GRPOConfig) -> tuple[Causa
     ``config.rollout`` (its policy and KV-cache dtype). Both have the same parameter tree: the training model's
     ``init`` initialises the parameters both run."""
     lm = dict(lm)
-    train = transformer_causal_lm(dict(lm, policy=config.policy))
+    train = transformer_causal_lm(dict(lm, policy=config.precision))
     rollout = transformer_causal_lm(
-        dict(lm, policy=config.rollout.policy), kv_cache_dtype=config.rollout.kv_cache_dtype
+        dict(lm, policy=config.rollout.precision), kv_cache_dtype=config.rollout.kv_cache_dtype
     )
     return train, rollout
 

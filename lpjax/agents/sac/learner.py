@@ -52,12 +52,15 @@ class SACCritic(nn.Module):
         cfg = self.config
         self.encoder = (
             PixelEncoder(
-                cfg.encoder_features, policy=cfg.policy, standardize=cfg.weight_standardization, clip=cfg.encoder_clip
+                cfg.encoder_features,
+                policy=cfg.precision,
+                standardize=cfg.weight_standardization,
+                clip=cfg.encoder_clip,
             )
             if cfg.pixels
             else None
         )
-        self.q = DoubleCritic(cfg.hidden_dims, cfg.policy, cfg.matmul_impl, cfg.high_precision_ends)
+        self.q = DoubleCritic(cfg.hidden_dims, cfg.precision, cfg.matmul_impl, cfg.high_precision_ends)
 
     def encode(self, obs: jax.Array) -> jax.Array:
         return self.encoder(obs) if self.encoder is not None else self.config.precision.cast_to_compute(obs)
@@ -104,7 +107,7 @@ def networks(config: SACConfig, action_dim: int) -> tuple[TanhGaussianActor, SAC
         config.hidden_dims,
         action_dim,
         config.log_std_bounds,
-        config.policy,
+        config.precision,
         config.matmul_impl,
         config.high_precision_ends,
     )
