@@ -8,7 +8,7 @@ Kernels (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmul``) at 
 scale and output once) and ``tiled`` (the grid's reads without L2 reuse: x once per N block, w once per M block;
 the fp8/int8 activation-quantization pass on its own line), the intensity ``flops / bytes`` and the roofline
 ``time >= max(flops / peak, bytes / bandwidth)`` on an H100 and an H200 (:data:`GPUS`). Each kernel is lowered
-for ``platforms=["cuda"]`` (:func:`lpjax.kernels._common.lower_for_cuda`) for every (backend, abstract GPU) of
+for ``platforms=["cuda"]`` (:func:`lpjax.kernels.lower_for_cuda`) for every (backend, abstract GPU) of
 :data:`LOWERING_TARGETS`, recording which lower and the ``wgmma`` of the Mosaic GPU ones. A CPU measures only the
 XLA-compiled references against an fp32 ``jnp.dot`` (emulation cost, not kernel speed).
 
@@ -80,7 +80,7 @@ WGMMA_INSTRUCTION = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+(?
 
 
 def describe_lowering(exported: Any) -> dict[str, Any]:
-    """What a module lowered by :func:`lpjax.kernels._common.lower_for_cuda` runs on the GPU: the number of its
+    """What a module lowered by :func:`lpjax.kernels.lower_for_cuda` runs on the GPU: the number of its
     Triton and Mosaic GPU kernels (custom calls) and the ``wgmma`` instructions inside its Mosaic GPU kernels."""
     text = exported.mlir_module()
     return {

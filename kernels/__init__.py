@@ -9,14 +9,15 @@ in ``setup.cfg``): ``from lpjax.kernels import fp16_matmul``.
   blocks, 1x128 activation groups) and fp32 promotion of every 128-K slice; straight-through gradients.
 * :func:`int8_matmul`: int8 x int8 -> int32 with per-token and per-channel scales in the epilogue (inference).
 
-Each has two Pallas backends: Mosaic GPU (``wgmma``, the default on Hopper) and Triton (other GPUs, for as long
-as jax ships it). On a CPU the Pallas kernels run only in interpret mode (tests);
-:func:`lpjax.kernels._common.lower_for_cuda` checks their GPU lowering for an abstract H100, L4 or A100 without a
-GPU. Conventions shared by all kernels, the backend choice included, are in :mod:`lpjax.kernels._common`.
+Each has two Pallas backends: Mosaic GPU (``wgmma``, the default on Hopper) and Triton (other GPUs, for as long as
+jax ships it). On a CPU the Pallas kernels run only in interpret mode (tests); :func:`lower_for_cuda` lowers any of
+them (or a model that calls them) for an abstract H100, L4 or A100 without a GPU, to check what a GPU would compile.
+Conventions shared by all kernels, the backend choice included, are in :mod:`lpjax.kernels._common`.
 """
 
+from lpjax.kernels._common import lower_for_cuda
 from lpjax.kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
 from lpjax.kernels.fp16_matmul import fp16_matmul
 from lpjax.kernels.int8_matmul import int8_matmul
 
-__all__ = ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul"]
+__all__ = ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul", "lower_for_cuda"]

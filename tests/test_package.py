@@ -74,7 +74,7 @@ PUBLIC = {
     "lpjax.nstep": ["NStepAccumulator"],
     "lpjax.nn": ["Dense", "policy_dense", "MLP"],
     "lpjax.inspect": ["precision_report", "PrecisionReport", "Row", "number_format", "NumberFormat", "OpStatistics"],
-    "lpjax.kernels": ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul"],
+    "lpjax.kernels": ["fp16_matmul", "fp8_blockwise_matmul", "int8_matmul", "lower_for_cuda"],
     "lpjax.run_logging": ["RunLogger", "read_metrics", "logged_rows", "metrics_path"],
     "lpjax.plots": ["plot_learning_curve", "plot_run_curve"],
     "lpjax.jsonable": ["to_jsonable"],

@@ -20,7 +20,8 @@ import jax
 import pytest
 
 from benchmarks.kernels import describe_lowering
-from lpjax.kernels._common import TRITON_AVAILABLE, is_hopper, lower_for_cuda, target_device_kind
+from lpjax.kernels import lower_for_cuda
+from lpjax.kernels._common import TRITON_AVAILABLE, is_hopper, target_device_kind
 from lpjax.kernels._mosaic_gpu import INTERPRETS_TRANSPOSED_OPERANDS
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -77,7 +78,7 @@ def backend_params(impl: str, cases: Iterable[tuple] = ((),), *, eight_bit: bool
 
 def lowered(fn: Callable[..., Any], *args: Any, arch: str) -> dict[str, Any]:
     """:func:`benchmarks.kernels.describe_lowering` of ``fn`` lowered for CUDA on ``arch``, failing on any
-    ``DeprecationWarning`` that leaks out of :func:`~lpjax.kernels._common.lower_for_cuda` (which silences the Triton
+    ``DeprecationWarning`` that leaks out of :func:`~lpjax.kernels.lower_for_cuda` (which silences the Triton
     backend's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)

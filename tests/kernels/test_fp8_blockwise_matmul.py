@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from lpjax import quant
-from lpjax.kernels._common import lower_for_cuda
+from lpjax.kernels import lower_for_cuda
 from lpjax.kernels.fp8_blockwise_matmul import fp8_blockwise_matmul
 from tests.kernels.helpers import INTERPRET, backend_params, fp8_tensor_core_err, lowered, on_host, wgmma
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from lpjax import quant
-from lpjax.kernels._common import lower_for_cuda
+from lpjax.kernels import lower_for_cuda
 from lpjax.kernels.int8_matmul import MAX_K, int8_matmul
 from tests.kernels.helpers import INTERPRET, backend_params, lowered, wgmma
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.kernels import describe_lowering
-from lpjax.kernels._common import lower_for_cuda
+from lpjax.kernels import lower_for_cuda
 from lpjax.nn import Dense
 from lpjax.nn.dense import MATMUL_IMPLS, check_dense_options
 from lpjax.nn.matmul_choice import HOPPER, MatmulTable, Measurement, resolve_matmul_impl, shape_distance, table_for
