@@ -1,35 +1,17 @@
 """Batch-1 latency of an actor's policy on one CPU core: JAX fp32, XLA int8, lpjax's Int8MLP on ONNX Runtime, and
 (where installed) PyTorch.
 
-The policy is an :class:`lpjax.nn.MLP` ``24 -> 2048 -> 2048 -> 2048 -> 6`` (relu, tanh output), initialized by
-Flax, called as an actor calls it (a NumPy observation in, a NumPy action out, host-device copies included):
+The policy is an :class:`lpjax.nn.MLP` ``24 -> 2048 -> 2048 -> 2048 -> 6`` (relu, tanh output), called as an actor
+calls it: a NumPy observation in, a NumPy action out, host-device copies included. The variants
+(:func:`make_runtimes`) run lpjax's int8 weights on XLA (:data:`XLA_INT8`, four ways of writing the int32
+accumulation), on ONNX Runtime's ``DynamicQuantizeMatMul`` (``ort_int8``, ours) and on torch's fbgemm, beside each
+library's own fp32 forward and own dynamic quantization. Everything runs single-threaded (XLA's Eigen pool off before
+jax is imported); every call is timed on its own in interleaved rounds (:func:`benchmarks.timing.interleaved`).
 
-* ``jax_fp32``: :class:`lpjax.inference.Fp32MLP`, one jitted fp32 forward;
-* :data:`XLA_INT8`: lpjax's int8 maths jitted (per-token int8 activations, ``int8_matmul``'s epilogue), differing
-  in how the int32 accumulation is written (slow: each timed on ``calls // SLOW_CALL_FRACTION`` calls per round);
-* ``ort_int8``: :class:`lpjax.inference.Int8MLP`, lpjax's int8 weights on ONNX Runtime's
-  ``DynamicQuantizeMatMul`` (``gemm="auto"``), and ``ort_int8_u8u8`` with ``gemm="u8u8"``;
-* ``ort_fp32``: the fp32 graph on ONNX Runtime, and ``ort_quantize_dynamic``: that graph through
-  ``onnxruntime.quantization.quantize_dynamic`` (its own per-channel int8 weights);
-* with torch: ``torch_fp32``, ``torch_int8_quantize_dynamic`` (``torch.ao.quantization.quantize_dynamic``) and
-  ``torch_int8_fbgemm`` (lpjax's int8 weights on ``quantized::linear_dynamic``, 8-bit activations).
-
-Timing: single-threaded (XLA's Eigen pool off, set before jax is imported when run as a module; one ONNX Runtime
-thread; ``torch.set_num_threads(1)``), every call timed on its own in interleaved rounds
-(:func:`benchmarks.timing.interleaved`, ``per_call``), each call on the next observation of a fixed pool;
-reported per variant: median, p90, mean and min over the calls and each round's median.
-
-Environments: torch has a CPU wheel here only for Python 3.11, so the benchmark runs once per virtualenv
-(``--with_python .venv-oldest/bin/python`` runs the other one first, as a subprocess with the same settings); each
-run is stored under ``environments["python<X.Y>-jax<version>"]`` beside the others already there, with its
-versions, installed sizes and load averages. ``summary`` gives every median's ratio to ``jax_fp32`` of its run and
-to ``torch_int8_quantize_dynamic`` of its run (or of the environment that has torch). Targets: ``ort_int8`` at
-least 2x faster than ``jax_fp32`` and faster than ``torch_int8_quantize_dynamic``.
-
-Accuracy (untimed): the pre-tanh mean on ``--accuracy_obs`` observations at batch 1 and 8 against float64 forwards
-of the dequantized int8 weights and of the fp32 weights (:func:`like_for_like` names each row's reference): the
-relative RMS and max abs error of the mean and the max abs error of the action. Weight bytes: the arrays each
-variant multiplies by (codes, scales, zero points, biases).
+torch has a CPU wheel here only for Python 3.11, so ``--with_python .venv-oldest/bin/python`` runs the benchmark in
+that virtualenv first; each environment's run is kept under ``environments[...]``. Targets: ``ort_int8`` at least 2x
+faster than ``jax_fp32`` and faster than ``torch_int8_quantize_dynamic``. Accuracy (untimed): the pre-tanh mean
+against float64 forwards of the dequantized int8 and of the fp32 weights (:func:`like_for_like`).
 """
 
 from __future__ import annotations
@@ -62,9 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import RESULTS, command_line, cpu_info, figure, finish, parser
+from benchmarks.common import RESULTS, command_line, cpu_info, figure, finish, machine_info, package_versions, parser
 from benchmarks.timing import interleaved
 from lpjax.inference import Fp32MLP, Int8MLP, u8s8_saturates
+from lpjax.inference.mlp_params import mlp_layers
 from lpjax.inference.ort_int8 import Layer
 from lpjax.nn import MLP
 from lpjax.quant import quantize_int8_per_token
@@ -81,6 +64,8 @@ FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
 OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
 SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
 SHARED_OPTIONS = ("rounds", "calls", "warmup", "accuracy_obs", "hidden", "seed")  # passed on to --with_python runs
+DEFAULTS = {"rounds": (10, 2), "calls": (200, 5), "warmup": (20, 2), "accuracy_obs": (256, 16)}
+"""(full, ``--quick``) value of each option left unset."""
 
 CAVEATS = [
     "Shared machine: other jobs ran on its cpu_count cores during the measurements. Each run records its 1/5/15-min "
@@ -109,24 +94,22 @@ class Sizes(NamedTuple):
 
 FULL_SIZES = Sizes(obs_dim=24, hidden=2048, layers=3, act_dim=6)
 QUICK_SIZES = Sizes(obs_dim=24, hidden=64, layers=2, act_dim=6)
+Runtime = tuple[str, int, Callable[[np.ndarray], np.ndarray]]
+"""A variant: its description, the bytes of the arrays it multiplies by, and ``obs -> y``."""
 
 
-class Variant(NamedTuple):
-    name: str
-    description: str
-    weight_bytes: int
-    fn: Callable[[np.ndarray], np.ndarray]
+def _batched(call: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """``call`` on a float32 ``(B, obs_dim)`` batch, as a NumPy ``obs -> y`` for one observation or a batch."""
 
+    def run(obs: np.ndarray) -> np.ndarray:
+        y = np.asarray(call(np.array(obs, np.float32).reshape(-1, obs.shape[-1])))
+        return y[0] if obs.ndim == 1 else y
 
-# ------------------------------------------------------------------------------------------------- XLA int8
+    return run
 
 
 def _widened_matmul(q, codes):
     return jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
-
-
-def _multiply_reduce(q, codes):
-    return jnp.sum(q.astype(jnp.int32)[:, :, None] * codes.astype(jnp.int32)[None], axis=1)
 
 
 XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of (q (B, K) int8, codes (K, N)))
@@ -148,14 +131,14 @@ XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of 
     "xla_int8_multiply_reduce": (
         "sum_k int32(q)[:, :, None] * int32(codes)[None]: a multiply-reduce fusion",
         jnp.int8,
-        _multiply_reduce,
+        lambda q, codes: jnp.sum(q.astype(jnp.int32)[:, :, None] * codes.astype(jnp.int32)[None], axis=1),
     ),
 }
 
 
 def xla_int8_forward(layers: Sequence[Layer], name: str, output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
-    """lpjax's int8 maths in XLA, jitted, NumPy in/out: per-token int8 activations, ``XLA_INT8[name]``'s int32
-    accumulation, then ``float32(acc) * s_x * s_w + bias`` (``lpjax.kernels.int8_matmul``'s epilogue)."""
+    """lpjax's int8 maths in XLA, jitted: per-token int8 activations, ``XLA_INT8[name]``'s int32 accumulation, then
+    ``float32(acc) * s_x * s_w + bias`` (``lpjax.kernels.int8_matmul``'s epilogue)."""
     _, dtype, accumulate = XLA_INT8[name]
     weights = [(jnp.asarray(c, dtype), jnp.asarray(s), jnp.asarray(b)) for c, s, b in layers]
 
@@ -172,28 +155,16 @@ def xla_int8_forward(layers: Sequence[Layer], name: str, output_activation: str)
     return lambda obs: np.asarray(forward(weights, np.asarray(obs, np.float32)))
 
 
-# ------------------------------------------------------------------------------------------------- ONNX Runtime
-
-
-def _float_layers(params: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    tree = params["params"]
-    return [
-        (np.asarray(tree[f"Dense_{i}"]["kernel"]), np.asarray(tree[f"Dense_{i}"]["bias"])) for i in range(len(tree))
-    ]
-
-
 def onnx_fp32_model(params: dict, output_activation: str):
     """The fp32 policy as an ONNX ``ModelProto``: ``MatMul``, ``Add`` and ``Relu`` per layer, ``Tanh`` last."""
     from onnx import TensorProto, helper, numpy_helper
 
-    layers = _float_layers(params)
+    layers = mlp_layers(params)
     nodes, weights, x = [], [], "obs"
     for i, (kernel, bias) in enumerate(layers):
         weights += [numpy_helper.from_array(kernel, f"kernel_{i}"), numpy_helper.from_array(bias, f"bias_{i}")]
-        nodes += [
-            helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]),
-            helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"]),
-        ]
+        nodes.append(helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]))
+        nodes.append(helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"]))
         x = f"linear_{i}"
         if i < len(layers) - 1:
             nodes.append(helper.make_node("Relu", [x], [f"relu_{i}"]))
@@ -201,13 +172,11 @@ def onnx_fp32_model(params: dict, output_activation: str):
     if output_activation == "tanh":
         nodes.append(helper.make_node("Tanh", [x], ["tanh"]))
         x = "tanh"
-    graph = helper.make_graph(
-        nodes,
-        "fp32_mlp",
-        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", layers[0][0].shape[0]])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", layers[-1][0].shape[1]])],
-        weights,
-    )
+    io = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", d])
+        for n, d in (("obs", layers[0][0].shape[0]), (x, layers[-1][0].shape[1]))
+    ]
+    graph = helper.make_graph(nodes, "fp32_mlp", io[:1], io[1:], weights)
     return helper.make_model(graph, ir_version=7, opset_imports=[helper.make_opsetid("", 13)])
 
 
@@ -226,114 +195,79 @@ def ort_quantize_dynamic_model(model):
         logging.disable(logging.NOTSET)
 
 
-def ort_call(model) -> Callable[[np.ndarray], np.ndarray]:
-    """A one-thread ONNX Runtime session of ``model`` (default graph optimizations) as a NumPy ``obs -> y``."""
+def ort_runtime(description: str, model) -> Runtime:
+    """A one-thread ONNX Runtime session of ``model`` (default graph optimizations), weighed by its initializers."""
     import onnxruntime as ort
+    from onnx import numpy_helper
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     output = session.get_outputs()[0].name
-
-    def call(obs: np.ndarray) -> np.ndarray:
-        y = session.run([output], {"obs": np.asarray(obs, np.float32).reshape(-1, obs.shape[-1])})[0]
-        return y[0] if obs.ndim == 1 else y
-
-    return call
-
-
-def onnx_weight_bytes(model) -> int:
-    """Bytes of a model's weight initializers (codes, scales, zero points, biases)."""
-    from onnx import numpy_helper
-
-    return int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
-
-
-# ------------------------------------------------------------------------------------------------------- torch
+    nbytes = int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
+    return description, nbytes, _batched(lambda x: session.run([output], {"obs": x})[0])
 
 
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def torch_models(params: dict, output_activation: str):
-    """``(fp32 Sequential, quantize_dynamic int8 Sequential)`` with the weights of ``params``."""
+def torch_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[str, Runtime]:
+    """torch's fp32 ``Sequential``, its ``quantize_dynamic`` int8 one, and lpjax's int8 codes and scales, bit for
+    bit, as per-channel ``qint8`` fbgemm weights (``quantized::linear_relu_dynamic``, 8-bit activations)."""
     import torch
 
-    layers = _float_layers(params)
-    modules = []
-    for i, (kernel, bias) in enumerate(layers):
-        linear = torch.nn.Linear(*kernel.shape)
+    float_layers, modules, packed = mlp_layers(params), [], []
+    for i, (kernel, bias) in enumerate(float_layers):
+        modules.append(torch.nn.Linear(*kernel.shape))
         with torch.no_grad():
-            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
-            linear.bias.copy_(torch.from_numpy(np.array(bias)))
-        modules.append(linear)
-        if i < len(layers) - 1:
+            modules[-1].weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel.T)))
+            modules[-1].bias.copy_(torch.from_numpy(np.array(bias)))
+        if i < len(float_layers) - 1:
             modules.append(torch.nn.ReLU())
-    if output_activation == "tanh":
-        modules.append(torch.nn.Tanh())
-    fp32 = torch.nn.Sequential(*modules).eval()
+    fp32 = torch.nn.Sequential(*modules, *([torch.nn.Tanh()] if output_activation == "tanh" else [])).eval()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's DeprecationWarning (kept: it is the baseline)
+        warnings.simplefilter("ignore")  # torch.ao.quantization and quantized tensors are deprecated, still baselines
         int8 = torch.ao.quantization.quantize_dynamic(fp32, {torch.nn.Linear}, dtype=torch.qint8)
-    return fp32, int8
+        for codes, scales, bias in ours.layers:
+            weight = torch.from_numpy(codes.T.astype(np.float32) * scales[:, None])
+            zeros = torch.zeros(codes.shape[1], dtype=torch.int64)
+            q = torch.quantize_per_channel(weight, torch.from_numpy(scales.astype(np.float64)), zeros, 0, torch.qint8)
+            packed.append(torch.ops.quantized.linear_prepack(q, torch.from_numpy(np.array(bias))))
 
+    def fbgemm(h):
+        for weight in packed[:-1]:
+            h = torch.ops.quantized.linear_relu_dynamic(h, weight, False)
+        h = torch.ops.quantized.linear_dynamic(h, packed[-1], False)
+        return torch.tanh(h) if output_activation == "tanh" else h
 
-def torch_fbgemm_forward(layers: Sequence[Layer], output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
-    """lpjax's int8 codes and scales, bit for bit, as per-channel ``qint8`` fbgemm weights, run with
-    ``quantized::linear_relu_dynamic`` / ``linear_dynamic`` and 8-bit activations (``reduce_range=False``)."""
-    import torch
+    def run(fn):
+        def call(x):
+            with torch.inference_mode():
+                return fn(torch.from_numpy(x)).numpy()
 
-    packed = []
-    for codes, scales, bias in layers:
-        weight = torch.from_numpy(codes.T.astype(np.float32) * scales[:, None])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # quantized tensor creation is deprecated
-            q = torch.quantize_per_channel(
-                weight,
-                torch.from_numpy(scales.astype(np.float64)),
-                torch.zeros(codes.shape[1], dtype=torch.int64),
-                0,
-                torch.qint8,
-            )
-        packed.append(torch.ops.quantized.linear_prepack(q, torch.from_numpy(np.array(bias))))
+        return _batched(call)
 
-    def call(obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            h = torch.from_numpy(np.array(obs, np.float32).reshape(-1, obs.shape[-1]))
-            for weight in packed[:-1]:
-                h = torch.ops.quantized.linear_relu_dynamic(h, weight, False)
-            h = torch.ops.quantized.linear_dynamic(h, packed[-1], False)
-            y = (torch.tanh(h) if output_activation == "tanh" else h).numpy()
-        return y[0] if obs.ndim == 1 else y
-
-    return call
-
-
-def torch_call(model) -> Callable[[np.ndarray], np.ndarray]:
-    import torch
-
-    def call(obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            y = model(torch.from_numpy(np.array(obs, np.float32).reshape(-1, obs.shape[-1])))
-        y = y.numpy()
-        return y[0] if obs.ndim == 1 else y
-
-    return call
-
-
-def torch_int8_bytes(model) -> int:
-    """int8 weights + float32 biases + one float32 scale and int32 zero point per (per-tensor) weight."""
-    total = 0
-    for module in model.modules():
-        if hasattr(module, "_packed_params") and hasattr(module, "weight"):
-            w = module.weight()
-            total += w.numel() + 4 * module.bias().numel() + 8
-    return total
-
-
-# ------------------------------------------------------------------------------------------------------ variants
+    quantized = [m for m in int8.modules() if hasattr(m, "_packed_params") and hasattr(m, "weight")]
+    return {
+        "torch_fp32": (
+            "torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode",
+            int(sum(p.numel() * p.element_size() for p in fp32.parameters())),
+            run(fp32),
+        ),
+        TORCH_INT8: (
+            "torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
+            # int8 weights, float32 biases, one float32 scale and int32 zero point per weight
+            sum(m.weight().numel() + 4 * m.bias().numel() + 8 for m in quantized),
+            run(int8),
+        ),
+        "torch_int8_fbgemm": (
+            "lpjax int8 weights on fbgemm (quantized::linear_relu_dynamic), 8-bit activations",
+            ours.nbytes,
+            run(fbgemm),
+        ),
+    }
 
 
 def make_params(sizes: Sizes, seed: int = 0) -> dict:
@@ -342,15 +276,14 @@ def make_params(sizes: Sizes, seed: int = 0) -> dict:
     return jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
 
 
-def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[str, tuple[str, int, Callable]]:
-    """Every variant this environment can run: ``{name: (description, weight bytes, obs -> y)}``."""
+def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[str, Runtime]:
+    """Every variant this environment can run."""
     fp32 = Fp32MLP.from_params(params, output_activation)
     if output_activation != ours.output_activation:
         ours = Int8MLP.from_quantized(ours.layers, output_activation, gemm=ours.gemm)
     u8u8 = Int8MLP.from_quantized(ours.layers, output_activation, gemm="u8u8")
     int32_bytes = ours.nbytes + 3 * sum(c.nbytes for c, _, _ in ours.layers)
-    ort_fp32 = onnx_fp32_model(params, output_activation)
-    ort_quantized = ort_quantize_dynamic_model(ort_fp32)
+    onnx_fp32 = onnx_fp32_model(params, output_activation)
     runtimes = {JAX_FP32: ("lpjax.inference.Fp32MLP: jax.jit fp32 forward", fp32.nbytes, fp32)}
     for name, (description, dtype, _) in XLA_INT8.items():
         runtimes[name] = (
@@ -358,72 +291,35 @@ def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[s
             int32_bytes if dtype == jnp.int32 else ours.nbytes,
             xla_int8_forward(ours.layers, name, output_activation),
         )
-    runtimes.update(
-        {
-            OURS: (
-                f"lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul "
-                f"(gemm={ours.gemm!r})",
-                ours.nbytes,
-                ours,
-            ),
-            "ort_int8_u8u8": ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8),
-            "ort_fp32": (
-                "ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)",
-                onnx_weight_bytes(ort_fp32),
-                ort_call(ort_fp32),
-            ),
-            "ort_quantize_dynamic": (
-                "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
-                onnx_weight_bytes(ort_quantized),
-                ort_call(ort_quantized),
-            ),
-        }
+    description = "lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul"
+    runtimes[OURS] = (f"{description} (gemm={ours.gemm!r})", ours.nbytes, ours)
+    runtimes["ort_int8_u8u8"] = ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8)
+    runtimes["ort_fp32"] = ort_runtime("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", onnx_fp32)
+    runtimes["ort_quantize_dynamic"] = ort_runtime(
+        "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
+        ort_quantize_dynamic_model(onnx_fp32),
     )
-    if torch_available():
-        torch_fp32, torch_int8 = torch_models(params, output_activation)
-        runtimes.update(
-            {
-                "torch_fp32": (
-                    "torch.nn.Sequential(Linear, ReLU, ..., Tanh), inference_mode",
-                    int(sum(p.numel() * p.element_size() for p in torch_fp32.parameters())),
-                    torch_call(torch_fp32),
-                ),
-                TORCH_INT8: (
-                    "torch.ao.quantization.quantize_dynamic(qint8): per-tensor weights, reduce_range=True",
-                    torch_int8_bytes(torch_int8),
-                    torch_call(torch_int8),
-                ),
-                "torch_int8_fbgemm": (
-                    "lpjax int8 weights on fbgemm (quantized::linear_relu_dynamic), 8-bit activations",
-                    ours.nbytes,
-                    torch_fbgemm_forward(ours.layers, output_activation),
-                ),
-            }
-        )
-    return runtimes
+    return runtimes | (torch_runtimes(params, ours, output_activation) if torch_available() else {})
 
 
-# ------------------------------------------------------------------------------------------------------- timing
-
-
-def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, calls: int, warmup: int, log=print):
+def time_variants(runtimes: dict[str, Runtime], pool: np.ndarray, rounds: int, calls: int, warmup: int, log=print):
     """Per-call latencies (ms) of every variant in interleaved rounds (the XLA int8 ones on fewer calls), each
     call on the next observation of ``pool``; and the machine's load before and after."""
     slow_calls = max(1, calls // SLOW_CALL_FRACTION)
     log(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
-    observations = {v.name: itertools.cycle(pool) for v in variants}
+    observations = {name: itertools.cycle(pool) for name in runtimes}
     timing = interleaved(
-        {v.name: (lambda fn=v.fn, obs=observations[v.name]: fn(next(obs))) for v in variants},
+        {name: (lambda fn=fn, obs=observations[name]: fn(next(obs))) for name, (_, _, fn) in runtimes.items()},
         rounds,
-        calls={v.name: slow_calls if v.name in XLA_INT8 else calls for v in variants},
+        calls={name: slow_calls if name in XLA_INT8 else calls for name in runtimes},
         warmup=warmup,
         per_call=True,
     )
     out = {}
-    for v in variants:
-        per_round = [1e3 * np.asarray(t) for t in timing[v.name]["calls_s"]]
+    for name in runtimes:
+        per_round = [1e3 * np.asarray(t) for t in timing[name]["calls_s"]]
         flat = np.concatenate(per_round)
-        out[v.name] = {
+        out[name] = {
             "median_ms": float(np.median(flat)),
             "p90_ms": float(np.percentile(flat, 90)),
             "mean_ms": float(flat.mean()),
@@ -432,9 +328,6 @@ def time_variants(variants: Sequence[Variant], pool: np.ndarray, rounds: int, ca
             "round_medians_ms": [float(np.median(t)) for t in per_round],
         }
     return out, timing["machine"]
-
-
-# ----------------------------------------------------------------------------------------------------- accuracy
 
 
 def _forward64(layers, x):
@@ -455,22 +348,21 @@ def like_for_like(variant: str) -> str:
 
 def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
     """Errors of the pre-tanh mean (and of the tanh action) against float64 forwards, batch 1 and batch 8."""
-    fp32_layers, deq_layers = _float_layers(params), ours.dequantized_layers()
-    runtimes = {
+    references = {"vs_dequantized_int8_float64": ours.dequantized_layers(), "vs_fp32_float64": mlp_layers(params)}
+    runtimes = {  # the XLA int8 variants are one maths
         name: fn
         for name, (_, _, fn) in make_runtimes(params, ours, "none").items()
         if name not in XLA_INT8 or name == "xla_int8_dot_general"
-    }  # the XLA int8 variants are one maths
+    }
     batches = {"batch_1": obs[:, None, :], "batch_8": obs[: len(obs) // 8 * 8].reshape(-1, 8, obs.shape[-1])}
     out: dict[str, Any] = {}
     for batch_name, xs in batches.items():
-        ref_deq = np.stack([_forward64(deq_layers, x) for x in xs])
-        ref_fp32 = np.stack([_forward64(fp32_layers, x) for x in xs])
+        refs = {ref: np.stack([_forward64(layers, x) for x in xs]) for ref, layers in references.items()}
         out[batch_name] = {}
         for name, fn in runtimes.items():
             y = np.stack([fn(x) for x in xs]).astype(np.float64)
             row: dict[str, Any] = {"like_for_like": like_for_like(name)}
-            for ref_name, ref in (("vs_dequantized_int8_float64", ref_deq), ("vs_fp32_float64", ref_fp32)):
+            for ref_name, ref in refs.items():
                 err = y - ref
                 row[ref_name] = {
                     "rel_rms_mean": float(np.sqrt(np.mean(err**2) / np.mean(ref**2))),
@@ -479,7 +371,7 @@ def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
                 }
             out[batch_name][name] = row
     out["observations"] = len(obs)
-    out["reference_rms_mean"] = float(np.sqrt(np.mean(_forward64(fp32_layers, obs) ** 2)))
+    out["reference_rms_mean"] = float(np.sqrt(np.mean(_forward64(references["vs_fp32_float64"], obs) ** 2)))
     out["note"] = (
         "pre-tanh policy mean; each row's 'like_for_like' names the reference that isolates its own "
         "rounding: 'vs_dequantized_int8_float64' (activation quantization only) for the variants on "
@@ -489,19 +381,8 @@ def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
     return out
 
 
-# -------------------------------------------------------------------------------------------------------- report
-
-
 def environment_key() -> str:
     return f"python{sys.version_info.major}.{sys.version_info.minor}-jax{jax.__version__}"
-
-
-def _versions() -> dict[str, str]:
-    versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
-    for package in ("onnxruntime", "onnx", "torch"):
-        if importlib.util.find_spec(package) is not None:
-            versions[package] = __import__(package).__version__
-    return versions
 
 
 def installed_mb() -> dict[str, float]:
@@ -518,13 +399,7 @@ def installed_mb() -> dict[str, float]:
 
 
 def run_benchmark(
-    sizes: Sizes,
-    rounds: int,
-    calls: int,
-    warmup: int,
-    accuracy_obs: int,
-    seed: int = 0,
-    log: Callable[[str], None] = print,
+    sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int = 0, log=print
 ) -> dict:
     """One environment's run: timings, accuracy, configuration, versions and machine."""
     if torch_available():
@@ -533,35 +408,27 @@ def run_benchmark(
         torch.set_num_threads(1)
     params = make_params(sizes, seed)
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
-    log(
-        f"{environment_key()}: policy {sizes.obs_dim} -> {' -> '.join([str(sizes.hidden)] * sizes.layers)} -> "
-        f"{sizes.act_dim}: {param_count:,} parameters"
-    )
+    hidden = " -> ".join([str(sizes.hidden)] * sizes.layers)
+    log(f"{environment_key()}: policy {sizes.obs_dim} -> {hidden} -> {sizes.act_dim}: {param_count:,} parameters")
     ours = Int8MLP.from_params(params, "tanh", threads=1)
-    variants = [Variant(name, *spec) for name, spec in make_runtimes(params, ours, "tanh").items()]
+    runtimes = make_runtimes(params, ours, "tanh")
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
-    timings, load = time_variants(variants, pool, rounds, calls, warmup, log)
+    timings, load = time_variants(runtimes, pool, rounds, calls, warmup, log)
     log("accuracy ...")
-    acc = accuracy(
-        params, ours, np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
-    )
-    rows = [
-        {"variant": v.name, "description": v.description, "weight_bytes": v.weight_bytes, **timings[v.name]}
-        for v in variants
-    ]
+    observations = np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
     flags = (cpu_info("flags") or "").split()
+    machine = machine_info()
+    versions = package_versions(("jax", "numpy", "onnxruntime", "onnx", "torch"))
     return {
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": _versions(),
+        "versions": {"python": platform.python_version()} | {k: v for k, v in versions.items() if v},
         "installed_mb": installed_mb(),
         "machine": {
-            "cpu_model": cpu_info("model name") or platform.processor() or None,
-            "cpu_count": os.cpu_count(),
-            "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            **{key: machine[key] for key in ("cpu_model", "cpu_count", "cpu_affinity")},
             "cpu_flags": [
                 f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags
             ],
-            "platform": platform.platform(),
+            "platform": machine["platform"],
             "loadavg_1_5_15_before": load["load_before"],
             "loadavg_1_5_15_after": load["load_after"],
         },
@@ -583,8 +450,11 @@ def run_benchmark(
             "timing": "one perf_counter per call: NumPy obs (obs_dim,) in, NumPy action out (host<->device copies "
             "included); rounds interleaved with the variant order rotated; gc disabled",
         },
-        "results": rows,
-        "accuracy": acc,
+        "results": [
+            {"variant": name, "description": description, "weight_bytes": nbytes, **timings[name]}
+            for name, (description, nbytes, _) in runtimes.items()
+        ],
+        "accuracy": accuracy(params, ours, observations),
     }
 
 
@@ -663,33 +533,33 @@ def format_table(result: dict, env: str) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    envs = list(result["environments"])
+    """Median (bar) and p90 (whisker) ms of every variant, one bar per environment, ours outlined."""
+    envs, runs = list(result["environments"]), result["environments"]
     variants = list(dict.fromkeys(row["variant"] for row in result["summary"]["rows"]))
-    rows = {(env, row["variant"]): row for env, run in result["environments"].items() for row in run["results"]}
+    rows = {(env, row["variant"]): row for env, run in runs.items() for row in run["results"]}
     with figure(path, figsize=(10.0, 0.3 * len(variants) * len(envs) + 1.8)) as (fig, ax):
-        height = 0.8 / len(envs)
-        y0 = np.arange(len(variants))[::-1]
+        height, y0 = 0.8 / len(envs), np.arange(len(variants))[::-1]
         for j, env in enumerate(envs):
-            machine = result["environments"][env]["machine"]
-            loads = [machine.get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
+            loads = [runs[env]["machine"].get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
             label = env if None in loads else f"{env} (1-min load {loads[0]:.1f} -> {loads[1]:.1f})"
             for yi, variant in zip(y0, variants):
-                row = rows.get((env, variant))
-                if row is None:
+                if (row := rows.get((env, variant))) is None:
                     continue
-                y = yi + 0.4 - height * (j + 0.5)
+                y, ms, ours = yi + 0.4 - height * (j + 0.5), row["median_ms"], variant == OURS
+                xerr = [[0.0], [row["p90_ms"] - ms]]
+                edge = "black" if ours else "none"
                 ax.barh(
                     y,
-                    row["median_ms"],
+                    ms,
                     height=height,
                     color=f"C{j}",
-                    label=label if variant == OURS else None,
-                    xerr=[[0.0], [row["p90_ms"] - row["median_ms"]]],
+                    label=label if ours else None,
+                    xerr=xerr,
                     capsize=2,
-                    edgecolor=("black" if variant == OURS else "none"),
+                    edgecolor=edge,
                 )
                 ax.annotate(
-                    f"{row['median_ms']:.3f} ms",
+                    f"{ms:.3f} ms",
                     (row["p90_ms"], y),
                     xytext=(4, 0),
                     textcoords="offset points",
@@ -698,18 +568,17 @@ def plot(result: dict, path: Path) -> None:
                 )
         ax.set_yticks(y0, variants)
         ax.set_xscale("log")
-        all_rows = list(rows.values())
-        ax.set_xlim(min(r["median_ms"] for r in all_rows) / 2, max(r["p90_ms"] for r in all_rows) * 4)
+        ax.set_xlim(min(r["median_ms"] for r in rows.values()) / 2, max(r["p90_ms"] for r in rows.values()) * 4)
         ax.legend(loc="lower right", fontsize=8)
-        s = next(iter(result["environments"].values()))["config"]["sizes"]
+        first = next(iter(runs.values()))
+        s = first["config"]["sizes"]
         speedups = ", ".join(
             f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in result["summary"]["targets"].items()
         )
         ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
         ax.set_title(
             f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
-            f"{next(iter(result['environments'].values()))['machine']['cpu_model']}\n"
-            f"{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
+            f"{first['machine']['cpu_model']}\n{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
             fontsize=9,
         )
 
@@ -760,15 +629,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         runs.update(run_with(python, args))
         if env in runs:
             raise ValueError(f"--with_python {python} runs this benchmark's own environment ({env}).")
-    pick = lambda value, full, quick: value if value is not None else (quick if args.quick else full)
-    run = run_benchmark(
-        sizes,
-        rounds=pick(args.rounds, 10, 2),
-        calls=pick(args.calls, 200, 5),
-        warmup=pick(args.warmup, 20, 2),
-        accuracy_obs=pick(args.accuracy_obs, 256, 16),
-        seed=args.seed,
-    )
+    settings = {k: v[args.quick] if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()}
+    run = run_benchmark(sizes, **settings, seed=args.seed)
     run["command"] = command_line("benchmarks.actor_inference", argv)
     run["quick"] = bool(args.quick)
     json_path = args.out_dir / f"{args.name}.json"
