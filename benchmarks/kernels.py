@@ -1,24 +1,16 @@
 """lpjax's matmul kernels at SAC and LLM sizes: their roofline model and CUDA lowering on any machine, and with
 ``--gpu`` their timings on a GPU.
 
-Kernels (``fp16_matmul`` in bf16, ``fp8_blockwise_matmul``, ``int8_matmul``) at :data:`SHAPES` ``(M, K, N)``: SAC
-(1024^3), LLM prefill (4096^3) and LLM decode (16 x 4096 x 4096).
+**Model** (``kernels.json``): for ``fp16_matmul`` (in bf16), ``fp8_blockwise_matmul`` and ``int8_matmul`` at
+:data:`SHAPES`, the FLOPs and the bytes moved from HBM, ``compulsory`` (every operand, scale and output once) and
+``tiled`` (the grid's reads without L2 reuse), and the roofline ``time >= max(flops / peak, bytes / bandwidth)``
+on an H100 and an H200 (:data:`GPUS`); whether each kernel lowers for CUDA (:func:`lpjax.kernels.lower_for_cuda`)
+on every target of :data:`LOWERING_TARGETS`, with its ``wgmma``; the CPU latency of the XLA-compiled references
+(emulation cost, not kernel speed).
 
-**Model** (``kernels.json``): ``flops = 2 M N K`` and the bytes moved from HBM, ``compulsory`` (every operand,
-scale and output once) and ``tiled`` (the grid's reads without L2 reuse: x once per N block, w once per M block;
-the fp8/int8 activation-quantization pass on its own line), the intensity ``flops / bytes`` and the roofline
-``time >= max(flops / peak, bytes / bandwidth)`` on an H100 and an H200 (:data:`GPUS`). Each kernel is lowered
-for ``platforms=["cuda"]`` (:func:`lpjax.kernels.lower_for_cuda`) for every (backend, abstract GPU) of
-:data:`LOWERING_TARGETS`, recording which lower and the ``wgmma`` of the Mosaic GPU ones. A CPU measures only the
-XLA-compiled references against an fp32 ``jnp.dot`` (emulation cost, not kernel speed).
-
-**GPU** (``--gpu``, ``kernels_gpu.json``): GPU time from CUPTI (:func:`measure`: summed kernel durations, median
-over ``--iterations`` calls) of the measured ceilings (bf16 and fp8 8192^3 dots, a 1 GiB elementwise pass), every
-Pallas backend the GPU runs with the weight prepared as a layer holds it, against XLA's dots (bf16, and 8-bit
-with one scale per tensor), each call on input sets beyond the L2 cache (:func:`num_sets`); the block sweep at
-prefill (:data:`BLOCK_SWEEP`); one SAC update at the paper's size per :data:`SAC_SETTINGS`.
-
-Run ``python -m benchmarks.kernels`` (any machine) and ``python -m benchmarks.kernels --gpu`` (a CUDA GPU).
+**GPU** (``--gpu``, ``kernels_gpu.json``): GPU time from CUPTI (:func:`measure`) of the measured ceilings, every
+Pallas backend the GPU runs against XLA's dots, each call on input sets beyond the L2 cache (:func:`num_sets`); the
+block sweep at prefill (:data:`BLOCK_SWEEP`); one SAC update per :data:`SAC_SETTINGS`.
 """
 
 from __future__ import annotations
@@ -88,9 +80,6 @@ def describe_lowering(exported: Any) -> dict[str, Any]:
         "mosaic_gpu_calls": text.count(f"@{MOSAIC_GPU_CUSTOM_CALL}("),
         "wgmma": sorted(set(WGMMA_INSTRUCTION.findall(text))),
     }
-
-
-# --------------------------------------------------------------------------------------------------- the model
 
 
 def _tiles(m: int, n: int, bm: int, bn: int) -> tuple[int, int]:
@@ -260,9 +249,8 @@ def model_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
         result["lowering_notes"] = list(LOWERING_NOTES)
     result["gpu_timings"] = GPU_TIMINGS
     if not args.no_cpu_latency:
-        result["cpu_reference_latency_ms"] = {
-            s: cpu_reference_latency(SHAPES[s], args.repeats) for s in ("sac", "llm_decode")
-        }
+        latency = {s: cpu_reference_latency(SHAPES[s], args.repeats) for s in ("sac", "llm_decode")}
+        result["cpu_reference_latency_ms"] = latency
     lines = [
         "H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles",
         f"{'kernel':24s} {'shape':12s} {'GFLOP':>8s} {'AI compuls.':>11s} {'bound':>8s} {'us':>7s} "
@@ -292,27 +280,18 @@ def model_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
 def plot_model(result: dict, path: Path) -> None:
     """Roofline chart (H100): each kernel/shape at its intensity and attainable TFLOP/s, filled markers for the
     tiled byte count, hollow ones for the compulsory byte count."""
+    peaks, intensity = GPUS["H100"], np.logspace(0, 4, 200)
+    markers = dict(zip(result["shapes"], "os^Dv"))
     with figure(path, figsize=(7.5, 5)) as (_, ax):
-        peaks = GPUS["H100"]
-        intensity = np.logspace(0, 4, 200)
-        for peak_key, style in (("bf16_tflops", "-"), ("fp8_tflops", "--")):
-            label = f"H100 roof ({peak_key.split('_')[0]})"
-            ax.plot(
-                intensity, np.minimum(peaks[peak_key], intensity * peaks["hbm_tb_s"]), "k" + style, lw=1, label=label
-            )
-        markers = dict(zip(result["shapes"], "os^Dv"))
+        for peak, style in (("bf16_tflops", "-"), ("fp8_tflops", "--")):
+            roof = np.minimum(peaks[peak], intensity * peaks["hbm_tb_s"])
+            ax.plot(intensity, roof, "k" + style, lw=1, label=f"H100 roof ({peak.split('_')[0]})")
         for color, (name, shapes) in zip(("C0", "C1", "C2"), result["model"].items()):
-            for shape_name, entry in shapes.items():
+            for shape, entry in shapes.items():
                 for kind, fill in (("tiled", color), ("compulsory", "none")):
-                    ax.scatter(
-                        entry[f"intensity_{kind}"],
-                        entry["roofline"]["H100"][kind]["attainable_tflops"],
-                        facecolors=fill,
-                        edgecolors=color,
-                        marker=markers[shape_name],
-                        s=50,
-                        label=f"{name} {shape_name}" if kind == "tiled" else None,
-                    )
+                    point = entry[f"intensity_{kind}"], entry["roofline"]["H100"][kind]["attainable_tflops"]
+                    label = f"{name} {shape}" if kind == "tiled" else None
+                    ax.scatter(*point, facecolors=fill, edgecolors=color, marker=markers[shape], s=50, label=label)
         ax.set(
             xscale="log",
             yscale="log",
@@ -323,26 +302,15 @@ def plot_model(result: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="lower right")
 
 
-# ----------------------------------------------------------------------------------------------------- on a GPU
-
 L2_BYTES = 50 * 2**20
 """An H100's L2 cache (50 MB); the input sets of one call hold twice this where :data:`MAX_SETS` allows."""
 MAX_SETS = 16
 """At most this many products per call (each is its own kernel to compile)."""
+_MNK = ("block_m", "block_n", "block_k")
 BLOCK_SWEEP: dict[str, list[dict[str, int]]] = {
-    "fp16_matmul[bf16]": [
-        {"block_m": 64, "block_n": 64, "block_k": 64},
-        {"block_m": 128, "block_n": 128, "block_k": 64},
-        {"block_m": 128, "block_n": 256, "block_k": 64},
-        {"block_m": 256, "block_n": 128, "block_k": 64},
-    ],
+    "fp16_matmul[bf16]": [dict(zip(_MNK, b)) for b in ((64, 64, 64), (128, 128, 64), (128, 256, 64), (256, 128, 64))],
     "fp8_blockwise_matmul": [{"block_m": 64}, {"block_m": 128}, {"block_m": 256}],
-    "int8_matmul": [
-        {"block_m": 64, "block_n": 64, "block_k": 64},
-        {"block_m": 128, "block_n": 128, "block_k": 128},
-        {"block_m": 128, "block_n": 256, "block_k": 128},
-        {"block_m": 256, "block_n": 128, "block_k": 128},
-    ],
+    "int8_matmul": [dict(zip(_MNK, b)) for b in ((64, 64, 64), (128, 128, 128), (128, 256, 128), (256, 128, 128))],
 }
 """Block sizes tried per kernel at the LLM prefill shape (the first entry is each kernel's default)."""
 
@@ -443,6 +411,14 @@ def ceilings(iterations: int) -> dict[str, float]:
     return {"bf16_tflops": flops / bf16 / 1e9, "fp8_tflops": flops / fp8 / 1e9, "hbm_tb_s": 2 * big.nbytes / copy / 1e9}
 
 
+def per_product(timing: dict[str, Any], sets: int, flops: float) -> float:
+    """Adds ``ms_per_product`` and ``tflops`` to a :func:`measure` record of ``sets`` products; returns the seconds
+    per product."""
+    seconds = timing["gpu_ms"] / sets / 1e3
+    timing.update(ms_per_product=seconds * 1e3, tflops=flops / seconds / 1e12)
+    return seconds
+
+
 def kernel_timings(name: str, shape: tuple[int, int, int], iterations: int, measured: dict[str, float]) -> dict:
     """Every Pallas backend and XLA baseline of kernel ``name`` at ``shape``: GPU ms per product and TFLOP/s,
     the kernels each launches, and the fraction of the roofline reached (datasheet H100 and measured ceilings)."""
@@ -462,9 +438,7 @@ def kernel_timings(name: str, shape: tuple[int, int, int], iterations: int, meas
     for label, timing in result.items():
         if not isinstance(timing, dict) or "error" in timing:
             continue
-        seconds = timing["gpu_ms"] / sets / 1e3
-        timing["ms_per_product"] = seconds * 1e3
-        timing["tflops"] = flops / seconds / 1e12
+        seconds = per_product(timing, sets, flops)
         in_bf16 = peak == "bf16_tflops" or label == "xla_dot[bf16]"
         nbytes = bf16_bytes if in_bf16 else model["bytes"]["compulsory"]
         datasheet = GPUS["H100"]["bf16_tflops" if in_bf16 else peak]
@@ -485,11 +459,10 @@ def block_sweep(name: str, iterations: int) -> dict[str, dict[str, Any]]:
         for blocks in BLOCK_SWEEP[name]:
             label = f"{backend} " + " ".join(f"{key}={value}" for key, value in blocks.items())
             timing = measure(_per_set(KERNELS[name]["fn"](backend, **blocks)), (inputs,), iterations)
-            if "error" in timing:
-                out[label] = timing
-                continue
-            seconds = timing["gpu_ms"] / sets / 1e3
-            out[label] = {"ms_per_product": seconds * 1e3, "tflops": 2.0 * m * n * k / seconds / 1e12}
+            if "error" not in timing:
+                per_product(timing, sets, 2.0 * m * n * k)
+                timing = {key: timing[key] for key in ("ms_per_product", "tflops")}
+            out[label] = timing
     return out
 
 
@@ -542,33 +515,27 @@ def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
     ]
     for name, shapes in result["kernels"].items():
         for s, timings in shapes.items():
-            for label, t in timings.items():
-                if isinstance(t, dict):
-                    lines.append(
-                        f"{name:22s} {s:12s} {label:22s} "
-                        + (
-                            t["error"][:120]
-                            if "error" in t
-                            else f"{t['ms_per_product']:9.4f} {t['tflops']:8.1f} "
-                            f"{t['roofline_measured']['fraction_of_roofline']:8.2f}"
-                        )
-                    )
+            for label, t in ((label, t) for label, t in timings.items() if isinstance(t, dict)):
+                roof = t.get("roofline_measured", {}).get("fraction_of_roofline")
+                timed = (
+                    f"{t['ms_per_product']:9.4f} {t['tflops']:8.1f} {roof:8.2f}"
+                    if roof is not None
+                    else t["error"][:120]
+                )
+                lines.append(f"{name:22s} {s:12s} {label:22s} {timed}")
     for name, sweep in result.get("block_sweep_llm_prefill", {}).items():
         for label, t in sweep.items():
             lines.append(
                 f"sweep {name:22s} {label:48s} " + (f"{t['tflops']:8.1f} TFLOP/s" if "tflops" in t else t["error"])
             )
     for label, t in result.get("sac_update", {}).items():
-        timed = "gpu_ms" in t
-        lines.append(
-            f"SAC update {label:32s} "
-            + (
-                f"GPU {t['gpu_ms']:7.3f} ms  wall {t['wall_ms']:7.3f} ms  "
-                f"{t.get('speedup_vs_fp32', float('nan')):.2f}x fp32"
-                if timed
-                else t["error"][:120]
-            )
+        speedup = t.get("speedup_vs_fp32", float("nan"))
+        timed = (
+            f"GPU {t['gpu_ms']:7.3f} ms  wall {t['wall_ms']:7.3f} ms  {speedup:.2f}x fp32"
+            if "gpu_ms" in t
+            else t["error"][:120]
         )
+        lines.append(f"SAC update {label:32s} {timed}")
     return result, "\n".join(lines)
 
 

@@ -1,20 +1,13 @@
 """Post-training quantization of a trained SAC policy, in the style of QuaRL's Table 1 (ActorQ Table 2).
 
-The latest checkpoint of a SAC run directory (``python -m experiments.sac``; default: the reproduction's fp32
-cartpole-swingup seed 0 run) is restored, and its actor's weights quantized and dequantized
-(:func:`lpjax.quant.quantize_params` / :func:`lpjax.quant.dequantize_params`, as the papers simulate the error) at
-each precision: ``fp32`` (the reference), ``fp16`` (weights rounded, biases kept), ``fp16_act`` (also the actor
-run in float16, the ``mixed_fp16`` policy), and for each ``n`` of ``--bits`` ``int<n>`` and ``int<n>_per_channel``:
-the papers' uniform PTQ ``delta = (|min(W, 0)| + |max(W, 0)|) / 2^n``, ``D = delta * round(W / delta)`` of every
-kernel (biases fp32, activations not quantized). Per precision:
-
-* ``return``: mean and std of the deterministic policy over ``--episodes`` seeded episodes (paired rows);
-* ``action_l2``: mean and max over the states the fp32 policy visits of ``||tanh(mu_q(s)) - tanh(mu_fp32(s))||``;
-* ``kl``: mean, median, max over those states of ``KL(pi_fp32 || pi_q)`` of the pre-tanh diagonal Gaussians,
-  ``sum_i log(s_q/s_32) + (s_32^2 + (mu_32 - mu_q)^2) / (2 s_q^2) - 1/2`` (also the squashed policies' KL, tanh
-  being a bijection); heavy-tailed where tanh saturates (a shift costs ``shift^2 / (2 sigma^2)`` with sigma
-  ~0.1), so the median is the robust summary;
-* ``weight_rel_error``: ``||W - D(Q(W))||_F / ||W||_F`` over all kernels together.
+The latest checkpoint of a SAC run directory (default: the reproduction's fp32 cartpole-swingup seed 0 run) is
+restored and its actor's weights quantized and dequantized (:func:`lpjax.quant.quantize_params`, as the papers
+simulate the error) at each precision: ``fp32`` (the reference), ``fp16``, ``fp16_act`` (also the actor run in
+float16) and, for each ``n`` of ``--bits``, ``int<n>`` and ``int<n>_per_channel``: the papers' uniform PTQ ``delta =
+(|min(W, 0)| + |max(W, 0)|) / 2^n``, ``D = delta * round(W / delta)`` of every kernel. Per precision: the return of
+the deterministic policy over ``--episodes`` seeded episodes; over the states the fp32 policy visits, the action
+distance ``||tanh(mu_q(s)) - tanh(mu_32(s))||`` and ``KL(pi_fp32 || pi_q)`` of the pre-tanh diagonal Gaussians
+(heavy-tailed where tanh saturates, so the median is the robust summary); ``||W - D(Q(W))||_F / ||W||_F``.
 """
 
 from __future__ import annotations
@@ -43,9 +36,6 @@ from lpjax.agents import sac
 DEFAULT_RUN_DIR = REPRODUCTION_RUNS / "fp32" / "cartpole-swingup" / "seed0"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
 RESULT_NAME = "ptq_eval"
-
-
-# --------------------------------------------------------------------------------------------- the policies
 
 
 def with_actor(loop: sac_loop.LoopState, params: Any, policy: str | None = None) -> sac_loop.LoopState:
@@ -89,10 +79,8 @@ def gaussian(agent: sac.SACState, obs: jax.Array) -> tuple[jax.Array, jax.Array]
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q) -> np.ndarray:
     """``KL(N(mean_p, std_p^2) || N(mean_q, std_q^2))`` of diagonal Gaussians, summed over the last axis (float64)."""
     mean_p, log_std_p, mean_q, log_std_q = (np.asarray(a, np.float64) for a in (mean_p, log_std_p, mean_q, log_std_q))
-    kl = (
-        log_std_q - log_std_p + (np.exp(2 * log_std_p) + np.square(mean_p - mean_q)) / (2 * np.exp(2 * log_std_q)) - 0.5
-    )
-    return np.sum(kl, axis=-1)
+    ratio = (np.exp(2 * log_std_p) + np.square(mean_p - mean_q)) / (2 * np.exp(2 * log_std_q))
+    return np.sum(log_std_q - log_std_p + ratio - 0.5, axis=-1)
 
 
 def _kernels(params: Any) -> list[np.ndarray]:
@@ -102,12 +90,10 @@ def _kernels(params: Any) -> list[np.ndarray]:
 def precisions(bits: Sequence[int]) -> list[tuple[str, Any, str | None]]:
     """``(row name, quant spec, precision policy override)`` of every row, fp32 first."""
     rows = [("fp32", "fp32", None), ("fp16", "fp16", None), ("fp16_act", "fp16", "mixed_fp16")]
-    for n in bits:
-        rows += [(f"int{n}", f"int{n}", None), (f"int{n}_per_channel", f"int{n}_per_channel", None)]
-    return rows
+    return rows + [(f"int{n}{s}", f"int{n}{s}", None) for n in bits for s in ("", "_per_channel")]
 
 
-def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], progress: bool = True) -> dict:
+def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> dict:
     config, loop, step = load_run(run_dir)
     _, eval_env = sac_loop.make_envs(config)
     actor_params = loop.agent.actor.params
@@ -150,13 +136,12 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
                 "seconds": time.perf_counter() - started,
             }
         )
-        if progress:
-            row = rows[-1]
-            print(
-                f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
-                f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)",
-                flush=True,
-            )
+        row = rows[-1]
+        print(
+            f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
+            f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)",
+            flush=True,
+        )
     fp32_return = rows[0]["return_mean"]
     for row in rows:
         row["return_ratio"] = row["return_mean"] / fp32_return if fp32_return else None
@@ -183,9 +168,6 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int], pro
     }
 
 
-# ---------------------------------------------------------------------------------------------- the report
-
-
 def format_table(result: dict) -> str:
     lines = [
         (
@@ -208,47 +190,36 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    rows = {row["name"]: row for row in result["rows"]}
-    bits = sorted(result["bits"])
+    """Return (left) and distance to the fp32 policy (right) against the bit width, the float rows as lines."""
+    rows, bits = {row["name"]: row for row in result["rows"]}, sorted(result["bits"])
+    floor = lambda value: max(value, 1e-12)  # a log axis
     with figure(path, 1, 2, figsize=(12, 4.6)) as (fig, (ax_r, ax_d)):
-        for per_channel, color in ((False, "tab:blue"), (True, "tab:orange")):
-            series = [rows[f"int{n}" + ("_per_channel" if per_channel else "")] for n in bits]
-            label = "int, per channel" if per_channel else "int, per tensor"
-            ax_r.errorbar(
-                bits,
-                [r["return_mean"] for r in series],
-                [r["return_std"] for r in series],
-                fmt="o-",
-                color=color,
-                capsize=3,
-                label=label,
-            )
+        for suffix, color, label in (
+            ("", "tab:blue", "int, per tensor"),
+            ("_per_channel", "tab:orange", "int, per channel"),
+        ):
+            series = [rows[f"int{n}{suffix}"] for n in bits]
+            returns, stds = [r["return_mean"] for r in series], [r["return_std"] for r in series]
+            ax_r.errorbar(bits, returns, stds, fmt="o-", color=color, capsize=3, label=label)
             ax_d.plot(
-                bits, [max(r["action_l2_mean"], 1e-12) for r in series], "o-", color=color, label=f"action L2, {label}"
+                bits, [floor(r["action_l2_mean"]) for r in series], "o-", color=color, label=f"action L2, {label}"
             )
-            ax_d.plot(
-                bits, [max(r["kl_mean"], 1e-12) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}"
-            )
+            ax_d.plot(bits, [floor(r["kl_mean"]) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}")
         for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
             ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
-        for name, color in (("fp16", "tab:green"), ("fp16_act", "tab:olive")):
-            ax_d.axhline(
-                max(rows[name]["action_l2_mean"], 1e-12), color=color, linestyle=":", label=f"action L2, {name}"
-            )
-        ax_r.set_xlabel("bits n")
-        ax_r.set_ylabel(f"mean return ± std ({result['episodes']} episode{'s' * (result['episodes'] > 1)})")
-        ax_r.set_title(
-            f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}", fontsize=9
-        )
-        ax_r.set_ylim(bottom=0)
-        ax_r.legend(fontsize=7)
-        ax_d.set_yscale("log")
-        ax_d.set_xlabel("bits n")
-        ax_d.set_ylabel("distance to the fp32 policy")
+            if name != "fp32":
+                ax_d.axhline(
+                    floor(rows[name]["action_l2_mean"]), color=color, linestyle=":", label=f"action L2, {name}"
+                )
+        episodes = f"{result['episodes']} episode{'s' * (result['episodes'] > 1)}"
+        title = f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}"
+        ax_r.set(xlabel="bits n", ylabel=f"mean return ± std ({episodes})", ylim=(0, None))
+        ax_r.set_title(title, fontsize=9)
+        ax_d.set(yscale="log", xlabel="bits n", ylabel="distance to the fp32 policy")
         ax_d.set_title(f"mean over {result['states']} states visited by the fp32 policy", fontsize=9)
-        ax_d.legend(fontsize=7)
         for ax in (ax_r, ax_d):
             ax.set_xticks(bits)
+            ax.legend(fontsize=7)
 
 
 def _bits(text: str) -> list[int]:

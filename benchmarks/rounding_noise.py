@@ -1,34 +1,23 @@
 """What each way of landing an update on float16 weights does to them: round-to-nearest, Kahan summation and
 stochastic rounding, on the parameter update and on the Polyak target update, side by side against float64.
 
-**The weights** are one 256x256 layer (``--size``) drawn as Flax initializes it (LeCun normal: std 1/16), stored in
-float16. **The parameter updates** stand in for Adam's: ``u_k = lr (s d + z_k) / sqrt(1 + s^2)``, a fixed
-direction ``d = +-1`` per weight with share ``s`` (``--drift``) plus standard normal noise ``z_k`` (minibatch
-noise), cast to float16 as a float16 optimizer emits them. The default ``lr`` is below Adam's learning rate (1e-4)
-because a trained critic's Adam steps are: with noisy gradients ``|m| / sqrt(v)`` is well below 1. ``--runs``
-records the lag of real SAC runs' target critics (``real_target_lags``) to set it against. The same updates land
-on three copies of the weights:
+The weights are one 256x256 layer (``--size``) drawn as Flax initializes it, stored in float16. The parameter
+updates stand in for Adam's: ``u_k = lr (s d + z_k) / sqrt(1 + s^2)``, a fixed direction ``d = +-1`` per weight
+with share ``s`` (``--drift``) plus standard normal minibatch noise ``z_k``, cast to float16. The default ``lr`` is
+below Adam's learning rate (1e-4) because a trained critic's Adam steps are (``|m| / sqrt(v)`` is well below 1 with
+noisy gradients); ``--runs`` records the target lag of real SAC runs to set the errors against. The same updates
+land on three copies through ``optax.apply_updates`` in float16, after ``kahan_summation()``, and after
+``stochastic_rounding()``; the target follows the Kahan copy every ``--target_period`` updates (``tau`` 0.005) by
+``optax.incremental_update``, ``kahan_polyak`` and ``stochastic_rounding_polyak``. The reference is float64: the
+sum of the same float16 updates, and the Polyak recursion over the same online weights. Recorded every
+``--log_every`` updates: the median ``|error|`` and bias along ``d`` in float16 ulps, and the signals they compete
+with (how far the weights moved, how far the target lags).
 
-* ``round_to_nearest``: ``optax.apply_updates`` in float16;
-* ``kahan``: ``lpjax.optim.kahan_summation()`` first;
-* ``stochastic``: ``lpjax.optim.stochastic_rounding()`` first.
-
-**The target** follows the Kahan copy of the online weights (the most exact one) with ``t <- t + tau (p - t)``
-every ``--target_period`` parameter updates (``tau`` 0.005 and 2, SAC's defaults), by ``optax.incremental_update``
-in float16, ``lpjax.optim.kahan_polyak`` and ``lpjax.optim.stochastic_rounding_polyak``.
-
-**The reference** is float64: the float64 sum of the same float16 updates, and the float64 Polyak recursion over
-the same online weights. Every ``--log_every`` updates the benchmark records, per method, the median ``|error|``
-in units of each weight's float16 ulp, and the median bias along ``d``; and the signal each error competes with:
-how far the weights moved, and how far the target lags the online weights (``p - t``, by which the critic's
-bootstrap target differs from the online critic).
-
-**Theory** (the json's ``theory``). Stochastic rounding's error per update has mean 0 and variance
-``f (1 - f) <= 1/4`` ulp^2 for a fractional part ``f`` of the update in ulps (``1/6`` on average over a uniform
-``f``). On the parameters these errors add up, a random walk: at most ``sqrt(k / 4)`` ulp rms after ``k`` updates.
-On the target the recursion forgets them at rate ``tau``: at most ``sqrt((1/4) / (1 - (1 - tau)^2))`` ulp rms in
-the steady state. Their sum is normal, so the median ``|error|`` is 0.674 of the rms. Round-to-nearest loses
-every update below half an ulp; Kahan summation carries the residual, so its error stays below an ulp.
+Theory (the json's ``theory``): stochastic rounding's error per update has mean 0 and variance ``f (1 - f) <= 1/4``
+ulp^2 (``1/6`` on average over a uniform fractional part ``f``). On the parameters it is a random walk, at most
+``sqrt(k / 4)`` ulp rms after ``k`` updates; the target forgets it at rate ``tau``, at most ``sqrt((1/4) / (1 - (1 -
+tau)^2))`` ulp rms in steady state; the median ``|error|`` of a normal sum is 0.674 of the rms. Round-to-nearest
+loses every update below half an ulp; Kahan summation carries the residual, so its error stays below an ulp.
 """
 
 from __future__ import annotations
@@ -95,50 +84,35 @@ def simulate(
         init_key, direction_key, noise_key = jax.random.split(jax.random.key(seed), 3)
         p0 = (jax.random.truncated_normal(init_key, -2.0, 2.0, (size,)) / 16.0 / 0.87962566).astype(jnp.float16)
         direction = jnp.where(jax.random.bernoulli(direction_key, 0.5, (size,)), 1.0, -1.0)
-        kahan = kahan_summation()
-        rounding = stochastic_rounding(seed)
-        kahan_target = kahan_polyak(tau)
-        rounding_target = stochastic_rounding_polyak(tau, seed + 1)
+        kahan, rounding = kahan_summation(), stochastic_rounding(seed)
+        kahan_target, rounding_target = kahan_polyak(tau), stochastic_rounding_polyak(tau, seed + 1)
 
         def step(carry, keys):
             """``period`` parameter updates, then one target update."""
-            params, kahan_state, rounding_state, targets, kahan_target_state, rounding_target_state, exact = carry
-            nearest, compensated, rounded, exact_p = (
-                params["round_to_nearest"],
-                params["kahan"],
-                params["stochastic"],
-                exact["params"],
-            )
+            params, targets, exact, (kahan_state, rounding_state, kahan_target_state, rounding_target_state) = carry
+            params, exact = dict(params), dict(exact)
             for key in keys:
                 noise = jax.random.normal(key, (size,))
                 u = (lr * (drift * direction + noise) / math.sqrt(1.0 + drift**2)).astype(jnp.float16)
-                nearest = optax.apply_updates(nearest, u)
-                d, kahan_state = kahan.update(u, kahan_state, compensated)
-                compensated = optax.apply_updates(compensated, d)
-                d, rounding_state = rounding.update(u, rounding_state, rounded)
-                rounded = optax.apply_updates(rounded, d)
-                exact_p = exact_p + u.astype(jnp.float64)
-            online = compensated  # the target follows the most exact online weights
-            exact_t = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
+                params["round_to_nearest"] = optax.apply_updates(params["round_to_nearest"], u)
+                d, kahan_state = kahan.update(u, kahan_state, params["kahan"])
+                params["kahan"] = optax.apply_updates(params["kahan"], d)
+                d, rounding_state = rounding.update(u, rounding_state, params["stochastic"])
+                params["stochastic"] = optax.apply_updates(params["stochastic"], d)
+                exact["params"] = exact["params"] + u.astype(jnp.float64)
+            online = params["kahan"]  # the target follows the most exact online weights
+            exact["target"] = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
             kahan_t, kahan_target_state = kahan_target.update(online, targets["kahan"], kahan_target_state)
             rounded_t, rounding_target_state = rounding_target.update(
                 online, targets["stochastic"], rounding_target_state
             )
             nearest_t = optax.incremental_update(online, targets["round_to_nearest"], tau)
-            new_targets = {"round_to_nearest": nearest_t, "kahan": kahan_t, "stochastic": rounded_t}
-            new_params = {"round_to_nearest": nearest, "kahan": compensated, "stochastic": rounded}
-            return (
-                new_params,
-                kahan_state,
-                rounding_state,
-                new_targets,
-                kahan_target_state,
-                rounding_target_state,
-                {"params": exact_p, "target": exact_t},
-            ), None
+            targets = {"round_to_nearest": nearest_t, "kahan": kahan_t, "stochastic": rounded_t}
+            states = kahan_state, rounding_state, kahan_target_state, rounding_target_state
+            return (params, targets, exact, states), None
 
         def measure(carry):
-            params, _, _, targets, _, _, exact = carry
+            params, targets, exact, _ = carry
             out = {}
             for method in METHODS:
                 p_error, p_bias = _errors(params[method], exact["params"], direction)
@@ -155,17 +129,9 @@ def simulate(
             carry, _ = jax.lax.scan(step, carry, keys)
             return carry, measure(carry)
 
-        copies = dict.fromkeys(METHODS, p0)
-        exact0 = p0.astype(jnp.float64)
-        carry = (
-            copies,
-            kahan.init(p0),
-            rounding.init(p0),
-            copies,
-            kahan_target.init(p0),
-            rounding_target.init(p0),
-            {"params": exact0, "target": exact0},
-        )
+        copies, exact0 = dict.fromkeys(METHODS, p0), p0.astype(jnp.float64)
+        states = tuple(transform.init(p0) for transform in (kahan, rounding, kahan_target, rounding_target))
+        carry = (copies, copies, {"params": exact0, "target": exact0}, states)
         keys = jax.random.split(noise_key, steps).reshape(steps // log_every, log_every // period, period)
         logged = []
         for segment_keys in keys:
@@ -285,24 +251,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--size", type=int, default=65_536, help="weights (default: one 256x256 layer)")
     cli.add_argument("--steps", type=int, default=20_000, help="updates")
     cli.add_argument("--log_every", type=int, default=500, help="record the errors every N updates")
-    cli.add_argument(
-        "--lr", type=float, default=3e-5, help="update size: the rms of a weight's step (see the module docstring)"
-    )
+    cli.add_argument("--lr", type=float, default=3e-5, help="update size: the rms of a weight's step")
     cli.add_argument("--tau", type=float, default=0.005, help="Polyak step size of the target")
-    cli.add_argument(
-        "--target_period", type=int, default=2, help="parameter updates per target update (SAC's default: 2)"
-    )
-    cli.add_argument(
-        "--drift", type=float, default=0.0, help="the persistent direction's share of an update, against noise 1"
-    )
+    cli.add_argument("--target_period", type=int, default=2, help="parameter updates per target update")
+    cli.add_argument("--drift", type=float, default=0.0, help="the persistent direction's share of an update")
     cli.add_argument("--seed", type=int, default=0)
-    cli.add_argument(
-        "--runs",
-        type=pathlib.Path,
-        nargs="*",
-        default=[],
-        help="SAC run directories whose last checkpoint's target lag (critic vs target critic) to record",
-    )
+    cli.add_argument("--runs", type=pathlib.Path, nargs="*", default=[], help="SAC run directories: their target lag")
     args = cli.parse_args(argv)
     if args.quick:
         args.size, args.steps, args.log_every = 4096, 2000, 500
@@ -332,15 +286,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "theory": theory(args.tau, args.steps),
         "real_target_lags": lags,
         "notes": [
-            "Errors are in units of each weight's float16 ulp at the float64 reference: the median of |error| "
-            "and the median of error x direction (bias: negative where updates are lost) over the weights. The "
-            "parameters' reference is the float64 sum of the same float16 updates, the target's the float64 Polyak "
-            "recursion over the same online weights (the Kahan copy).",
-            "signal: param_moved is how far the weights moved, target_lag how far the target lags the online "
-            "weights (medians, in ulps); *_over_* say how large an error is against them. real_target_lags: the "
-            "same lag in the last checkpoints of real SAC runs (--runs), per critic matrix.",
-            "Synthetic updates (a fixed direction plus normal noise, of rms --lr): the rounding errors, not any "
-            "learning, are measured.",
+            "Errors in each weight's float16 ulps at the float64 reference: median |error| and median error x "
+            "direction (bias: negative where updates are lost).",
+            "signal: how far the weights moved (param_moved) and the target lags the online weights (target_lag); "
+            "*_over_* compare an error with them. real_target_lags: that lag in real SAC runs (--runs).",
         ],
     }
     result["summary"] = summarize(simulated)
