@@ -1,10 +1,10 @@
-"""Memory traffic of a compiled XLA program, read off its optimized HLO: what each top-level pass reads and writes.
+"""Memory traffic and kernel count of a compiled XLA program, read off its optimized HLO.
 
 Every top-level instruction of the ENTRY computation (a fusion, a copy, a reduction) is one pass over memory: it
-reads its operands and writes its result. Summing operand and result bytes gives the traffic of the program when
-nothing stays in cache between passes, which is the regime of a tree of parameters much larger than the cache.
-It is a model, not a measurement: it counts bytes, not time, ignores that a small operand may stay in cache, and
-counts nothing for a ``conditional`` (see ``_NO_TRAFFIC``).
+reads its operands and writes its result. Summing those bytes gives the traffic when nothing stays in cache between
+passes, the regime of a tree of parameters much larger than the cache. A model, not a measurement: it counts bytes,
+not time, and nothing for a ``conditional``, which passes its operands by reference (lpjax's conditionals are the
+rare paths: an exact finiteness re-check, a growth check).
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ _ITEMSIZE = {
     **dict.fromkeys(("s32", "u32", "f32"), 4),
     **dict.fromkeys(("s64", "u64", "f64"), 8),
 }
-# A conditional passes its operands by reference; the passes of the branch it takes are not counted (lpjax's
-# conditionals are the rare paths: an exact finiteness re-check, a growth check).
-_NO_TRAFFIC = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all", "conditional"}
+_NO_KERNEL = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all"}
+_NO_TRAFFIC = _NO_KERNEL | {"conditional"}
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 
 
 class Pass(NamedTuple):
-    """One top-level instruction: its name, opcode, the bytes it reads and writes, and its operands' names."""
+    """One top-level instruction: its name, opcode, and the bytes it reads and writes."""
 
     name: str
     opcode: str
     read: int
     written: int
-    operands: tuple[str, ...]
 
 
 def shape_bytes(shape: str) -> int:
@@ -62,12 +60,11 @@ def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
         sizes[name] = shape_bytes(shape)
         if opcode in _NO_TRAFFIC:
             continue
-        operands = tuple(re.findall(r"%([\w.\-]+)", rest.split("), ")[0]))
-        out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name], operands))
+        operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+        out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name]))
     return out
 
 
-_NO_KERNEL = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all"}
 _COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
 
 
@@ -102,14 +99,10 @@ def _called(rest: str, attribute: str) -> str:
 
 
 def kernel_count(hlo_text: str) -> int:
-    """Work instructions of a compiled program (``compiled.as_text()``): the instructions of its ENTRY computation
-    and, once each, of the bodies of its loops, that do work (a fusion, a dot, a copy, a conditional, a custom
-    call...), so not ``parameter``, ``tuple``, ``get-tuple-element``, ``constant``, ``bitcast``. A ``call`` (XLA:CPU
-    outlines loops into one) counts what it calls; a ``while`` counts its body, not its condition.
-
-    On a GPU each work instruction is about one kernel launch per execution (a fusion is one kernel), so this is the
-    CPU's stand-in for the kernels one step launches; a loop body counts once, not once per trip.
-    """
+    """Work instructions (a fusion, a dot, a copy, a conditional, a custom call: not ``parameter``, ``tuple``,
+    ``constant``...) of a compiled program's ENTRY computation and, once each, of its loops' bodies; a ``call``
+    (XLA:CPU outlines loops into one) counts what it calls. On a GPU each is about one kernel launch, so this is the
+    CPU's stand-in for the kernels one step launches (a loop body counted once, not once per trip)."""
     computations, entry = _computations(hlo_text)
 
     def count(name: str) -> int:

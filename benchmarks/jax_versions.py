@@ -1,19 +1,13 @@
-"""CPU latency of lpjax's hot paths on the oldest and the newest supported jax, side by side.
-
-The supported range is Python 3.11 with jax 0.10.2 up to the newest Python with the newest jax (the Makefile's
-``.venv-oldest`` and ``.venv``). This benchmark times the same code in both, on XLA:CPU:
-
-* ``sac_update_fp32`` and ``sac_update_fp16``: one ``lpjax.agents.sac.update`` (256x256 networks, batch 256,
-  cartpole's 5-dim observations and 1-dim actions; fp16 with all six low-precision methods);
-* ``sac_act``: ``lpjax.agents.sac.act`` on one observation (the host loop's per-step call);
-* ``mlp_3x2048``: a float32 MLP with three 2048-wide hidden layers at batch 1 (ActorQ's policy size), a
-  memory-bound chain of matrix-vector products: each call streams its 34 MB of weights.
+"""CPU latency of lpjax's hot paths on the oldest and the newest supported jax (the Makefile's ``.venv-oldest`` and
+``.venv``), side by side on XLA:CPU: one SAC update in fp32 and in fp16 with the paper's methods (256x256 networks,
+batch 256), ``sac.act`` on one observation, and a float32 3x2048 MLP at batch 1 (ActorQ's policy size, a
+memory-bound chain of matrix-vector products).
 
 Each measurement is a worker process (``--worker``) with one environment's Python and one set of ``XLA_FLAGS``
 (:data:`VARIANTS`: the defaults, and the XLA:CPU switches that differ between the versions): the first call's
-seconds (compilation included) and the median of ``--reps`` calls of each workload. Rounds interleave every
-(environment, variant) pair; reported are the medians over rounds and each pair's ratio to jax 0.10.2 with default
-flags. A flag a version does not know (XLA aborts on it) is recorded as unsupported.
+seconds and the median of ``--reps`` calls of each workload. Rounds interleave every (environment, variant) pair;
+reported are the medians over rounds and each pair's ratio to jax 0.10.2 with default flags, round by round. A flag
+a version does not know (XLA aborts on it) is recorded as unsupported.
 """
 
 from __future__ import annotations
@@ -29,10 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.common import command_line, figure, finish, parser, random_transitions
+from benchmarks.common import REPO, command_line, figure, finish, parser, random_transitions
 from benchmarks.timing import interleaved
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENVIRONMENTS = {"oldest": ".venv-oldest", "newest": ".venv"}
 VARIANTS = {
     "default": "",
@@ -71,13 +64,10 @@ def worker(reps: int) -> dict:
 
     obs_dim, action_dim, batch_size = 5, 1, 256
     rng = np.random.default_rng(0)
-    batch = random_transitions(rng, batch_size, obs_dim, action_dim)
-    batch = jax.tree.map(jnp.asarray, batch)
+    batch = jax.tree.map(jnp.asarray, random_transitions(rng, batch_size, obs_dim, action_dim))
     configs = {
-        "fp32": sac.SACConfig(policy="fp32", hidden_dims=(256, 256), batch_size=batch_size),
-        "fp16": sac.SACConfig(
-            policy="fp16", hidden_dims=(256, 256), batch_size=batch_size, methods=PrecisionMethods.paper()
-        ),
+        precision: sac.SACConfig(policy=precision, hidden_dims=(256, 256), batch_size=batch_size, methods=methods)
+        for precision, methods in (("fp32", PrecisionMethods()), ("fp16", PrecisionMethods.paper()))
     }
     result = {"jax": jax.__version__, "python": platform.python_version(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
     for precision, config in configs.items():
@@ -111,7 +101,7 @@ def run_worker(python: pathlib.Path, flags: str, reps: int) -> dict | None:
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"],
-        cwd=REPO_ROOT,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
@@ -157,14 +147,10 @@ def table(summary: dict) -> str:
 
 def plot(result: dict, path: pathlib.Path) -> None:
     rows = {k: v for k, v in result["summary"].items() if v["supported"]}
+    colors = ["tab:blue" if n.startswith("oldest") else "tab:orange" for n in rows]
     with figure(path, 1, len(WORKLOADS), figsize=(4 * len(WORKLOADS), 4), dpi=100) as (fig, axes):
         for ax, workload in zip(axes, WORKLOADS):
-            names = list(rows)
-            ax.barh(
-                names,
-                [rows[n][f"{workload}_ms"] for n in names],
-                color=["tab:blue" if n.startswith("oldest") else "tab:orange" for n in names],
-            )
+            ax.barh(list(rows), [row[f"{workload}_ms"] for row in rows.values()], color=colors)
             ax.set_title(f"{workload} (ms, median)")
             ax.invert_yaxis()
             if ax is not axes[0]:
@@ -190,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
-    pythons = {env: REPO_ROOT / venv / "bin" / "python" for env, venv in ENVIRONMENTS.items()}
+    pythons = {env: REPO / venv / "bin" / "python" for env, venv in ENVIRONMENTS.items()}
     missing = [str(p) for p in pythons.values() if not p.is_file()]
     if missing:
         raise SystemExit(f"missing environments {missing}: build them with `make venv venv-oldest`")
