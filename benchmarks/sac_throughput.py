@@ -1,44 +1,22 @@
-"""Training throughput of lpjax's fully jitted SAC loop against ``brax.training.agents.sac.train`` and, on MJX
-cartpole-swingup, against lpjax's dm_control host loop, in environment steps per second.
+"""Training throughput in environment steps per second: lpjax's fully jitted SAC loop
+(:mod:`experiments.sac_brax_loop`: environments, replay and updates in one compiled ``lax.scan`` chunk) against
+``brax.training.agents.sac.train`` on the same ``brax:<env>`` or ``mjx:<domain>-<task>``, and, where a setting has
+a ``host_env``, against lpjax's dm_control host loop (:mod:`experiments.sac_loop`) with the same agent.
 
-* ``lpjax_fp32`` / ``lpjax_fp16``: the jitted loop, :mod:`experiments.sac_brax_loop` (environments, replay and
-  updates in one compiled ``lax.scan`` chunk), on ``brax:<env>`` or ``mjx:<domain>-<task>``;
-* ``brax``: brax's own SAC on the same environment (a Playground env wrapped by
-  ``mujoco_playground.wrapper.wrap_for_brax_training``, as Playground's scripts do; MJX with ``impl="jax"``);
-* ``lpjax_host_fp32`` / ``lpjax_host_fp16`` (settings with a ``host_env``): the dm_control host loop,
-  :mod:`experiments.sac_loop`, on the same task with the same agent.
+The learners are matched (:data:`MATCHED`, :func:`agent_config`): parallel environments, episode length 1000,
+updates per vectorized step, batch size, networks, replay capacity, learning rate, discount and tau, no random
+steps before learning, no observation normalization, float32 (brax's only precision). What remains is the
+algorithms' own: brax runs three policy forward passes per update and updates the target every update, lpjax
+shares the actor's sample with the temperature update and updates the target every 2 updates. Playground envs are
+wrapped as Playground's scripts do (MJX with ``impl="jax"``); brax's evaluations run on :func:`null_env`.
 
-Matched settings (lpjax / brax's ``sac.train``): parallel environments ``brax_num_envs`` / ``num_envs`` (host: 1);
-episode length 1000; updates per vectorized step ``updates_per_step`` / ``grad_updates_per_step``; batch size;
-networks ``agent.hidden_dims`` / ``make_sac_networks(hidden_layer_sizes=...)``; replay capacity; learning rate,
-discount and tau; no random steps before learning (``seed_steps=0`` / ``min_replay_size=0``); no observation
-normalization; float32 (brax's only precision). The algorithms' own differences remain: brax updates the
-temperature, critic and actor with three policy forward passes and the target every update; lpjax shares the
-actor's sample with the temperature update and updates the target every 2 updates.
-
-Settings (:data:`SETTINGS`; ``--settings`` picks, ``--num-envs`` etc. override), each checked against
-``lpjax_fp32 / brax >= 1``: ``brax_colab`` (brax's published SAC sizes on halfcheetah: 128 envs, batch 512, 64
-updates per step: update-bound), ``one_update`` (128 envs, batch 256, 1 update: loop-bound), ``mjx_cartpole``
-(the paper's protocol, 1 env and 1 update per step, at 256x256 and batch 256, beside the host loop) and
-``mjx_cartpole_128`` (128 environments, which a host loop cannot vectorize).
-
-**Interleaving.** brax's ``train`` runs ``rounds + 1`` epochs of ``iterations`` iterations and calls its
-``progress_fn`` after each; that callback runs one round of every lpjax variant, their order alternating, so round
-``k`` of every variant runs at nearly the same time. A jitted round is one call of the compiled chunk (as brax
-times its epochs, ``training/sps``); a host round resumes ``experiments.sac_loop.train`` for ``iterations`` more
-steps and reads the loop's own ``train/env_steps_per_s``. Round 0 (compilation) is excluded: reported are the
-median, min and max over rounds, ``ratio`` = median over rounds of (lpjax fp32 / brax) and, with a host loop,
-``jitted_over_host``. brax's evaluations run on a stand-in env (:func:`null_env`) outside its timed epochs.
-Compile time is recorded apart (the chunk's ahead-of-time compile, and ``jax.monitoring``'s backend-compile
-seconds per side).
-
-**Update profile** (``update_profile``; ``--no-profile`` skips it): one SAC update alone at the first setting's
-sizes, lpjax fp32 against brax's update as ``sac.train`` assembles it (:func:`brax_sgd_step`): XLA's flops and
-matmuls of one update, and the time per update over interleaved rounds of a ``lax.scan`` of updates.
-
-brax 0.14.2 calls ``jax.device_put_replicated``, removed in jax 0.10; this benchmark provides it while brax trains.
-Each setting records the run that measured it (``run``); ``--settings`` keeps the json's other settings, and
-``--quick`` (one tiny setting) writes its own results only.
+Interleaving: brax's ``train`` runs ``rounds + 1`` epochs and calls ``progress_fn`` after each; that callback runs
+one round of every lpjax variant, their order alternating, so round ``k`` of every variant runs at nearly the same
+time. A jitted round is one call of the compiled chunk (as brax times its epochs); a host round resumes the run for
+``iterations`` more steps and reads its logged ``train/env_steps_per_s``. Round 0 (compilation) is excluded;
+``ratio`` is the median over rounds of lpjax fp32 / brax (target >= 1). The update profile (``--no-profile`` skips
+it) times one SAC update alone at the first setting's sizes against brax's update as ``sac.train`` assembles it.
+Each setting records the run that measured it; a run keeps the json's settings it did not measure.
 """
 
 from __future__ import annotations
@@ -67,7 +45,7 @@ import numpy as np
 
 import lpjax.envs
 from benchmarks import timing
-from benchmarks.common import command_line, figure, finish, parser
+from benchmarks.common import command_line, figure, finish, package_versions, parser, random_transitions
 from experiments import sac_brax_loop, sac_loop
 from experiments.configs.sac import _base as sac_base
 from lpjax.agents.sac import SACConfig
@@ -76,15 +54,11 @@ from lpjax.run_logging import read_metrics
 
 RESULT_NAME = "sac_throughput"
 TARGET_RATIO = 1.0
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-EPISODE_LENGTH = 1000  # lpjax.envs' default; passed to brax explicitly
-LEARNING_RATE = 1e-4
-GAMMA = 0.99
-TAU = 0.005
+EPISODE_LENGTH, LEARNING_RATE, GAMMA, TAU = 1000, 1e-4, 0.99, 0.005
 PACKAGES = ("jax", "jaxlib", "brax", "playground", "mujoco", "mujoco-mjx", "dm_control")
 MATCHED = dict(episode_length=EPISODE_LENGTH, action_repeat=1, num_eval_envs=1, learning_rate=LEARNING_RATE)
 MATCHED.update(discounting=GAMMA, normalize_observations=False, reward_scaling=1.0, tau=TAU, min_replay_size=0)
-"""brax's ``sac.train`` arguments every setting shares (module docstring: the matched settings)."""
+"""brax's ``sac.train`` arguments every setting shares."""
 NOTES = [
     "CPU only: 2 shared cores and XLA:CPU. Other jobs share the cores: each setting's run.machine.load_average "
     "(at the run's end) says how loaded the machine was; rounds are interleaved, so ratios within a setting are "
@@ -102,12 +76,8 @@ NOTES = [
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One matched configuration of the learners, timed for ``rounds`` rounds of ``iterations`` iterations.
-
-    ``env`` is the jitted loop's and brax's environment (``brax:<env>`` or ``mjx:<domain>-<task>``), ``backend``
-    its brax backend (``None`` for MJX); ``host_env`` (``dmc:<domain>-<task>``, one environment only) adds the
-    dm_control host loop on that task.
-    """
+    """One matched configuration, timed for ``rounds`` rounds of ``iterations`` iterations; ``backend`` is brax's
+    (``None`` for MJX), ``host_env`` (``dmc:<domain>-<task>``, one environment) adds the host loop."""
 
     name: str
     description: str
@@ -121,10 +91,6 @@ class Setting:
     replay_size: int = 1_000_000
     iterations: int = 4
     rounds: int = 12
-
-    @property
-    def env_steps_per_round(self) -> int:
-        return self.iterations * self.num_envs
 
 
 MJX = dict(env="mjx:cartpole-swingup", backend=None)
@@ -165,16 +131,13 @@ SETTINGS = {
 QUICK = Setting("quick", "a smoke test, not a measurement", **MJX | HOST, batch_size=32, updates_per_step=2)
 QUICK = dataclasses.replace(QUICK, hidden=(32, 32), replay_size=4096, iterations=8, rounds=2)
 OVERRIDABLE = tuple(field.name for field in dataclasses.fields(Setting))[2:]
-"""The fields ``--env`` etc. override (every field but the name and description)."""
 _TEXT_FIELDS = ("env", "backend", "host_env")
 
 
 def _setting_error(setting: Setting) -> str | None:
-    """Why ``setting`` cannot run, or ``None``."""
-    prefix = setting.env.partition(":")[0]
     if not lpjax.envs.is_jitted(setting.env):
         return f"env must be 'brax:<env>' or 'mjx:<domain>-<task>', got {setting.env!r}"
-    if (prefix == "brax") != (setting.backend is not None):
+    if setting.env.startswith("brax:") != (setting.backend is not None):
         return f"backend is for brax envs only (env {setting.env!r}, backend {setting.backend!r})"
     if setting.host_env is not None and not setting.host_env.startswith("dmc:"):
         return f"host_env must be 'dmc:<domain>-<task>', got {setting.host_env!r}"
@@ -189,40 +152,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cli = parser(RESULT_NAME, __doc__, quick="one tiny setting: a smoke test, not the measurement")
     cli.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {list(SETTINGS)}")
     for name in OVERRIDABLE:
-        kind = (
-            (lambda s: tuple(int(w) for w in s.split(",")))
-            if name == "hidden"
-            else ((lambda s: s or None) if name in _TEXT_FIELDS else int)
-        )
+        kind, note = (lambda s: s or None), " ('' for none)"
+        if name == "hidden":
+            kind, note = (lambda s: tuple(int(w) for w in s.split(","))), " (widths, e.g. 256,256)"
+        elif name not in _TEXT_FIELDS:
+            kind, note = int, ""
         cli.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=kind,
-            default=argparse.SUPPRESS,
-            help="override for every setting"
-            + (" (widths, e.g. 256,256)" if name == "hidden" else " ('' for none)" if name in _TEXT_FIELDS else ""),
+            f"--{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS, help="for every setting" + note
         )
     cli.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 variants")
     cli.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
     cli.add_argument("--seed", type=int, default=0)
     args = cli.parse_args(argv)
-    if args.quick:
-        chosen = [QUICK]
-    else:
-        unknown = [n for n in args.settings.split(",") if n not in SETTINGS]
-        if unknown:
-            cli.error(f"unknown settings {unknown}; valid: {list(SETTINGS)}")
-        chosen = [SETTINGS[n] for n in args.settings.split(",")]
+    names = args.settings.split(",")
+    if not args.quick and any(n not in SETTINGS for n in names):
+        cli.error(f"unknown settings {[n for n in names if n not in SETTINGS]}; valid: {list(SETTINGS)}")
     overrides = {name: getattr(args, name) for name in OVERRIDABLE if hasattr(args, name)}
+    chosen = [QUICK] if args.quick else [SETTINGS[n] for n in names]
     args.chosen = [dataclasses.replace(setting, **overrides) for setting in chosen]
     for setting in args.chosen:
-        error = _setting_error(setting)
-        if error:
+        if error := _setting_error(setting):
             cli.error(f"setting {setting.name}: {error}")
     return args
 
 
 class CompileTimer:
-    """Sums ``jax.monitoring`` backend-compile durations into the currently open ``section``."""
+    """Sums ``jax.monitoring``'s backend-compile seconds into the currently open ``section``."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -230,7 +185,7 @@ class CompileTimer:
         jax.monitoring.register_event_duration_secs_listener(self._listen)
 
     def _listen(self, event: str, duration: float, **_: Any) -> None:
-        if event == BACKEND_COMPILE_EVENT and self._current is not None:
+        if event == "/jax/core/compile/backend_compile_duration" and self._current is not None:
             self.seconds[self._current] = self.seconds.get(self._current, 0.0) + duration
 
     @contextlib.contextmanager
@@ -245,17 +200,14 @@ class CompileTimer:
 @contextlib.contextmanager
 def brax_jax_compat():
     """Provides ``jax.device_put_replicated`` (removed in jax 0.10, still called by brax 0.14.2) while brax runs."""
-    if hasattr(jax, "device_put_replicated"):
-        try:
-            jax.device_put_replicated  # noqa: B018  (jax 0.10 raises AttributeError on access)
-            yield
-            return
-        except AttributeError:
-            pass
+    if hasattr(jax, "device_put_replicated"):  # jax < 0.10
+        yield
+        return
 
     def device_put_replicated(x, devices):
-        mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
-        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
+        sharding = jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec("devices")
+        )
         return jax.tree.map(lambda a: jax.device_put(jnp.stack([jnp.asarray(a)] * len(devices)), sharding), x)
 
     jax.device_put_replicated = device_put_replicated
@@ -266,7 +218,7 @@ def brax_jax_compat():
 
 
 def null_env(observation_size: int, action_size: int):
-    """A brax ``Env`` with the given sizes that simulates nothing: brax's (untimed) evaluations cost nothing."""
+    """A brax ``Env`` of the given sizes that simulates nothing: brax's (untimed) evaluations cost nothing."""
     from brax.envs.base import Env, State
 
     class NullEnv(Env):
@@ -276,9 +228,7 @@ def null_env(observation_size: int, action_size: int):
 
         def reset(self, rng):
             zero = jnp.zeros(())
-            return State(
-                pipeline_state=None, obs=jnp.zeros(observation_size), reward=zero, done=zero, metrics={}, info={}
-            )
+            return State(None, obs=jnp.zeros(observation_size), reward=zero, done=zero, metrics={}, info={})
 
         def step(self, state, action):
             return state.replace(reward=jnp.zeros(()), done=jnp.zeros(()))
@@ -287,7 +237,7 @@ def null_env(observation_size: int, action_size: int):
 
 
 def brax_environment(env: str, backend: str | None):
-    """brax's SAC's ``environment`` for ``env``: the brax env, or the bare Playground env (MJX)."""
+    """brax's SAC's ``environment``: the brax env, or the bare Playground env (MJX)."""
     prefix, _, name = env.partition(":")
     if prefix == "brax":
         from brax import envs
@@ -297,8 +247,7 @@ def brax_environment(env: str, backend: str | None):
 
 
 def brax_wrap(env, **kwargs):
-    """brax's SAC's ``wrap_env_fn``: Playground's wrapper for a Playground env (as Playground's brax training
-    scripts use), brax's own for a brax env (as ``sac.train`` does without one)."""
+    """brax's SAC's ``wrap_env_fn``: Playground's wrapper for a Playground env, brax's own for a brax env."""
     from brax import envs
     from mujoco_playground import wrapper
 
@@ -323,7 +272,6 @@ def agent_config(setting: Setting, policy: str) -> SACConfig:
 
 
 def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
-    """The jitted loop's settings matching ``setting``."""
     return sac_brax_loop.LoopSettings(
         env=setting.env,
         backend=setting.backend,
@@ -337,81 +285,52 @@ def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
 
 
 def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.ConfigDict:
-    """The host loop's run config matching ``setting``, one round long: ``total_steps`` is set per round.
-
-    Logs once per round (its rate over the round), evaluates one episode and checkpoints only at a round's end.
-    """
+    """The host loop's run config, logging once per round; evaluation and checkpoints only at a round's end."""
     config = sac_base.get_config()
-    config.update(
-        env=setting.host_env,
-        seed=seed,
-        seed_steps=0,
-        updates_per_step=setting.updates_per_step,
-        replay_capacity=setting.replay_size,
-        log_every=setting.iterations,
-        eval_every=2**31 - 1,
-        eval_episodes=1,
-        checkpoint_every=2**31 - 1,
-        save_replay=True,
-    )
+    config.update(env=setting.host_env, seed=seed, seed_steps=0, updates_per_step=setting.updates_per_step)
+    config.update(replay_capacity=setting.replay_size, log_every=setting.iterations, eval_episodes=1)
+    config.update(eval_every=2**31 - 1, checkpoint_every=2**31 - 1, save_replay=True)
     config.agent = ml_collections.ConfigDict(dataclasses.asdict(agent_config(setting, policy)))
     return config
 
 
 class LpjaxVariant:
-    """The jitted loop in one configuration: its loop state and compiled chunk; a round is one chunk."""
+    """The jitted loop in one configuration; a round is one call of its compiled chunk."""
 
-    def __init__(
-        self, name: str, settings: sac_brax_loop.LoopSettings, iterations: int, seed: int, timer: CompileTimer
-    ):
-        self.name, self.settings, self.iterations = name, settings, iterations
+    def __init__(self, name: str, settings, iterations: int, seed: int, timer: CompileTimer):
+        self.name, self.settings, self.iterations, self.agent = name, settings, iterations, settings.agent
+        self.sps, self.critic_loss = [], float("nan")
         with timer.section(name):
             started = time.perf_counter()
             self.loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, seed))
-            self.init_s = time.perf_counter() - started
-            started = time.perf_counter()
+            init_s, started = time.perf_counter() - started, time.perf_counter()
             self.chunk = sac_brax_loop.chunk_fn(settings, iterations)
-            self.compile_s = time.perf_counter() - started
-        self.sps: list[float] = []
-        self.critic_loss: float = float("nan")
+        self.extras = {"chunk_compile_s": time.perf_counter() - started, "init_s": init_s}
+        print(f"{name}: init {init_s:.1f} s, chunk compile {self.extras['chunk_compile_s']:.1f} s", flush=True)
 
     def run_round(self) -> float:
         started = time.perf_counter()
         self.loop, out = self.chunk(self.loop)
         out = jax.device_get(out)  # blocks until the chunk is done
-        elapsed = time.perf_counter() - started
+        self.sps.append(self.iterations * self.settings.num_envs / (time.perf_counter() - started))
         if not out.actions_finite:
             raise RuntimeError(f"{self.name}: non-finite actions")
         self.critic_loss = float(out.metrics["critic_loss"])
-        sps = self.iterations * self.settings.num_envs / elapsed
-        self.sps.append(sps)
-        return sps
-
-    @property
-    def agent(self) -> SACConfig:
-        return self.settings.agent
-
-    def extras(self) -> dict[str, Any]:
-        return {"chunk_compile_s": self.compile_s, "init_s": self.init_s}
+        return self.sps[-1]
 
 
 class HostVariant:
-    """The dm_control host loop in one configuration; a round resumes its run for ``iterations`` more steps.
-
-    Every round is a resume: the run's first segment runs (untimed) when the variant is built, since the first
-    resume compiles again (restored arrays are not weakly typed).
-    """
+    """The dm_control host loop; a round resumes its run for ``iterations`` more steps. Every timed round is a
+    resume: the first segment runs (untimed) here, since the first resume compiles again."""
 
     def __init__(self, name: str, config: ml_collections.ConfigDict, run_dir: Path, timer: CompileTimer):
         self.name, self.config, self.run_dir, self.timer = name, config, run_dir, timer
-        self.steps = 0
-        self.sps: list[float] = []
-        self.critic_loss: float = float("nan")
-        self.round_s: list[float] = []
+        self.agent = SACConfig.from_mapping(config.agent.to_dict())
+        self.steps, self.sps, self.critic_loss, self.round_s = 0, [], float("nan"), []
+        self.extras = {"round_wall_s": self.round_s}  # restore, round, evaluation and checkpoint
         self._train()
 
     def _train(self) -> float:
-        """Runs (or resumes) the host loop for ``log_every`` more steps; returns its logged env steps/s."""
         self.steps += self.config.log_every
         config = ml_collections.ConfigDict(self.config.to_dict())
         config.total_steps = self.steps
@@ -421,46 +340,27 @@ class HostVariant:
             raise RuntimeError(f"{self.name}: {summary['status']}")
         metrics = read_metrics(self.run_dir)
         at_end = (metrics["step"] == self.steps) & np.isfinite(metrics["train/env_steps_per_s"])
-        sps, self.critic_loss = (
-            float(metrics[column][at_end][-1]) for column in ("train/env_steps_per_s", "train/critic_loss")
-        )
+        sps, self.critic_loss = (float(metrics[c][at_end][-1]) for c in ("train/env_steps_per_s", "train/critic_loss"))
         return sps
 
     def run_round(self) -> float:
         started = time.perf_counter()
-        sps = self._train()
+        self.sps.append(self._train())
         self.round_s.append(time.perf_counter() - started)
-        self.sps.append(sps)
-        return sps
-
-    @property
-    def agent(self) -> SACConfig:
-        return SACConfig.from_mapping(self.config.agent.to_dict())
-
-    def extras(self) -> dict[str, Any]:
-        return {"round_wall_s": self.round_s}  # restore, round, evaluation and checkpoint
+        return self.sps[-1]
 
 
-def run_setting(
-    setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer, work_dir: Path
-) -> dict[str, Any]:
-    """Times brax and the lpjax variants on one setting, interleaved round by round (module docstring)."""
+def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer, work_dir: Path) -> dict:
+    """Times brax and the lpjax variants on one setting, interleaved round by round."""
     from brax.training.agents.sac import networks as sac_networks
     from brax.training.agents.sac import train as brax_sac
 
     print(f"\n{setting.name}: {setting.description}", flush=True)
-    ours: list[LpjaxVariant | HostVariant] = []
-    for policy in policies:
-        variant = LpjaxVariant(f"lpjax_{policy}", lpjax_settings(setting, policy), setting.iterations, seed, timer)
-        print(f"{variant.name}: init {variant.init_s:.1f} s, chunk compile {variant.compile_s:.1f} s", flush=True)
-        ours.append(variant)
+    ours = [LpjaxVariant(f"lpjax_{p}", lpjax_settings(setting, p), setting.iterations, seed, timer) for p in policies]
     for policy in policies if setting.host_env is not None else ():
-        name = f"lpjax_host_{policy}"
-        ours.append(
-            HostVariant(name, host_config(setting, policy, seed), work_dir / f"{setting.name}-host-{policy}", timer)
-        )
-
-    epoch_steps = setting.env_steps_per_round
+        run_dir = work_dir / f"{setting.name}-host-{policy}"
+        ours.append(HostVariant(f"lpjax_host_{policy}", host_config(setting, policy, seed), run_dir, timer))
+    epoch_steps = setting.iterations * setting.num_envs
     brax_epochs: list[dict[str, float]] = []
 
     def progress(step: int, metrics: dict) -> None:
@@ -470,16 +370,12 @@ def run_setting(
         critic_loss = float(metrics.get("training/critic_loss", float("nan")))
         brax_epochs.append({"sps": sps, "seconds": epoch_steps / sps, "critic_loss": critic_loss})
         round_ = len(brax_epochs) - 1
-        order = ours if round_ % 2 == 0 else ours[::-1]
         with timer.section(None):
             line = [f"round {round_}{' (warm-up)' if round_ == 0 else ''}: brax {sps:,.0f}"]
-            for variant in order:
-                line.append(f"{variant.name} {variant.run_round():,.0f}")
+            line += [f"{v.name} {v.run_round():,.0f}" for v in (ours if round_ % 2 == 0 else ours[::-1])]
         print(", ".join(line) + " env steps/s", flush=True)
 
     environment = brax_environment(setting.env, setting.backend)
-    eval_env = null_env(environment.observation_size, environment.action_size)
-    network_factory = functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden)
     epochs = setting.rounds + 1
     with brax_jax_compat(), timer.section(f"brax/{setting.name}"):
         brax_sac.train(
@@ -493,49 +389,32 @@ def run_setting(
             num_evals=epochs + 1,
             max_replay_size=setting.replay_size,
             grad_updates_per_step=setting.updates_per_step,
-            network_factory=network_factory,
+            network_factory=functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden),
             progress_fn=progress,
-            eval_env=eval_env,
+            eval_env=null_env(environment.observation_size, environment.action_size),
         )
     if len(brax_epochs) != epochs:
         raise RuntimeError(f"brax ran {len(brax_epochs)} epochs, expected {epochs}")
 
-    timed = slice(1, None)  # round 0 is the warm-up
-    brax_sps = [e["sps"] for e in brax_epochs][timed]
-    brax_epoch_s = statistics.median(e["seconds"] for e in brax_epochs[timed])
+    def row(sps: list[float], compile_s: float, **extras) -> dict:
+        return dict(sps=sps[1:], **timing.summary(sps[1:]), warmup_sps=sps[0], backend_compile_s=compile_s, **extras)
+
+    brax_sps = [e["sps"] for e in brax_epochs]
     results = {
-        "brax": {
-            "sps": brax_sps,
-            **timing.summary(brax_sps),
-            "warmup_sps": brax_epochs[0]["sps"],
-            "backend_compile_s": timer.seconds.get(f"brax/{setting.name}", 0.0),
-            "first_epoch_overhead_s": brax_epochs[0]["seconds"] - brax_epoch_s,
-            "last_critic_loss": brax_epochs[-1]["critic_loss"],
-        }
+        "brax": row(
+            brax_sps,
+            timer.seconds.get(f"brax/{setting.name}", 0.0),
+            first_epoch_overhead_s=brax_epochs[0]["seconds"] - statistics.median(e["seconds"] for e in brax_epochs[1:]),
+            last_critic_loss=brax_epochs[-1]["critic_loss"],
+        )
     }
-    for variant in ours:
-        sps = variant.sps[timed]
-        results[variant.name] = {
-            "sps": sps,
-            **timing.summary(sps),
-            "warmup_sps": variant.sps[0],
-            "backend_compile_s": timer.seconds.pop(variant.name, 0.0),
-            "last_critic_loss": variant.critic_loss,
-            **variant.extras(),
-        }
-    ratios = {variant.name: [o / b for o, b in zip(variant.sps[timed], brax_sps)] for variant in ours}
+    for v in ours:
+        results[v.name] = row(v.sps, timer.seconds.pop(v.name, 0.0), last_critic_loss=v.critic_loss, **v.extras)
+    ratios = {v.name: [o / b for o, b in zip(v.sps[1:], brax_sps[1:])] for v in ours}
     ratio = statistics.median(ratios["lpjax_fp32"])
-    config = {
-        **dataclasses.asdict(setting),
-        "hidden": list(setting.hidden),
-        "env_steps_per_round": epoch_steps,
-        "episode_length": EPISODE_LENGTH,
-        "learning_rate": LEARNING_RATE,
-        "gamma": GAMMA,
-        "tau": TAU,
-        "seed": seed,
-        "lpjax_agents": {v.name: dataclasses.asdict(v.agent) for v in ours},
-    }
+    config = dict(dataclasses.asdict(setting), hidden=list(setting.hidden), env_steps_per_round=epoch_steps)
+    config.update(episode_length=EPISODE_LENGTH, learning_rate=LEARNING_RATE, gamma=GAMMA, tau=TAU, seed=seed)
+    config["lpjax_agents"] = {v.name: dataclasses.asdict(v.agent) for v in ours}
     summary = {
         "name": setting.name,
         "description": setting.description,
@@ -547,18 +426,15 @@ def run_setting(
         "target_met": ratio >= TARGET_RATIO,
     }
     if "lpjax_host_fp32" in results:
-        summary["jitted_over_host"] = statistics.median(
-            j / h for j, h in zip(results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"])
-        )
+        jitted, host = results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"]
+        summary["jitted_over_host"] = statistics.median(j / h for j, h in zip(jitted, host))
     return summary
 
 
 def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ...]):
-    """``(state, sgd_step)``: brax's SAC update, assembled from brax's modules as ``sac.train`` assembles its
-    ``sgd_step`` (temperature, critic and actor gradient steps, then the target update), without pmap.
-
-    ``sgd_step(state, transitions) -> (state, critic_loss)`` on a ``brax.training.types.Transition`` batch.
-    """
+    """``(state, sgd_step)``: brax's SAC update assembled from brax's modules as ``sac.train`` assembles it
+    (temperature, critic and actor gradient steps, then the target update), without pmap;
+    ``sgd_step(state, transitions) -> (state, critic_loss)``."""
     import optax
     from brax.training import gradients
     from brax.training.acme import running_statistics, specs
@@ -566,19 +442,17 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
     from brax.training.agents.sac import networks as sac_networks
 
     network = sac_networks.make_sac_networks(observation_size, action_size, hidden_layer_sizes=hidden)
-    alpha_loss, critic_loss, actor_loss = sac_losses.make_losses(
-        network, reward_scaling=1.0, discounting=GAMMA, action_size=action_size
+    losses = sac_losses.make_losses(network, reward_scaling=1.0, discounting=GAMMA, action_size=action_size)
+    txs = optax.adam(3e-4), optax.adam(LEARNING_RATE), optax.adam(LEARNING_RATE)
+    alpha_update, critic_update, actor_update = (
+        gradients.gradient_update_fn(loss, tx, pmap_axis_name=None) for loss, tx in zip(losses, txs)
     )
-    alpha_tx, policy_tx, q_tx = optax.adam(3e-4), optax.adam(LEARNING_RATE), optax.adam(LEARNING_RATE)
-    alpha_update = gradients.gradient_update_fn(alpha_loss, alpha_tx, pmap_axis_name=None)
-    critic_update = gradients.gradient_update_fn(critic_loss, q_tx, pmap_axis_name=None)
-    actor_update = gradients.gradient_update_fn(actor_loss, policy_tx, pmap_axis_name=None)
     normalizer = running_statistics.init_state(specs.Array((observation_size,), jnp.dtype("float32")))
     policy_key, q_key, key = jax.random.split(jax.random.PRNGKey(0), 3)
     policy, q = network.policy_network.init(policy_key), network.q_network.init(q_key)
     log_alpha = jnp.zeros([], jnp.float32)
-    state = dict(policy=policy, policy_opt=policy_tx.init(policy), q=q, q_opt=q_tx.init(q))
-    state.update(target_q=jax.tree.map(jnp.copy, q), log_alpha=log_alpha, alpha_opt=alpha_tx.init(log_alpha), key=key)
+    state = dict(policy=policy, policy_opt=txs[1].init(policy), q=q, q_opt=txs[2].init(q))
+    state.update(target_q=jax.tree.map(jnp.copy, q), log_alpha=log_alpha, alpha_opt=txs[0].init(log_alpha), key=key)
 
     def sgd_step(state, transitions):
         s = dict(state)
@@ -598,57 +472,37 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
 
 
 def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, Any]:
-    """One SAC update alone, lpjax fp32 against brax, at the setting's sizes: the work (XLA's flop count and
-    number of matmuls of one jitted update) and the time per update (``rounds`` interleaved rounds of a
-    ``lax.scan`` over ``updates`` updates on fixed random batches; round 0 excluded)."""
+    """One SAC update alone, lpjax fp32 against brax, at the setting's sizes: XLA's flops and matmuls of one jitted
+    update, and ms per update over interleaved rounds of a ``lax.scan`` of ``updates`` updates on random batches."""
     from brax.training import types as brax_types
 
     from lpjax.agents import sac
 
     env = sac_brax_loop.make_env(setting.env, setting.backend, 1)
     obs, act, batch = env.observation_size, env.action_dim, setting.batch_size
-    rng = np.random.default_rng(0)
-    data = {
-        "obs": rng.normal(size=(updates, batch, obs)),
-        "action": rng.uniform(-1, 1, (updates, batch, act)),
-        "reward": rng.normal(size=(updates, batch)),
-        "discount": np.ones((updates, batch)),
-        "next_obs": rng.normal(size=(updates, batch, obs)),
-    }
-    data = {k: jnp.asarray(v, jnp.float32) for k, v in data.items()}
+    data = random_transitions(np.random.default_rng(0), updates * batch, obs, act)
+    data = {k: jnp.asarray(v.reshape(updates, batch, *v.shape[1:])) for k, v in data.items()}
+    truncation = {"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}}
     transitions = brax_types.Transition(
-        observation=data["obs"],
-        action=data["action"],
-        reward=data["reward"],
-        discount=data["discount"],
-        next_observation=data["next_obs"],
-        extras={"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}},
+        data["obs"], data["action"], data["reward"], data["discount"], data["next_obs"], extras=truncation
     )
-    agent_settings = lpjax_settings(setting, "fp32")
-    ours = sac_brax_loop.init_loop(agent_settings, 0).agent
+    ours = sac_brax_loop.init_loop(lpjax_settings(setting, "fp32"), 0).agent
     theirs, sgd_step = brax_sgd_step(obs, act, setting.hidden)
-
-    def scan_ours(state, data):
-        state, metrics = jax.lax.scan(sac.update, state, data)
-        return state, metrics["critic_loss"][-1]
-
-    def scan_theirs(state, transitions):
-        state, losses = jax.lax.scan(sgd_step, state, transitions)
-        return state, losses[-1]
-
-    variants = {
-        "lpjax_fp32": [jax.jit(scan_ours, donate_argnums=0).lower(ours, data).compile(), ours, data],
-        "brax": [jax.jit(scan_theirs, donate_argnums=0).lower(theirs, transitions).compile(), theirs, transitions],
-    }
-    work = {}
-    for name, (update, state, batches) in (
-        ("lpjax_fp32", (sac.update, ours, data)),
-        ("brax", (sgd_step, theirs, transitions)),
+    work, variants = {}, {}
+    for name, update, state, batches, loss_of in (
+        ("lpjax_fp32", sac.update, ours, data, lambda metrics: metrics["critic_loss"]),
+        ("brax", sgd_step, theirs, transitions, lambda losses: losses),
     ):
         one = jax.jit(update).lower(state, jax.tree.map(lambda x: x[0], batches)).compile()
         cost = one.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
+
+        def scan(state, batches, update=update, loss_of=loss_of):
+            state, out = jax.lax.scan(update, state, batches)
+            return state, loss_of(out)[-1]
+
+        variants[name] = [jax.jit(scan, donate_argnums=0).lower(state, batches).compile(), state, batches]
 
     def run(name):
         compiled, state, batches = variants[name]
@@ -657,62 +511,40 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
 
     timed = timing.interleaved({name: functools.partial(run, name) for name in variants}, rounds)
     times = {name: [1e3 * t / updates for t in timed[name]["rounds_s"]] for name in variants}
-    result = {
-        name: {**work[name], "ms_per_update": timing.summary(times[name]), "ms": times[name]} for name in variants
-    }
-    ratios = [b / o for o, b in zip(times["lpjax_fp32"], times["brax"])]
     return {
         "setting": setting.name,
         "batch_size": batch,
         "hidden": list(setting.hidden),
         "updates": updates,
         "rounds": rounds,
-        "results": result,
-        "brax_time_over_lpjax_time": statistics.median(ratios),
+        "results": {n: {**work[n], "ms_per_update": timing.summary(times[n]), "ms": times[n]} for n in variants},
+        "brax_time_over_lpjax_time": statistics.median(b / o for o, b in zip(times["lpjax_fp32"], times["brax"])),
     }
 
 
 def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
-    """Runs the chosen settings (and the update profile); each records this run's :func:`run_metadata`."""
+    """Runs the chosen settings and the update profile; each records this run (command, date, versions, machine
+    with its load average at the run's end)."""
     timer = CompileTimer()
     policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
     with tempfile.TemporaryDirectory(prefix="sac_throughput-") as work_dir:
         settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir)) for setting in args.chosen]
     profile = None
     if not args.no_profile:
-        first = args.chosen[0]
-        profile = profile_updates(first, updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
-        print(
-            f"\none SAC update ({first.name} sizes): lpjax fp32 "
-            f"{profile['results']['lpjax_fp32']['ms_per_update']['median']:.2f} ms, brax "
-            f"{profile['results']['brax']['ms_per_update']['median']:.2f} ms (median); flops "
-            f"{profile['results']['lpjax_fp32']['flops']:.4g} vs {profile['results']['brax']['flops']:.4g}",
-            flush=True,
-        )
-    run = run_metadata(args, argv)
+        profile = profile_updates(args.chosen[0], updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
+    machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count())
+    machine.update(devices=[str(d) for d in jax.devices()], load_average=list(os.getloadavg()))
+    run = {
+        "command": command_line("benchmarks.sac_throughput", argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": package_versions(PACKAGES),
+        "machine": machine,
+        "quick": bool(args.quick),
+    }
     for measured in [*settings, profile]:
         if measured is not None:
             measured["run"] = run
     return summarize(settings, profile)
-
-
-def run_metadata(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
-    """What a run was: command, date, package versions, machine (load average at its end), quick or not."""
-    from importlib.metadata import version
-
-    return {
-        "command": command_line("benchmarks.sac_throughput", argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "versions": {package: version(package) for package in PACKAGES},
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpu_count": os.cpu_count(),
-            "devices": [str(d) for d in jax.devices()],
-            "load_average": list(os.getloadavg()),
-        },
-        "quick": bool(args.quick),
-    }
 
 
 def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
@@ -728,8 +560,8 @@ def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
 
 
 def with_earlier_results(result: dict, earlier: dict) -> dict:
-    """``result`` plus the settings (and the update profile) of the ``earlier`` json that this run did not
-    measure, each with the run that measured it; settings in ``SETTINGS`` order."""
+    """``result`` plus the settings (and update profile) of the ``earlier`` json it did not measure, in
+    ``SETTINGS`` order."""
     measured = {s["name"] for s in result["settings"]}
     settings = result["settings"] + [s for s in earlier["settings"] if s["name"] not in measured]
     order = list(SETTINGS)
@@ -737,61 +569,44 @@ def with_earlier_results(result: dict, earlier: dict) -> dict:
     return summarize(settings, result["update_profile"] or earlier["update_profile"])
 
 
-def _describe(setting: dict) -> str:
-    cfg = setting["config"]
-    env = cfg["env"] + (f" ({cfg['backend']})" if cfg["backend"] else "")
-    host = f", host loop on {cfg['host_env']}" if cfg["host_env"] else ""
-    return (
-        f"{env}{host}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, {cfg['updates_per_step']} updates per "
-        f"vectorized step, hidden {cfg['hidden']}"
-    )
-
-
 def format_table(result: dict) -> str:
     lines = []
     for setting in result["settings"]:
-        cfg = setting["config"]
-        run = setting["run"]
+        cfg, run = setting["config"], setting["run"]
+        env = cfg["env"] + (f" ({cfg['backend']})" if cfg["backend"] else "")
+        host = f", host loop on {cfg['host_env']}" if cfg["host_env"] else ""
         lines += [
-            f"{setting['name']}: {_describe(setting)}; {cfg['rounds']} rounds of {cfg['env_steps_per_round']} "
-            f"env steps [run {run['date']}, jax {run['versions']['jax']}, load "
+            f"{setting['name']}: {env}{host}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
+            f"{cfg['updates_per_step']} updates per vectorized step, hidden {cfg['hidden']}; {cfg['rounds']} rounds "
+            f"of {cfg['env_steps_per_round']} env steps [run {run['date']}, jax {run['versions']['jax']}, load "
             f"{run['machine']['load_average'][0]:.1f}]",
             f"  {'variant':<16} {'median':>9} {'min':>9} {'max':>9}  (env steps/s)  XLA compile (s)",
         ]
-        for name, row in setting["results"].items():
-            lines.append(
-                f"  {name:<16} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  "
-                f"{'':13}  {row['backend_compile_s']:.1f}"
-            )
+        lines += [
+            f"  {name:<16} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  {'':13}  "
+            f"{row['backend_compile_s']:.1f}"
+            for name, row in setting["results"].items()
+        ]
         lines.append(
             f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
             f"{result['target_ratio']}: {'met' if setting['target_met'] else 'NOT met'})"
         )
         if "jitted_over_host" in setting:
             lines.append(f"  jitted / host loop (fp32), median over rounds: {setting['jitted_over_host']:.3f}")
-    profile = result.get("update_profile")
-    if profile:
-        rows = profile["results"]
+    if profile := result.get("update_profile"):
+        rows = ", ".join(
+            f"{name} {row['ms_per_update']['median']:.2f} ms ({row['flops'] / 1e9:.3f} GFLOP, {row['matmuls']} matmuls)"
+            for name, row in profile["results"].items()
+        )
         lines.append(
             f"one SAC update alone ({profile['setting']} sizes: batch {profile['batch_size']}, hidden "
-            f"{profile['hidden']}): "
-            + ", ".join(
-                f"{name} {row['ms_per_update']['median']:.2f} ms ({row['flops'] / 1e9:.3f} GFLOP, "
-                f"{row['matmuls']} matmuls)"
-                for name, row in rows.items()
-            )
-            + f"; brax time / lpjax time {profile['brax_time_over_lpjax_time']:.3f}"
+            f"{profile['hidden']}): {rows}; brax time / lpjax time {profile['brax_time_over_lpjax_time']:.3f}"
         )
     return "\n".join(lines)
 
 
-COLORS = {
-    "brax": "tab:gray",
-    "lpjax_fp32": "tab:blue",
-    "lpjax_fp16": "tab:orange",
-    "lpjax_host_fp32": "tab:green",
-    "lpjax_host_fp16": "tab:olive",
-}
+COLORS = dict(brax="tab:gray", lpjax_fp32="tab:blue", lpjax_fp16="tab:orange")
+COLORS.update(lpjax_host_fp32="tab:green", lpjax_host_fp16="tab:olive")
 
 
 def plot(result: dict, path: Path) -> None:
