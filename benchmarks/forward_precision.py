@@ -1,26 +1,17 @@
 """What the forward pass's precision alone changes in a trained SAC agent: its float32 parameters evaluated with
 float32 activations and matmuls (the reference), with bfloat16 activations (``mixed_bf16``), and with bfloat16
-activations and blockwise W8A8 fp8 GEMMs (``fp8``, lpjax's fp8 policy), on transitions from the run's own replay
-buffer. It separates what the activation format costs from what the fp8 GEMM adds.
+activations and blockwise W8A8 fp8 GEMMs (``fp8``), on ``--samples`` transitions ``(s, a)`` of the run's own replay
+buffer (its last checkpoint, for each of ``--runs``). It separates what the activation format costs from what the
+fp8 GEMM adds. Per policy ``p``:
 
-For each run directory of ``--runs`` (a ``python -m experiments.sac`` run whose checkpoints hold the replay buffer,
-the default) its last checkpoint is restored and ``--samples`` transitions ``(s, a)`` are drawn from the replay
-buffer. For each policy ``p``, with the same parameters:
-
-* ``q_rms_error``: ``rms(Q_p(s, a) - Q_32(s, a))`` over the transitions and both Q-networks;
-* ``q_spread``: the std of ``Q_32(s, a)`` over the transitions, the scale of the differences the critic must
-  rank (the error's share of it is ``q_error_over_spread``);
-* ``action_grad_cosine``: the mean over states of ``cos(grad_a min_i Q_p(s, a), grad_a min_i Q_32(s, a))`` at the
-  policy's deterministic action ``a = tanh(mu_32(s))``, the direction in which the actor's update moves its
-  actions (through the fp8 GEMM's straight-through gradient, as in training);
-* ``action_l2``: the mean of ``||tanh(mu_p(s)) - tanh(mu_32(s))||_2``, the deterministic actions' distance.
-
-Beside them, ``td_error_rms`` is ``sqrt(L_Q / 2)`` of the run's last logged critic loss ``L_Q`` (the mean over
-the batch of the two Q-networks' summed squared TD errors): how far the critic still is from its targets when
-training ended. ``q_error_over_td_error`` is ``q_rms_error / td_error_rms``: a forward error of the TD error's size
-buries the signal the critic learns from; a small fraction of it cannot.
-
-The fp32 row is zero (and a cosine of 1) by construction. Nothing here is timed.
+* ``q_rms_error``: ``rms(Q_p(s, a) - Q_32(s, a))`` over the transitions and both Q-networks, also over ``q_spread``
+  (the std of ``Q_32``: the scale of the differences the critic must rank) and over ``td_error_rms`` (``sqrt(L_Q /
+  2)`` of the run's last logged critic loss: a forward error of the TD error's size buries the signal the critic
+  learns from, a small fraction of it cannot);
+* ``action_grad_cosine``: the mean over states of ``cos(grad_a min_i Q_p, grad_a min_i Q_32)`` at ``a =
+  tanh(mu_32(s))``, the direction the actor's update moves its actions (through the fp8 GEMM's straight-through
+  gradient, as in training);
+* ``action_l2``: the mean of ``||tanh(mu_p(s)) - tanh(mu_32(s))||_2``.
 """
 
 from __future__ import annotations
@@ -62,8 +53,8 @@ def _action_gradients(agent, obs, action):
 
 
 def compare(agent, obs: jax.Array, action: jax.Array, policies: Sequence[str] = POLICIES) -> dict[str, dict]:
-    """The module docstring's measures of ``agent`` under each of ``policies`` against float32, on the states
-    ``obs`` and replayed actions ``action`` (each ``(B, ...)``)."""
+    """The measures of ``agent`` under each of ``policies`` against float32, on states ``obs`` and replayed actions
+    ``action`` (each ``(B, ...)``)."""
     from lpjax.agents import sac
 
     reference = with_policy(agent, "fp32")
@@ -77,9 +68,8 @@ def compare(agent, obs: jax.Array, action: jax.Array, policies: Sequence[str] = 
         q_error = float(jnp.sqrt(jnp.mean(jnp.square(_q(agent_p, obs, action) - q_32))))
         mu_p = sac.act(agent_p, obs, jax.random.PRNGKey(0), deterministic=True)
         grad_p = _action_gradients(agent_p, obs, mu_32)
-        cosine = jnp.sum(grad_p * grad_32, axis=-1) / (
-            jnp.linalg.norm(grad_p, axis=-1) * jnp.linalg.norm(grad_32, axis=-1)
-        )
+        norms = jnp.linalg.norm(grad_p, axis=-1) * jnp.linalg.norm(grad_32, axis=-1)
+        cosine = jnp.sum(grad_p * grad_32, axis=-1) / norms
         out[policy] = {
             "q_rms_error": q_error,
             "q_spread": spread,
@@ -186,14 +176,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "jax_version": jax.__version__,
         "runs": runs,
         "notes": [
-            "Each run's last checkpoint, evaluated with its float32 parameters under each policy: fp32 (the "
-            "reference), mixed_bf16 (bfloat16 activations, float32 matmuls), fp8 (bfloat16 activations, blockwise "
-            "W8A8 E4M3 GEMMs).",
-            "q_rms_error: rms of Q_p - Q_32 over the transitions and both Q-networks; q_spread: std of Q_32 over "
-            "the transitions; action_grad_cosine: mean cosine between grad_a min Q_p and grad_a min Q_32 at "
-            "tanh(mu_32(s)); action_l2: mean distance of the deterministic actions.",
-            "td_error_rms: sqrt(last logged critic loss / 2), the rms TD error of one Q-network when training "
-            "ended (the loss sums the two networks' squared errors); q_error_over_td_error: q_rms_error over it.",
+            "Each run's last checkpoint with its float32 parameters under each policy: fp32 (the reference), "
+            "mixed_bf16 (bfloat16 activations, float32 matmuls), fp8 (bfloat16 activations, W8A8 E4M3 GEMMs).",
+            "td_error_rms: sqrt(last logged critic loss / 2), the rms TD error of one Q-network when training ended.",
         ],
     }
     return finish(args, result, format_table(result), plot)
