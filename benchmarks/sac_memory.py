@@ -1,38 +1,21 @@
 """Memory of SAC training, float32 against float16 with all of the paper's methods, counted from shapes and dtypes.
 
 Björck et al. (2021), Table 11, report that pure-fp16 SAC uses 1.53-1.73x less GPU memory than fp32 (V100); the
-target here is ``TARGET_RATIO`` (1.8). XLA:CPU emulates float16, so nothing is measured from a device: every
-figure is ``prod(shape) * itemsize`` of abstract values (``jax.eval_shape`` / ``jax.make_jaxpr`` on
-``jax.ShapeDtypeStruct`` inputs, nothing allocated), the same on every platform.
-
-Configurations (:data:`PRECISIONS`): ``fp32``; ``fp16`` with the paper's six methods; beyond the paper
-(:data:`BEYOND_GOALS`), ``fp16_sr`` (stochastic rounding instead of the two Kahan buffers, float16 replay),
-``fp16_sr_8bit`` (also hAdam's moments blockwise 8-bit) and ``fp16_sr_8bit_remat`` (also ``rematerialize``, whose
-cost in time this CPU measures: ``--time_size``, :mod:`benchmarks.timing`). Two hidden layers of width 1024 or
-4096 and batch 1024 or 4096 (the paper's sizes), observation 24 and action 6 (walker-walk). Components:
-
-1. **state**: the whole ``SACState`` of ``jax.eval_shape(sac.init)``, by role (:func:`state_part`).
-2. **residuals** of the critic, actor and temperature losses: what ``jax.vjp`` keeps for the backward pass, each
-   loss differentiated as ``lpjax.agents.training.gradient_step`` does (loss times the loss scale, in float32,
-   w.r.t. that network's parameters) on ``sac.update``'s inputs. ``residual_leaf_bytes`` is the raw count of the
-   vjp function's leaves; ``jax.make_jaxpr`` of the same function classifies each (:func:`residuals`): an input
-   of the update (already in the state: not counted again), a literal, a broadcast of a constant (``jax.nn.relu``
-   saves ``full_like(g, 0)``; lpjax's :func:`lpjax.nn.dense.relu` saves only its output), a boolean mask or a
-   computed activation. ``residual_bytes`` counts every distinct non-input residual; XLA may fuse the zero
-   broadcasts away, so totals without them are reported too. Every raw count is cross-checked against
-   ``jax.ad_checkpoint.print_saved_residuals`` (``cross_check``).
-3. **batch**: the replay batch ``sac.update`` receives, float32 (float16 for the stochastic-rounding rows, whose
-   configs store a float16 replay).
-4. **total** = state + residuals + batch, and ``ratio = fp32 total / fp16 total``.
+target here is ``TARGET_RATIO``. XLA:CPU emulates float16, so nothing is measured from a device: every figure is
+``prod(shape) * itemsize`` of abstract values (``jax.eval_shape`` / ``jax.make_jaxpr`` on ``jax.ShapeDtypeStruct``
+inputs, nothing allocated), the same on every platform; the json's ``method`` says how each component is counted.
+Beyond the paper (:data:`BEYOND_GOALS`): stochastic rounding instead of the two Kahan buffers (and a float16
+replay), hAdam's moments blockwise 8-bit, and ``rematerialize``, whose cost in time this CPU measures
+(``--time_size``).
 
 A count of what an update holds, not a measured peak: the critic's and actor's residuals are not alive at once,
-gradients (``gradients_bytes``) and XLA's temporaries are not counted. ``excess_over_half`` attributes where fp16
-falls short of 2x: the bytes fp16 uses beyond half of fp32's, by component.
+gradients and XLA's temporaries are not counted. ``excess_over_half`` attributes where fp16 falls short of 2x.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -58,55 +41,42 @@ from lpjax.agents import sac
 from lpjax.methods import PrecisionMethods
 from lpjax.optim import loss_scale_or_one
 
+RESULT_NAME = "sac_memory"
 TARGET_RATIO = 1.8
 PAPER_TABLE_11 = (1.53, 1.73)  # fp32 / fp16 peak GPU memory, V100 (Björck et al. 2021)
-# Table 11 itself, MB (cheetah-run from states, V100, PyTorch) per (width, batch): (fp32, fp16 with the methods).
-PAPER_TABLE_11_MB = {
-    (1024, 1024): (128, 77),
-    (1024, 4096): (320, 185),
-    (4096, 1024): (1265, 826),
-    (4096, 4096): (1973, 1163),
-}
-OBS_DIM = 24  # walker-walk (dm_control) from states
-ACTION_DIM = 6
+PAPER_TABLE_11_MB = {(1024, 1024): (128, 77), (1024, 4096): (320, 185), (4096, 1024): (1265, 826)}
+PAPER_TABLE_11_MB[(4096, 4096)] = (1973, 1163)
+"""Table 11 itself, MB (cheetah-run from states, V100, PyTorch) per (width, batch): (fp32, fp16 with the methods)."""
+OBS_DIM, ACTION_DIM = 24, 6  # walker-walk (dm_control) from states
 HIDDEN_LAYERS = 2
 FULL_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))  # (hidden width, batch size)
 QUICK_SIZES = ((16, 8), (32, 16))
 _SR = dict(kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True)
+_8BIT = PrecisionMethods.paper(**_SR, moment_dtype="fp8")
 PRECISIONS: dict[str, dict[str, Any]] = {
     "fp32": dict(policy="fp32"),
     "fp16": dict(policy="fp16", methods=PrecisionMethods.paper()),
     "fp16_sr": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR)),
-    "fp16_sr_8bit": dict(policy="fp16", methods=PrecisionMethods.paper(**_SR, moment_dtype="fp8")),
-    "fp16_sr_8bit_remat": dict(
-        policy="fp16", methods=PrecisionMethods.paper(**_SR, moment_dtype="fp8"), rematerialize=True
-    ),
+    "fp16_sr_8bit": dict(policy="fp16", methods=_8BIT),
+    "fp16_sr_8bit_remat": dict(policy="fp16", methods=_8BIT, rematerialize=True),
 }
-REPLAY_DTYPES = {"fp16_sr": jnp.float16, "fp16_sr_8bit": jnp.float16, "fp16_sr_8bit_remat": jnp.float16}
-"""The replay's float dtype where it is not float32: the stochastic-rounding configs store float16 transitions
-(``experiments/configs/sac/fp16_sr.py``: ``replay_dtype = "fp16"``), so their batch is float16."""
+REPLAY_DTYPES = dict.fromkeys(("fp16_sr", "fp16_sr_8bit", "fp16_sr_8bit_remat"), jnp.float16)
+"""The stochastic-rounding configs store float16 transitions (``experiments/configs/sac/fp16_sr.py``)."""
 BASE, LOW = "fp32", "fp16"
 BEYOND_GOALS = {"fp16_sr": 2.0, "fp16_sr_8bit": 2.5, "fp16_sr_8bit_remat": 2.5}
-"""Beyond the paper: fp32 / total goals of fp16 with stochastic rounding instead of the Kahan buffers, with
-hAdam's moments in float16 or blockwise 8-bit (float8 e4m3 codes, a float32 scale per 256 elements)."""
+"""fp32 / total goals beyond the paper."""
 LOSSES = ("critic", "actor", "temperature")
 COMPONENTS = ("state", "critic_residuals", "actor_residuals", "temperature_residuals", "batch")
-STATE_PARTS = (
-    "params",
-    "adam_moments",
-    "kahan_gradient_compensation",
-    "target_critic",
-    "kahan_momentum_compensation",
-    "scalars",
-)
-RESULT_NAME = "sac_memory"
-
-
-# --------------------------------------------------------------------------------------------------- counting
+STATE_PARTS = ("params", "adam_moments", "kahan_gradient_compensation", "target_critic")
+STATE_PARTS += ("kahan_momentum_compensation", "scalars")
+KINDS = ("input", "literal", "constant_broadcast", "bool_mask", "float_activation", "other")
+"""What a residual is: an input of the update (in the state or batch already: not counted again), a literal, a
+broadcast of a constant (``jax.nn.relu`` saves ``full_like(g, 0)``; :func:`lpjax.nn.dense.relu` only its output),
+a boolean mask, a computed activation."""
 
 
 def nbytes(leaf: Any) -> int:
-    """``prod(shape) * itemsize`` of an array or ``jax.ShapeDtypeStruct`` (no data is touched)."""
+    """``prod(shape) * itemsize`` of an array or ``jax.ShapeDtypeStruct``."""
     return int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
 
 
@@ -119,21 +89,14 @@ def make_config(precision: str, width: int, batch_size: int) -> sac.SACConfig:
 
 
 def abstract_state(config: sac.SACConfig, obs_dim: int, action_dim: int) -> sac.SACState:
-    """``sac.init``'s state as ``jax.ShapeDtypeStruct`` leaves, without allocating it."""
     observation = np.zeros((obs_dim,), np.float32)
     return jax.eval_shape(lambda key: sac.init(key, observation, action_dim, config), jax.random.PRNGKey(0))
 
 
 def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = jnp.float32) -> dict:
     """The replay batch ``sac.update`` takes, as ``jax.ShapeDtypeStruct`` leaves."""
-    sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
-    return {
-        "obs": sds(batch_size, obs_dim),
-        "action": sds(batch_size, action_dim),
-        "reward": sds(batch_size),
-        "discount": sds(batch_size),
-        "next_obs": sds(batch_size, obs_dim),
-    }
+    sizes = dict(obs=(obs_dim,), action=(action_dim,), reward=(), discount=(), next_obs=(obs_dim,))
+    return {name: jax.ShapeDtypeStruct((batch_size, *shape), dtype) for name, shape in sizes.items()}
 
 
 def state_part(path: str) -> str:
@@ -150,69 +113,44 @@ def state_part(path: str) -> str:
         return "adam_moments"
     if re.match(r"\.(actor|critic|temperature)\.params", path):
         return "params"
-    return "scalars"  # step, key, Adam counts, loss scale and its counters, eps scale
+    return "scalars"  # step, Adam counts, loss scale and its counters, eps scale
 
 
 def state_breakdown(state: Any) -> dict:
     """Bytes of the state by role (:data:`STATE_PARTS`), by dtype, and per network."""
-    parts = dict.fromkeys(STATE_PARTS, 0)
-    by_dtype: dict[str, int] = {}
-    by_network: dict[str, int] = {}
+    parts, by_dtype, by_network = dict.fromkeys(STATE_PARTS, 0), collections.Counter(), collections.Counter()
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
         name = jax.tree_util.keystr(path)
         parts[state_part(name)] += nbytes(leaf)
-        by_dtype[np.dtype(leaf.dtype).name] = by_dtype.get(np.dtype(leaf.dtype).name, 0) + nbytes(leaf)
-        network = name[1:].split(".")[0].split("[")[0]
-        by_network[network] = by_network.get(network, 0) + nbytes(leaf)
+        by_dtype[np.dtype(leaf.dtype).name] += nbytes(leaf)
+        by_network[name[1:].split(".")[0].split("[")[0]] += nbytes(leaf)
+    count = lambda net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
     return {
         "total": tree_bytes(state),
         "parts": parts,
-        "by_dtype": by_dtype,
-        "by_field": by_network,
-        "param_count": {
-            net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
-            for net in ("actor", "critic")
-        },
+        "by_dtype": dict(by_dtype),
+        "by_field": dict(by_network),
+        "param_count": {net: count(net) for net in ("actor", "critic")},
     }
 
 
-# ------------------------------------------------------------------------------------ the losses' backward passes
-
-
-def _scaled(loss_fn: Callable, opt_state: Any, *args) -> Callable:
-    """``params -> loss * loss_scale`` in float32, as ``lpjax.agents.training.gradient_step`` differentiates it."""
-    scale = loss_scale_or_one(opt_state)
-
-    def scaled(params):
-        loss, _ = loss_fn(params, *args)
-        return loss.astype(jnp.float32) * scale
-
-    return scaled
-
-
-def _inputs(state: sac.SACState, batch: dict):
-    """Keys and features as ``sac.update`` builds them (from states: features are the cast observations)."""
+def loss_of(loss: str, state: sac.SACState, batch: dict) -> tuple[Callable, Any]:
+    """``(params -> loss * loss scale in float32, params)`` of the critic, actor or temperature loss on
+    ``sac.update``'s inputs, as ``lpjax.agents.training.gradient_step`` differentiates it."""
     _, critic_net = sac.networks(state.config, state.action_dim)
     _, critic_key, actor_key, _ = jax.random.split(state.key, 4)
-    next_features = jax.lax.stop_gradient(
-        critic_net.apply(state.critic.params, batch["next_obs"], method=sac.SACCritic.encode)
-    )
-    features = jax.lax.stop_gradient(critic_net.apply(state.critic.params, batch["obs"], method=sac.SACCritic.encode))
-    return critic_key, actor_key, next_features, features
-
-
-def loss_of(loss: str, state: sac.SACState, batch: dict) -> tuple[Callable, Any]:
-    """``(params -> scaled loss, params)`` of the critic, actor or temperature loss, on ``sac.update``'s inputs."""
-    critic_key, actor_key, next_features, features = _inputs(state, batch)
+    encode = lambda obs: jax.lax.stop_gradient(critic_net.apply(state.critic.params, obs, method=sac.SACCritic.encode))
+    next_features, features = encode(batch["next_obs"]), encode(batch["obs"])
     if loss == "critic":
-        fn = _scaled(sac.critic_loss, state.critic.opt_state, state, batch, next_features, critic_key)
-        return fn, state.critic.params
-    if loss == "actor":
-        return _scaled(sac.actor_loss, state.actor.opt_state, state, features, actor_key), state.actor.params
-    _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
-    target_entropy = -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
-    fn = _scaled(sac.temperature_loss, state.temperature.opt_state, log_prob, target_entropy)
-    return fn, state.temperature.params
+        network, fn, args = state.critic, sac.critic_loss, (state, batch, next_features, critic_key)
+    elif loss == "actor":
+        network, fn, args = state.actor, sac.actor_loss, (state, features, actor_key)
+    else:
+        _, log_prob = sac.actor_loss(state.actor.params, state, features, actor_key)
+        target = -float(state.action_dim) if state.config.target_entropy is None else state.config.target_entropy
+        network, fn, args = state.temperature, sac.temperature_loss, (log_prob, target)
+    scale = loss_scale_or_one(network.opt_state)
+    return (lambda params: fn(params, *args)[0].astype(jnp.float32) * scale), network.params
 
 
 def _vjp(loss: str, state: sac.SACState, batch: dict):
@@ -221,10 +159,6 @@ def _vjp(loss: str, state: sac.SACState, batch: dict):
 
 
 VJPS: dict[str, Callable] = {name: functools.partial(_vjp, name) for name in LOSSES}
-
-
-def _producers(jaxpr) -> dict:
-    return {var: eqn for eqn in jaxpr.eqns for var in eqn.outvars}
 
 
 def _is_constant(atom, producers: dict, constvars: set) -> bool:
@@ -240,42 +174,27 @@ def _is_constant(atom, producers: dict, constvars: set) -> bool:
 
 
 def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
-    """Bytes of the residuals held by ``vjp_of(state, batch)``, classified (see the module docstring).
-
-    ``state`` and ``batch`` may be ``jax.ShapeDtypeStruct`` trees: nothing is allocated.
-    """
-    leaves = jax.tree.leaves(jax.eval_shape(vjp_of, state, batch))  # ShapeDtypeStructs of the vjp's residuals
-    raw = sum(nbytes(leaf) for leaf in leaves)
-
-    in_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path((state, batch))]
+    """Bytes of the residuals held by ``vjp_of(state, batch)`` (abstract inputs: nothing is allocated):
+    ``residual_leaf_bytes``, every leaf of the vjp function; ``residual_bytes``, the distinct ones that are not
+    inputs; each classified (:data:`KINDS`) by ``jax.make_jaxpr`` of the same function."""
+    leaves = jax.tree.leaves(jax.eval_shape(vjp_of, state, batch))
     in_tree = jax.tree.structure((state, batch))
-
-    def flat(*in_leaves):
-        return jax.tree.leaves(vjp_of(*jax.tree.unflatten(in_tree, in_leaves)))
-
-    closed = jax.make_jaxpr(flat)(*jax.tree.leaves((state, batch)))
-    jaxpr = closed.jaxpr
+    flat = lambda *in_leaves: jax.tree.leaves(vjp_of(*jax.tree.unflatten(in_tree, in_leaves)))
+    jaxpr = jax.make_jaxpr(flat)(*jax.tree.leaves((state, batch))).jaxpr
     if len(jaxpr.outvars) != len(leaves):
         raise AssertionError(f"make_jaxpr found {len(jaxpr.outvars)} residuals, eval_shape {len(leaves)}")
-    producers = _producers(jaxpr)
-    constvars = set(jaxpr.constvars)
+    producers = {var: eqn for eqn in jaxpr.eqns for var in eqn.outvars}
+    in_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path((state, batch))]
     invar_path = dict(zip(jaxpr.invars, in_paths))
-
-    kinds = dict.fromkeys(("input", "literal", "constant_broadcast", "bool_mask", "float_activation", "other"), 0)
-    counts = dict.fromkeys(kinds, 0)
-    by_dtype: dict[str, int] = {}
-    inputs: list[str] = []
-    seen: set = set()
-    duplicates = 0
+    kinds, counts, by_dtype = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0), collections.Counter()
+    inputs, seen, duplicates, constvars = [], set(), 0, set(jaxpr.constvars)
     for var in jaxpr.outvars:
-        aval = var.aval
-        size = nbytes(aval)
-        if not isinstance(var, jex.Literal):
-            if var in seen:
-                duplicates += 1
-                continue
-            seen.add(var)
-        if isinstance(var, jex.Literal):
+        aval, literal = var.aval, isinstance(var, jex.Literal)
+        if not literal and var in seen:
+            duplicates += 1
+            continue
+        seen.add(None if literal else var)
+        if literal:
             kind = "literal"
         elif var in invar_path:
             kind = "input"
@@ -284,29 +203,24 @@ def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
             kind = "constant_broadcast"
         elif aval.dtype == np.bool_:
             kind = "bool_mask"
-        elif jnp.issubdtype(aval.dtype, jnp.floating):
-            kind = "float_activation"
         else:
-            kind = "other"
-        kinds[kind] += size
+            kind = "float_activation" if jnp.issubdtype(aval.dtype, jnp.floating) else "other"
+        kinds[kind] += nbytes(aval)
         counts[kind] += 1
         if kind != "input":
-            by_dtype[np.dtype(aval.dtype).name] = by_dtype.get(np.dtype(aval.dtype).name, 0) + size
+            by_dtype[np.dtype(aval.dtype).name] += nbytes(aval)
     new = sum(size for kind, size in kinds.items() if kind != "input")
     return {
-        "residual_leaf_bytes": raw,  # every leaf of the vjp function, as jax.eval_shape gives them
+        "residual_leaf_bytes": sum(nbytes(leaf) for leaf in leaves),
         "residual_leaves": len(leaves),
         "duplicate_leaves": duplicates,
-        "residual_bytes": new,  # distinct residuals that are not inputs of the update (state, batch)
+        "residual_bytes": new,
         "residual_bytes_without_constant_broadcasts": new - kinds["constant_broadcast"],
         "by_kind": kinds,
         "count_by_kind": counts,
-        "by_dtype": by_dtype,
+        "by_dtype": dict(by_dtype),
         "inputs_saved": inputs,
     }
-
-
-# ----------------------------------------------------------------------------------------------------- measure
 
 
 def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
@@ -321,7 +235,6 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
     components = {"state": state_info["total"], "batch": tree_bytes(batch)}
     components.update({f"{name}_residuals": res[name]["residual_bytes"] for name in LOSSES})
     without = sum(r["by_kind"]["constant_broadcast"] for r in res.values())
-    grads = tree_bytes(state.actor.params) + tree_bytes(state.critic.params) + tree_bytes(state.temperature.params)
     return {
         "precision": precision,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()},
@@ -337,39 +250,31 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
         "residuals": res,
         "batch": {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()},
         "batch_bytes_if_stored_fp16": tree_bytes(abstract_batch(batch_size, obs_dim, action_dim, jnp.float16)),
-        "gradients_bytes": grads,
+        "gradients_bytes": tree_bytes((state.actor.params, state.critic.params, state.temperature.params)),
     }
 
 
 def compare(base: dict, low: dict) -> dict:
-    """fp32/fp16 ratios of every component and of the totals, and each component's ``excess_over_half``."""
+    """fp32/fp16 ratios of every component and of the totals, each component's ``excess_over_half``, and
+    counterfactuals showing what keeps the ratio below 2 (not configurations that exist)."""
     ratio = lambda a, b: (a / b) if a and b else None
     comps = {c: ratio(base["components"][c], low["components"][c]) for c in base["components"]}
     parts = {p: ratio(base["state"]["parts"][p], low["state"]["parts"][p]) for p in STATE_PARTS}
     excess = {c: low["components"][c] - base["components"][c] / 2 for c in base["components"]}
     state_excess = {p: low["state"]["parts"][p] - base["state"]["parts"][p] / 2 for p in STATE_PARTS}
-    total = base["total_bytes"] / low["total_bytes"]
-    low_name = low["precision"]
-    # Total ratio if one component alone were exactly halved (what each one costs the headline ratio).
-    if_halved = {c: base["total_bytes"] / (low["total_bytes"] - excess[c]) for c in base["components"]}
+    t32, t16 = base["total_bytes"], low["total_bytes"]
+    total = t32 / t16
     kahan = low["state"]["parts"]["kahan_gradient_compensation"] + low["state"]["parts"]["kahan_momentum_compensation"]
-    masks = sum(low["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES)
-    # The best any fp16 implementation with these methods could do: its state (fp16 params, moments and target
-    # plus both Kahan buffers) as it is, everything else exactly half of fp32's.
-    #   ceiling = T32 / (S16 + (T32 - S32) / 2)
-    base_state, low_state = base["components"]["state"], low["components"]["state"]
-    ceiling = base["total_bytes"] / (low_state + (base["total_bytes"] - base_state) / 2)
+    masks = [sum(row["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES) for row in (base, low)]
+    # The best any fp16 implementation with these methods could do: its state as it is, all else half of fp32's.
+    ceiling = t32 / (low["components"]["state"] + (t32 - base["components"]["state"]) / 2)
     paper = PAPER_TABLE_11_MB.get((base["width"], base["batch_size"]))
-    base_masks = sum(base["residuals"][loss]["by_kind"]["bool_mask"] for loss in LOSSES)
     return {
         "width": base["width"],
         "batch_size": base["batch_size"],
         "total_ratio": total,
-        # Counterfactuals, to show what keeps the ratio below 2 (not configurations that exist):
-        "total_ratio_without_kahan_buffers": base["total_bytes"] / (low["total_bytes"] - kahan),
-        "total_ratio_without_kahan_buffers_and_bool_masks": (
-            (base["total_bytes"] - base_masks) / (low["total_bytes"] - kahan - masks)
-        ),
+        "total_ratio_without_kahan_buffers": t32 / (t16 - kahan),
+        "total_ratio_without_kahan_buffers_and_bool_masks": (t32 - masks[0]) / (t16 - kahan - masks[1]),
         "total_ratio_without_constant_broadcasts": (
             base["total_bytes_without_constant_broadcasts"] / low["total_bytes_without_constant_broadcasts"]
         ),
@@ -377,18 +282,16 @@ def compare(base: dict, low: dict) -> dict:
         "state_part_ratios": parts,
         "excess_over_half_bytes": excess,
         "state_excess_over_half_bytes": state_excess,
-        "total_ratio_if_component_halved": if_halved,
+        "total_ratio_if_component_halved": {c: t32 / (t16 - excess[c]) for c in base["components"]},
         "largest_excess": max(excess, key=excess.get),
         "total_ratio_ceiling_with_kahan_state": ceiling,
         "target_ratio": TARGET_RATIO,
         "target_met": bool(total >= TARGET_RATIO),
         "target_reachable_with_kahan_state": bool(ceiling >= TARGET_RATIO),
-        "total_mb": {BASE: base["total_bytes"] / 1e6, low_name: low["total_bytes"] / 1e6},
+        "total_mb": {BASE: t32 / 1e6, low["precision"]: t16 / 1e6},
         "paper_table_11_mb": None if paper is None else dict(zip((BASE, LOW), paper)),
     }
 
-
-# ------------------------------------------------------------------------------------------------ cross-check
 
 _DTYPE_ABBREV = dict(f16=np.float16, bf16=jnp.bfloat16, f32=np.float32, f64=np.float64, bool=np.bool_)
 _DTYPE_ABBREV.update(i32=np.int32, u32=np.uint32, i64=np.int64, u8=np.uint8, u16=np.uint16)
@@ -407,53 +310,56 @@ def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
     return rows
 
 
-def saved_residuals_of(loss: str, state: sac.SACState, batch: dict) -> list[tuple[int, str]]:
-    """``print_saved_residuals`` of one loss as a function of its parameters alone (the rest closed over: it
-    differentiates every argument it is given), with real arrays or under ``jax.eval_shape``."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        jax.ad_checkpoint.print_saved_residuals(*loss_of(loss, state, batch))
-    return parse_saved_residuals(out.getvalue())
-
-
 def cross_check(loss: str, state: Any, batch: dict, ours: dict) -> dict:
-    """:func:`residuals`' raw count of one loss against ``print_saved_residuals``, abstractly (no allocation)."""
-    found: list = []
+    """:func:`residuals`' raw count of one loss against ``print_saved_residuals`` of that loss as a function of its
+    parameters alone (the rest closed over: it differentiates every argument it is given), under
+    ``jax.eval_shape``."""
+    out = io.StringIO()
 
     def run(state, batch):
-        found.append(saved_residuals_of(loss, state, batch))
+        with contextlib.redirect_stdout(out):
+            jax.ad_checkpoint.print_saved_residuals(*loss_of(loss, state, batch))
         return 0
 
     jax.eval_shape(run, state, batch)
-    rows = found[0]
-    groups: dict[str, int] = {}
+    rows = parse_saved_residuals(out.getvalue())
+    groups = collections.Counter()
     for size, description in rows:
-        kind = next(
-            (
-                k
-                for k in ("from the argument", "from a constant", "from a literal", "output of")
-                if description.startswith(k)
-            ),
-            "other",
-        )
-        groups[kind] = groups.get(kind, 0) + size
+        prefixes = ("from the argument", "from a constant", "from a literal", "output of")
+        groups[next((k for k in prefixes if description.startswith(k)), "other")] += size
     total = sum(size for size, _ in rows)
     return {
         "print_saved_residuals_bytes": total,
         "print_saved_residuals_lines": len(rows),
-        "print_saved_residuals_by_description": groups,
+        "print_saved_residuals_by_description": dict(groups),
         "equal": ours["residual_leaf_bytes"] == total and ours["residual_leaves"] == len(rows),
     }
 
 
-# ---------------------------------------------------------------------------------------------------- driver
+METHOD = {
+    "summary": "bytes = prod(shape) * itemsize of abstract values; no device memory statistics, nothing "
+    "allocated (jax.eval_shape / jax.make_jaxpr on jax.ShapeDtypeStruct inputs)",
+    "state": "jax.eval_shape(sac.init) -> SACState; sum over leaves, grouped by role from the key path",
+    "residuals": "jax.eval_shape(lambda s, b: jax.vjp(loss * loss_scale, params)[1]) -> leaves of the vjp function = "
+    "residual_leaf_bytes; jax.make_jaxpr of the same function classifies each residual (input of the update / "
+    "literal / constant broadcast / bool mask / float activation); residual_bytes = distinct residuals that are not "
+    "inputs (inputs are in the state or batch already)",
+    "batch": "obs, action, reward, discount, next_obs, as the replay buffer stores them: float32, float16 for "
+    "fp16_sr and fp16_sr_8bit (replay_dtype='fp16')",
+    "total": "state + critic, actor and temperature residual_bytes + batch (gradients and XLA temporaries not "
+    "included; critic and actor residuals are summed although they are live one at a time)",
+    "ratio": "fp32 total bytes / fp16 total bytes; target >= 1.8",
+    "ceiling": "total_ratio_ceiling_with_kahan_state = fp32 total / (fp16 state + (fp32 total - fp32 state) / 2): the "
+    "ratio if everything but the fp16 training state (params, Adam moments, target critic and the two Kahan "
+    "buffers) were exactly half of fp32's",
+    "cross_check": "raw residual count vs jax.ad_checkpoint.print_saved_residuals of each loss as a function of its "
+    "parameters only (state and batch closed over), under jax.eval_shape, for every configuration",
+}
+"""How each figure of the json is counted (the json's ``method``)."""
 
 
 def run_benchmark(
-    sizes: Sequence[tuple[int, int]],
-    obs_dim: int = OBS_DIM,
-    action_dim: int = ACTION_DIM,
-    log: Callable[[str], None] = print,
+    sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM, log: Callable = print
 ) -> dict:
     start = time.perf_counter()
     rows, comparisons, beyond = [], [], []
@@ -467,32 +373,17 @@ def run_benchmark(
         for precision, goal in BEYOND_GOALS.items():
             entry = compare(pair[BASE], pair[precision])
             beyond.append(
-                {
-                    "precision": precision,
-                    "width": width,
-                    "batch_size": batch_size,
-                    "total_ratio": entry["total_ratio"],
-                    "goal": goal,
-                    "goal_met": bool(entry["total_ratio"] >= goal),
-                    "component_ratios": entry["component_ratios"],
-                    "state_part_ratios": entry["state_part_ratios"],
-                    "excess_over_half_bytes": entry["excess_over_half_bytes"],
-                    "total_mb": entry["total_mb"],
-                }
+                dict(precision=precision, width=width, batch_size=batch_size, total_ratio=entry["total_ratio"])
+                | dict(goal=goal, goal_met=bool(entry["total_ratio"] >= goal))
+                | {k: entry[k] for k in ("component_ratios", "state_part_ratios", "excess_over_half_bytes", "total_mb")}
             )
     checks = [
-        {
-            "precision": r["precision"],
-            "width": r["width"],
-            "batch_size": r["batch_size"],
-            "loss": loss,
-            "residual_leaf_bytes": r["residuals"][loss]["residual_leaf_bytes"],
-            **r["residuals"][loss]["print_saved_residuals"],
-        }
+        {k: r[k] for k in ("precision", "width", "batch_size")}
+        | {"loss": loss, "residual_leaf_bytes": r["residuals"][loss]["residual_leaf_bytes"]}
+        | r["residuals"][loss]["print_saved_residuals"]
         for r in rows
         for loss in LOSSES
     ]
-    check = {"all_equal": all(c["equal"] for c in checks), "checks": checks}
     return {
         "benchmark": RESULT_NAME,
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -500,27 +391,7 @@ def run_benchmark(
         "flax_version": flax.__version__,
         "lpjax_version": getattr(lpjax, "__version__", None),
         "python": sys.version.split()[0],
-        "method": {
-            "summary": "bytes = prod(shape) * itemsize of abstract values; no device memory statistics, nothing "
-            "allocated (jax.eval_shape / jax.make_jaxpr on jax.ShapeDtypeStruct inputs)",
-            "state": "jax.eval_shape(sac.init) -> SACState; sum over leaves, grouped by role from the key path",
-            "residuals": "jax.eval_shape(lambda s, b: jax.vjp(loss * loss_scale, params)[1]) -> leaves of the "
-            "vjp function = residual_leaf_bytes; jax.make_jaxpr of the same function classifies each "
-            "residual (input of the update / literal / constant broadcast / bool mask / float "
-            "activation); residual_bytes = distinct residuals that are not inputs (inputs are in "
-            "the state or batch already)",
-            "batch": "obs, action, reward, discount, next_obs, as the replay buffer stores them: float32, float16 "
-            "for fp16_sr and fp16_sr_8bit (replay_dtype='fp16')",
-            "total": "state + critic, actor and temperature residual_bytes + batch (gradients and XLA temporaries "
-            "not included; critic and actor residuals are summed although they are live one at a time)",
-            "ratio": "fp32 total bytes / fp16 total bytes; target >= 1.8",
-            "ceiling": "total_ratio_ceiling_with_kahan_state = fp32 total / (fp16 state + (fp32 total - fp32 "
-            "state) / 2): the ratio if everything but the fp16 training state (params, Adam moments, "
-            "target critic and the two Kahan buffers) were exactly half of fp32's",
-            "cross_check": "raw residual count vs jax.ad_checkpoint.print_saved_residuals of each loss as a "
-            "function of its parameters only (state and batch closed over), under jax.eval_shape, "
-            "for every configuration",
-        },
+        "method": METHOD,
         "precisions": {
             name: {k: dataclasses.asdict(v) if k == "methods" else v for k, v in spec.items()}
             for name, spec in PRECISIONS.items()
@@ -537,22 +408,19 @@ def run_benchmark(
         "target_met": {f"w{c['width']}_b{c['batch_size']}": c["target_met"] for c in comparisons},
         "beyond": beyond,
         "beyond_goals_met": {f"{b['precision']}/w{b['width']}_b{b['batch_size']}": b["goal_met"] for b in beyond},
-        "cross_check": check,
+        "cross_check": {"all_equal": all(c["equal"] for c in checks), "checks": checks},
         "seconds": time.perf_counter() - start,
     }
 
 
 def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int, rounds: int = 5) -> dict:
-    """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize`` at one
-    size, on this machine: medians of interleaved rounds (:func:`benchmarks.timing.interleaved`), states donated."""
-    rng = np.random.default_rng(0)
-    batch = jax.tree.map(
-        lambda x: jnp.asarray(x, jnp.float16), random_transitions(rng, batch_size, obs_dim, action_dim)
-    )
+    """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize``, medians of
+    interleaved rounds, states donated."""
+    batch = random_transitions(np.random.default_rng(0), batch_size, obs_dim, action_dim)
+    batch = jax.tree.map(lambda x: jnp.asarray(x, jnp.float16), batch)
     states, steps = {}, {}
     for name in ("fp16_sr_8bit", "fp16_sr_8bit_remat"):
-        config = make_config(name, width, batch_size)
-        states[name] = sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)
+        states[name] = sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, make_config(name, width, batch_size))
         steps[name] = sac.update.lower(states[name], batch).compile()
 
     def update(name):
@@ -574,12 +442,9 @@ def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: in
     }
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:10.2f}"
-
-
 def format_table(result: dict) -> str:
     by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
+    mib = lambda n: f"{n / 2**20:10.2f}"
     header = (
         f"{'width':>6} {'batch':>6} {'prec':<12} {'state':>10} {'critic res':>10} {'actor res':>10} "
         f"{'temp res':>10} {'batch':>10} {'total MiB':>10}"
@@ -588,28 +453,24 @@ def format_table(result: dict) -> str:
     for comp in result["comparisons"]:
         w, b = comp["width"], comp["batch_size"]
         for precision in PRECISIONS:
-            c = by_key[(precision, w, b)]["components"]
-            lines.append(
-                f"{w:>6} {b:>6} {precision:<12} {_mib(c['state'])} {_mib(c['critic_residuals'])} "
-                f"{_mib(c['actor_residuals'])} {_mib(c['temperature_residuals'])} {_mib(c['batch'])} "
-                f"{_mib(by_key[(precision, w, b)]['total_bytes'])}"
-            )
+            row = by_key[(precision, w, b)]
+            cells = " ".join(mib(v) for v in [*(row["components"][c] for c in COMPONENTS), row["total_bytes"]])
+            lines.append(f"{w:>6} {b:>6} {precision:<12} {cells}")
         r = comp["component_ratios"]
         lines.append(
-            f"{'':>6} {'':>6} {'fp32/fp16':<12} {r['state']:>10.3f} {r['critic_residuals']:>10.3f} "
-            f"{r['actor_residuals']:>10.3f} {r['temperature_residuals']:>10.3f} {r['batch']:>10.3f} "
-            f"{comp['total_ratio']:>10.3f}   (without zero broadcasts: "
-            f"{comp['total_ratio_without_constant_broadcasts']:.3f}; "
-            f"target {TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; "
-            f"largest excess: {comp['largest_excess']})"
+            f"{'':>6} {'':>6} {'fp32/fp16':<12} "
+            + " ".join(f"{r[c]:>10.3f}" for c in COMPONENTS)
+            + f" {comp['total_ratio']:>10.3f}   (without zero broadcasts: "
+            f"{comp['total_ratio_without_constant_broadcasts']:.3f}; target {TARGET_RATIO}: "
+            f"{'MET' if comp['target_met'] else 'MISSED'}; largest excess: {comp['largest_excess']})"
+        )
+        excess = ", ".join(
+            f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items()
         )
         lines.append(
-            f"{'':>13} fp16 bytes beyond half of fp32 (MiB): "
-            + ", ".join(
-                f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items()
-            )
-            + f"; ratio without the Kahan buffers {comp['total_ratio_without_kahan_buffers']:.3f}, "
-            f"and without bool masks {comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
+            f"{'':>13} fp16 bytes beyond half of fp32 (MiB): {excess}; ratio without the Kahan buffers "
+            f"{comp['total_ratio_without_kahan_buffers']:.3f}, and without bool masks "
+            f"{comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
         )
         paper = comp["paper_table_11_mb"]
         lines.append(
@@ -622,8 +483,7 @@ def format_table(result: dict) -> str:
                 f", paper Table 11 {paper[BASE]} / {paper[LOW]}"
             )
         )
-    lines.append("")
-    lines.append("beyond the paper, fp32 / total (goal):")
+    lines += ["", "beyond the paper, fp32 / total (goal):"]
     for b in result["beyond"]:
         r = b["component_ratios"]
         lines.append(
@@ -631,14 +491,11 @@ def format_table(result: dict) -> str:
             f"(goal {b['goal']}: {'MET' if b['goal_met'] else 'MISSED'}; state {r['state']:.3f}, critic res "
             f"{r['critic_residuals']:.3f}, actor res {r['actor_residuals']:.3f}, batch {r['batch']:.3f})"
         )
-    lines.append("")
-    lines.append(
-        "state by role, fp32/fp16 ratio:  "
-        + ", ".join(
-            f"{p} {v:.2f}" if v else f"{p} (fp16 only)"
-            for p, v in result["comparisons"][0]["state_part_ratios"].items()
-        )
-    )
+    parts = result["comparisons"][0]["state_part_ratios"].items()
+    lines += [
+        "",
+        "state by role, fp32/fp16 ratio:  " + ", ".join(f"{p} {v:.2f}" if v else f"{p} (fp16 only)" for p, v in parts),
+    ]
     if "rematerialize_time" in result:
         t = result["rematerialize_time"]
         lines.append(
@@ -646,10 +503,9 @@ def format_table(result: dict) -> str:
             f"{t['ms_per_update']['fp16_sr_8bit']:.1f} -> {t['ms_per_update']['fp16_sr_8bit_remat']:.1f} ms "
             f"({t['time_ratio']:.2f}x)"
         )
-    check = result["cross_check"]
+    equal = "all equal" if result["cross_check"]["all_equal"] else "DIFFERENT"
     lines.append(
-        f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
-        f"{'all equal' if check['all_equal'] else 'DIFFERENT'}"
+        f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: {equal}"
     )
     return "\n".join(lines)
 
@@ -669,11 +525,10 @@ def plot(result: dict, path: Path) -> None:
             bottom = np.zeros(len(comps))
             style = dict(edgecolor="black", hatch="//") if j else dict(edgecolor="white")
             for comp in COMPONENTS:
-                rows = [by_key[(precision, c["width"], c["batch_size"])] for c in comps]
-                vals = np.array([row["components"][comp] for row in rows]) / 2**20
+                vals = np.array([by_key[(precision, c["width"], c["batch_size"])]["components"][comp] for c in comps])
                 label = comp.replace("_", " ") if j == 0 else None
-                ax.bar(pos, vals, bar, bottom=bottom, color=colors[comp], linewidth=0.5, label=label, **style)
-                bottom += vals
+                ax.bar(pos, vals / 2**20, bar, bottom=bottom, color=colors[comp], linewidth=0.5, label=label, **style)
+                bottom += vals / 2**20
             for p, total in zip(pos, bottom):
                 ax.annotate(precision.replace("fp16_", ""), (p, total), fontsize=6, rotation=90, **offset)
         for xi, c in zip(x, comps):
@@ -720,7 +575,7 @@ def _sizes(text: str) -> list[tuple[int, int]]:
     try:
         pairs = [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes are WIDTHxBATCH[,WIDTHxBATCH...], got {text!r}") from None
+        pairs = []
     if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
         raise argparse.ArgumentTypeError(f"sizes are WIDTHxBATCH[,WIDTHxBATCH...] of positive ints, got {text!r}")
     return pairs
@@ -731,9 +586,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--sizes", type=_sizes, default=None, help="WIDTHxBATCH,... (default: the paper's four)")
     cli.add_argument("--obs-dim", type=int, default=OBS_DIM, help=f"observation dim (default {OBS_DIM}, walker)")
     cli.add_argument("--action-dim", type=int, default=ACTION_DIM, help=f"action dim (default {ACTION_DIM}, walker)")
-    cli.add_argument(
-        "--time_size", type=_sizes, default=None, help="WIDTHxBATCH at which to time rematerialize (default 1024x1024)"
-    )
+    cli.add_argument("--time_size", type=_sizes, help="WIDTHxBATCH at which to time rematerialize (default 1024x1024)")
     args = cli.parse_args(argv)
     if args.obs_dim < 1 or args.action_dim < 1:
         cli.error("--obs-dim and --action-dim must be >= 1")
