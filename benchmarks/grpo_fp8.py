@@ -2,15 +2,11 @@
 correction (token-level TIS, sequence-level masked IS, geometric-mean rejection), vs bf16 and fp16 rollouts, over
 3 seeds, plus the bytes of the weights and the KV cache per precision.
 
-Each run is one ``experiments.grpo_loop.train`` of ``experiments/configs/grpo/<config>.py`` (:data:`CONFIGS`)
-with the setting's overrides (``--task``, ``--num_digits``, ``--temperature``, ``--iterations``). Recorded per
-run: the reward, mismatch-KL and rejected-fraction curves and the greedy accuracy; per config: the final reward
-(mean of the last 5 logged iterations) over seeds, its ratio to fp32's, the mean mismatch KL (``KL(rollout ||
-train)`` per token, k3 estimator) and rejected fraction; ``degradation``: whether fp8 without a correction ends
-below ``TARGET_RATIO`` x fp32 and which corrections recover it; the bytes of the linear weights and of a KV cache
-(fp8: codes and scales) at the benchmark's model and at a 32-layer, 4096-token LLM shape.
-
-Runs live in ``runs/grpo_fp8/<setting>/<config>/seed<k>/``; finished runs are not rerun.
+Each run is one ``experiments.grpo_loop.train`` of ``experiments/configs/grpo/<config>.py`` with the setting's
+overrides; runs live in ``runs/grpo_fp8/<setting>/<config>/seed<k>/`` and finished runs are not rerun. Per config:
+the final reward (mean of the last 5 logged iterations) over seeds and its ratio to fp32's, the mean mismatch KL
+(``KL(rollout || train)`` per token) and rejected fraction; ``degradation``: whether fp8 without a correction ends
+below ``TARGET_RATIO`` x fp32 and which corrections recover it.
 """
 
 from __future__ import annotations
@@ -48,18 +44,6 @@ def weight_bytes(shapes: Sequence[tuple[int, int]]) -> dict[str, int]:
     return {"fp32": 4 * elements, "bf16": 2 * elements, "fp8": elements + 4 * blocks}
 
 
-def model_bytes(config) -> dict[str, Any]:
-    """Weights of the benchmark's transformer blocks and its KV cache for one sequence, per precision."""
-    d, f, layers, heads = config.model.d_model, config.model.d_ff, config.model.num_layers, config.model.num_heads
-    shapes = [(d, d)] * 4 * layers + [(d, f), (f, d)] * layers
-    return {"weights": weight_bytes(shapes), "kv_cache": kv_cache_bytes(layers, heads, d // heads, 16)}
-
-
-def setting_tag(args: argparse.Namespace) -> str:
-    """The run directory of a setting: ``<task><digits>_t<temperature>``, e.g. ``sort9_t1.5``."""
-    return f"{args.task}{args.num_digits}_t{args.temperature:g}"
-
-
 def make_config(name: str, seed: int, args: argparse.Namespace):
     """The config file's config with the setting and the run's size applied."""
     module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
@@ -79,7 +63,8 @@ def train_run(name: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
     from experiments import grpo_loop
 
     config = make_config(name, seed, args)
-    run_dir = args.runs_dir / setting_tag(args) / name / f"seed{seed}"
+    setting = f"{args.task}{args.num_digits}_t{args.temperature:g}"  # e.g. sort9_t1.5
+    run_dir = args.runs_dir / setting / name / f"seed{seed}"
     job = run_farm.Job(
         f"{name}/seed{seed}",
         run_dir,
@@ -111,7 +96,7 @@ def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     their ratio and the mismatch KL."""
     task, digits, temperature = setting.split(":")
     trial = argparse.Namespace(
-        **{**vars(args), "task": task, "num_digits": int(digits), "temperature": float(temperature)}
+        **vars(args) | {"task": task, "num_digits": int(digits), "temperature": float(temperature)}
     )
     runs = {name: {0: read_run(train_run(name, 0, trial))} for name in ("fp32", "fp8_no_tis")}
     summary = summarize(runs, list(runs))
@@ -174,7 +159,7 @@ def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-
+    """Smoothed reward and mismatch KL per iteration (mean over seeds), and each config's final reward."""
     with figure(path, 1, 3, figsize=(16, 4.3)) as (fig, axes):
         summary = result["summary"]
         for name, by_seed in result["runs"].items():
@@ -186,16 +171,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
             kls = [r["mismatch_kl"][:length] for r in by_seed.values()]
             axes[1].plot(iterations, np.mean(kls, axis=0), color=COLORS.get(name), label=name)
         names = list(summary)
-        axes[2].bar(
-            range(len(names)),
-            [summary[n]["final_reward_mean"] for n in names],
-            yerr=[summary[n]["final_reward_std"] for n in names],
-            color=[COLORS.get(n) for n in names],
-        )
+        means, stds = ([summary[n][f"final_reward_{k}"] for n in names] for k in ("mean", "std"))
+        axes[2].bar(range(len(names)), means, yerr=stds, color=[COLORS.get(n) for n in names])
         for i, n in enumerate(names):
-            axes[2].scatter(
-                [i] * len(summary[n]["final_reward_per_seed"]), summary[n]["final_reward_per_seed"], color="k", s=8
-            )
+            seeds = summary[n]["final_reward_per_seed"]
+            axes[2].scatter([i] * len(seeds), seeds, color="k", s=8)
         axes[2].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
         setting = result["setting"]
         title = f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
@@ -245,12 +225,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     cli.add_argument("--task", default=DEFAULT_SETTING["task"], choices=("addition", "copy", "sort"))
     cli.add_argument("--num_digits", type=int, default=DEFAULT_SETTING["num_digits"])
     cli.add_argument("--temperature", type=float, default=DEFAULT_SETTING["temperature"])
-    cli.add_argument(
-        "--explore",
-        default=DEFAULT_EXPLORE,
-        help="settings task:digits:temperature tried first with fp32 and fp8 without correction on seed 0 (recorded "
-        "as settings_tried; '' to skip)",
-    )
+    explore_help = "settings task:digits:temperature tried first (fp32, fp8 uncorrected, seed 0); '' to skip"
+    cli.add_argument("--explore", default=DEFAULT_EXPLORE, help=explore_help)
     cli.add_argument("--runs_dir", type=pathlib.Path, default=REPO / "runs" / "grpo_fp8")
     args = cli.parse_args(argv)
     names = args.configs.split(",")
@@ -259,8 +235,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         cli.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     if not 1 <= args.num_digits <= 9 or args.temperature <= 0 or args.iterations < 1:
         cli.error("--num_digits must be in [1, 9], --temperature > 0 and --iterations >= 1")
-    from experiments.configs.grpo import fp32
-
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
     settings_tried = [explore(setting, args) for setting in args.explore.split(",") if setting]
@@ -271,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "kv_cache_32l_32h_128d_4096tok": kv_cache_bytes(32, 32, 128, 4096),
     }
     kv = llm["kv_cache_32l_32h_128d_4096tok"]
+    model = make_config("fp32", 0, args).model  # the benchmark's transformer blocks, its KV cache for one sequence
+    d, f, layers, heads = model.d_model, model.d_ff, model.num_layers, model.num_heads
+    shapes = [(d, d)] * 4 * layers + [(d, f), (f, d)] * layers
+    benchmark_model = {"weights": weight_bytes(shapes), "kv_cache": kv_cache_bytes(layers, heads, d // heads, 16)}
     result = {
         "command": command_line("benchmarks.grpo_fp8", argv),
         "setting": {"task": args.task, "num_digits": args.num_digits, "temperature": args.temperature},
@@ -280,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "summary": summary,
         "degradation": degradation(summary),
         "settings_tried": settings_tried,
-        "bytes": {"benchmark_model": model_bytes(fp32.get_config()), "llm_shape": llm},
+        "bytes": {"benchmark_model": benchmark_model, "llm_shape": llm},
         "fp8_kv_smaller_than_bf16": kv["bf16"] / kv["fp8"],
         "runs": runs,
         "session_seconds": time.perf_counter() - started,
