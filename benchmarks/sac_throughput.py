@@ -176,27 +176,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-class CompileTimer:
-    """Sums ``jax.monitoring``'s backend-compile seconds into the currently open ``section``."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._current: str | None = None
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-
-    def _listen(self, event: str, duration: float, **_: Any) -> None:
-        if event == "/jax/core/compile/backend_compile_duration" and self._current is not None:
-            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + duration
-
-    @contextlib.contextmanager
-    def section(self, name: str | None):
-        previous, self._current = self._current, name
-        try:
-            yield
-        finally:
-            self._current = previous
-
-
 @contextlib.contextmanager
 def brax_jax_compat():
     """Provides ``jax.device_put_replicated`` (removed in jax 0.10, still called by brax 0.14.2) while brax runs."""
@@ -297,7 +276,7 @@ def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.Conf
 class LpjaxVariant:
     """The jitted loop in one configuration; a round is one call of its compiled chunk."""
 
-    def __init__(self, name: str, settings, iterations: int, seed: int, timer: CompileTimer):
+    def __init__(self, name: str, settings, iterations: int, seed: int, timer: timing.CompileTimer):
         self.name, self.settings, self.iterations, self.agent = name, settings, iterations, settings.agent
         self.sps, self.critic_loss = [], float("nan")
         with timer.section(name):
@@ -323,7 +302,7 @@ class HostVariant:
     """The dm_control host loop; a round resumes its run for ``iterations`` more steps. Every timed round is a
     resume: the first segment runs (untimed) here, since the first resume compiles again."""
 
-    def __init__(self, name: str, config: ml_collections.ConfigDict, run_dir: Path, timer: CompileTimer):
+    def __init__(self, name: str, config: ml_collections.ConfigDict, run_dir: Path, timer: timing.CompileTimer):
         self.name, self.config, self.run_dir, self.timer = name, config, run_dir, timer
         self.agent = SACConfig.from_mapping(config.agent.to_dict())
         self.steps, self.sps, self.critic_loss, self.round_s = 0, [], float("nan"), []
@@ -350,7 +329,9 @@ class HostVariant:
         return self.sps[-1]
 
 
-def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: CompileTimer, work_dir: Path) -> dict:
+def run_setting(
+    setting: Setting, policies: Sequence[str], seed: int, timer: timing.CompileTimer, work_dir: Path
+) -> dict:
     """Times brax and the lpjax variants on one setting, interleaved round by round."""
     from brax.training.agents.sac import networks as sac_networks
     from brax.training.agents.sac import train as brax_sac
@@ -525,7 +506,7 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
 def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """Runs the chosen settings and the update profile; each records this run (command, date, versions, machine
     with its load average at the run's end)."""
-    timer = CompileTimer()
+    timer = timing.CompileTimer()
     policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
     with tempfile.TemporaryDirectory(prefix="sac_throughput-") as work_dir:
         settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir)) for setting in args.chosen]

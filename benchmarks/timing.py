@@ -1,19 +1,18 @@
 """The benchmarks' timing harness: variants timed side by side in interleaved rounds, reported as medians, with the
-machine's load beside them.
-
-A shared machine slows every variant alike over a round, and a round-robin order spreads what it cannot: each
-round times every variant once, in an order rotated from round to round, after untimed warm-up calls of each.
-A variant is a zero-argument callable that runs the work once and returns something :func:`jax.block_until_ready`
-accepts, so asynchronous dispatch is waited for inside the timed region (and only there).
+machine's load beside them. A shared machine slows every variant alike over a round, and rotating the order from
+round to round spreads what it cannot. A variant is a zero-argument callable returning something
+:func:`jax.block_until_ready` accepts, so asynchronous dispatch is waited for inside the timed region.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -40,15 +39,12 @@ def interleaved(
     per_call: bool = False,
 ) -> dict[str, dict]:
     """Seconds per call of each variant: ``warmup`` untimed calls of each, then ``rounds`` rounds, each timing
-    ``calls`` consecutive calls of every variant (one number, or one per variant), the variants' order rotated
-    each round, garbage collection off while timing.
+    ``calls`` consecutive calls (one number, or one per variant) of every variant in one span blocked on at its
+    end, the order rotated each round, garbage collection off. With ``per_call`` each call is its own span, kept in
+    ``calls_s`` (per round, the seconds of each call).
 
-    A round's calls are one ``perf_counter`` span, the last result blocked on at its end; with ``per_call`` each
-    call is its own span, blocked on, and kept (``calls_s``: per round, the seconds of each call).
-
-    Returns ``{name: {"median_s", "min_s", "max_s", "rounds_s"}}``, ``rounds_s`` holding each round's seconds per
-    call (with ``per_call``, the median of its calls), and the machine's load before and after under the key
-    ``"machine"`` as ``{"load_before", "load_after"}``.
+    Returns ``{name: {"median_s", "min_s", "max_s", "rounds_s"}}`` (``rounds_s``: each round's seconds per call,
+    with ``per_call`` the median of its calls) and ``{"load_before", "load_after"}`` under ``"machine"``.
     """
     counts = {name: calls[name] if isinstance(calls, Mapping) else calls for name in variants}
     if rounds < 1 or min(counts.values(), default=1) < 1 or warmup < 0:
@@ -95,3 +91,26 @@ def interleaved(
             result[name]["calls_s"] = per_round
     result["machine"] = {"load_before": load_before, "load_after": machine_load()}
     return result
+
+
+class CompileTimer:
+    """Counts XLA's backend compilations (``jax.monitoring`` events) and sums their seconds into the ``section``
+    open at the time."""
+
+    def __init__(self):
+        self.count, self.seconds, self._current = 0, {}, None
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event: str, duration: float, **_: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+            if self._current is not None:
+                self.seconds[self._current] = self.seconds.get(self._current, 0.0) + duration
+
+    @contextlib.contextmanager
+    def section(self, name: str | None):
+        previous, self._current = self._current, name
+        try:
+            yield
+        finally:
+            self._current = previous

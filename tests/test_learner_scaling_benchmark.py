@@ -4,14 +4,14 @@ byte counts checked against hand counts and the sharding rule's consequences, an
 import json
 import math
 import os
-import pathlib
 
 import jax
 import pytest
 
 from benchmarks import learner_scaling as bench
+from benchmarks.common import RESULTS
 
-COMMITTED = pathlib.Path(bench.DEFAULT_OUT_DIR) / f"{bench.RESULT_NAME}.json"
+COMMITTED = RESULTS / f"{bench.RESULT_NAME}.json"
 OBS, ACT, WIDTH = 24, 6, 1024  # the paper's SAC sizes the benchmark counts (bench.SAC_SIZES)
 TRANSITION_FLOATS = OBS + ACT + 1 + 1 + OBS  # obs, action, reward, discount, next_obs
 REPLAY_COUNTERS = 2 * 4  # insert_pos and size, int32, replicated
