@@ -1,19 +1,13 @@
 """Cost of one optimizer step: lpjax's pure-fp16 optimizer against ``optax.adam``, in float32 and float16.
 
-The target: the full lpjax chain ``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` (the learners'
-optimizer, :func:`lpjax.methods.method_optimizer` of :data:`FULL_METHODS`) costs at most ``TARGET_RATIO`` (1.5)
-times ``optax.adam(1e-4)`` in the same dtype, on a ~3.2M-parameter MLP. A step is ``tx.update`` and
-``optax.apply_updates`` under one ``jax.jit``, parameters and state donated. The gradients are the same runtime
-random arrays for every variant of a dtype, ``+-1e-3 * 1e4 * 10**U(-1, 1)`` (gradients of ~1e-3 times the loss
-scale 1e4, as the chain receives them): finite in float16, so the chain takes its finite-step path (recorded);
-unscaled float16 ``optax.adam`` would not be finite at 1e-3 (``(1 - b2) g^2`` rounds to 0).
-
-Timing: interleaved rounds (:func:`benchmarks.timing.interleaved`) of ``--steps`` steps of every (variant, dtype),
-after ``--warmup`` steps; reported the median and minimum over ``--repeats`` rounds of the time per step. Also
-recorded: the optimizer state's and parameters' bytes, XLA's scratch memory and minor page faults per step, and
-the memory traffic of the compiled step by pass (:mod:`benchmarks.hlo_traffic`), which with ``--ablations`` (the
-chain's parts timed too) says which pass costs what. XLA:CPU emulates float16, so only each variant against
-``optax.adam`` in the same dtype matters.
+The target: the learners' optimizer, ``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())``
+(:func:`lpjax.methods.method_optimizer` of :data:`FULL_METHODS`), costs at most ``TARGET_RATIO`` times
+``optax.adam(1e-4)`` in the same dtype on a ~3.2M-parameter MLP. A step is ``tx.update`` and
+``optax.apply_updates`` under one ``jax.jit``, parameters and state donated, on the same runtime random gradients
+for every variant of a dtype (:func:`random_grads`). Timed in interleaved rounds of ``--steps`` steps; recorded
+beside the times: the optimizer state's bytes, XLA's scratch memory, minor page faults per step, and the memory
+traffic of the compiled step by pass (:mod:`benchmarks.hlo_traffic`), which with ``--ablations`` (the chain's parts
+timed too) says which pass costs what. XLA:CPU emulates float16: only ratios within a dtype matter.
 """
 
 from __future__ import annotations
@@ -52,31 +46,26 @@ RESULT_NAME = "optimizer_overhead"
 
 
 class Variant(NamedTuple):
-    """An optimizer to time: ``make()`` builds the transformation."""
-
     name: str
     description: str
     make: Callable[[], optax.GradientTransformation]
 
 
 FULL_METHODS = PrecisionMethods(hadam=True, loss_scaling=True, kahan_gradients=True, init_scale=LOSS_SCALE)
-"""The optimizer's methods of the full chain: :func:`lpjax.methods.method_optimizer` builds
-``chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())`` from them, the learners' optimizer."""
 
 
 def _method_optimizer(**off: bool) -> Callable[[], optax.GradientTransformation]:
-    """``make`` of the full chain with the switches ``off`` (``name=False``) removed."""
+    """The full chain less the switches ``off``."""
     return lambda: lpjax.methods.method_optimizer(LEARNING_RATE, dataclasses.replace(FULL_METHODS, **off))
 
 
+_HADAM = lambda: lpjax.optim.hadam(LEARNING_RATE)
 VARIANTS = (
     Variant(BASELINE, "optax.adam(1e-4)", lambda: optax.adam(LEARNING_RATE)),
-    Variant("lpjax.hadam", "lpjax.optim.hadam(1e-4)", lambda: lpjax.optim.hadam(LEARNING_RATE)),
+    Variant("lpjax.hadam", "lpjax.optim.hadam(1e-4)", _HADAM),
     Variant(FULL_CHAIN, "chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())", _method_optimizer()),
 )
-
-# The full chain's parts, to see where its overhead comes from (--ablations): the chain less one method.
-ABLATIONS = (
+ABLATIONS = (  # where the full chain's overhead comes from: the chain less one method
     Variant(
         "ablation.cls(hadam)",
         "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)",
@@ -90,7 +79,7 @@ ABLATIONS = (
     Variant(
         "ablation.apply_if_finite(hadam)",
         "optax.apply_if_finite(hadam(1e-4)): optax's own skip-on-non-finite",
-        lambda: optax.apply_if_finite(lpjax.optim.hadam(LEARNING_RATE), max_consecutive_errors=10**9),
+        lambda: optax.apply_if_finite(_HADAM(), max_consecutive_errors=10**9),
     ),
 )
 
@@ -98,7 +87,7 @@ ABLATIONS = (
 class Sizes(NamedTuple):
     in_dim: int
     width: int
-    hidden_layers: int  # number of width x width layers
+    hidden_layers: int  # width x width layers
     out_dim: int
 
 
@@ -120,12 +109,9 @@ def mlp_params(key: jax.Array, sizes: Sizes, dtype: Any) -> dict:
 
 
 def random_grads(key: jax.Array, params: dict, magnitude: float = GRAD_SCALED) -> dict:
-    """Runtime random gradients ``+-magnitude * 10**U(-1, 1)`` (log-uniform over two decades, random sign).
-
-    Bounded away from 0 on purpose: for ``|g| < ~5e-3`` float16 ``optax.adam``'s second moment ``(1 - b2) g^2``
-    rounds to 0 (and its ``eps = 1e-8`` is 0 in float16), so ``m / 0 = inf`` and the timed steps would run on
-    non-finite parameters.
-    """
+    """Runtime random gradients ``+-magnitude * 10**U(-1, 1)``: gradients of ~1e-3 times the loss scale 1e4, as the
+    chain receives them. Finite in float16, so the chain takes its finite-step path; unscaled (``|g| < ~5e-3``)
+    float16 ``optax.adam``'s ``(1 - b2) g^2`` and ``eps`` round to 0 and its steps would not be finite."""
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(key, 2 * len(leaves))
     grads = []
@@ -137,7 +123,6 @@ def random_grads(key: jax.Array, params: dict, magnitude: float = GRAD_SCALED) -
 
 
 def tree_nbytes(tree: Any) -> int:
-    """Sum of ``nbytes`` over the array leaves of ``tree``."""
     return int(
         sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree))
     )
@@ -153,21 +138,15 @@ def make_step(tx: optax.GradientTransformation) -> Callable:
     return jax.jit(step, donate_argnums=(0, 1))
 
 
+_STATE_KINDS = ((".mu", "first moment"), (".nu", "second moment"), (".compensation", "Kahan compensation"))
+
+
 def _output_labels(params: dict, opt_state: Any) -> list[str]:
     """What each output of a step ``(params, opt_state) -> (params, opt_state)`` is, in flattening order."""
     labels = []
     for path, _ in jax.tree_util.tree_flatten_with_path((params, opt_state))[0]:
         text = jax.tree_util.keystr(path)
-        kinds = [
-            name
-            for key, name in (
-                (".mu", "first moment"),
-                (".nu_sqrt", "second moment"),
-                (".nu", "second moment"),
-                (".compensation", "Kahan compensation"),
-            )
-            if key in text
-        ]
+        kinds = [name for key, name in _STATE_KINDS if key in text]
         labels.append("parameters" if text.startswith("[0]") else (kinds[0] if kinds else "scalars"))
     return labels
 
@@ -178,24 +157,15 @@ class _Case:
     def __init__(self, variant: Variant, dtype: str, params: dict, grads: dict):
         self.variant, self.dtype = variant, dtype
         tx = variant.make()
-        # Own copies: donation invalidates the buffers passed in.
-        self.params = jax.tree.map(jnp.copy, params)
-        self.state = tx.init(self.params)
-        self.grads = grads
-        self.step = make_step(tx)
-        self.state_bytes = tree_nbytes(self.state)
-        self.param_bytes = tree_nbytes(self.params)
-        # Compiles (jit's cache is shared with the later calls), reads XLA's scratch-buffer size per step and the
-        # traffic of the compiled program.
-        compiled = self.step.lower(self.params, self.state, self.grads).compile()
+        self.params = jax.tree.map(jnp.copy, params)  # own copies: donation invalidates the buffers passed in
+        self.state, self.grads, self.step = tx.init(self.params), grads, make_step(tx)
+        self.state_bytes, self.param_bytes = tree_nbytes(self.state), tree_nbytes(self.params)
+        compiled = self.step.lower(self.params, self.state, self.grads).compile()  # jit's cache serves the calls
         memory = compiled.memory_analysis()
         self.temp_bytes = None if memory is None else int(memory.temp_size_in_bytes)
         self.traffic = hlo_traffic.summary(compiled.as_text(), self.param_bytes)
         by_output = hlo_traffic.by_output(compiled.as_text(), _output_labels(self.params, self.state), self.param_bytes)
-        self.traffic["by_output"] = {
-            label: row for label, row in by_output.items() if row["read_trees"] + row["written_trees"] >= 0.01
-        }
-        self.times_ms: list[float] = []
+        self.traffic["by_output"] = {k: v for k, v in by_output.items() if v["read_trees"] + v["written_trees"] >= 0.01}
         self.faults_per_step: list[float] = []
 
     def run(self, steps: int) -> tuple:
@@ -210,11 +180,8 @@ class _Case:
     def sanity(self) -> dict:
         """Checks that the timed path is the intended one: finite parameters, no skipped loss-scaled step."""
         out = {"params_finite": bool(all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(self.params)))}
-        found = [
-            n
-            for n in jax.tree.leaves(self.state, is_leaf=lambda n: isinstance(n, lpjax.optim.CompoundLossScalingState))
-            if isinstance(n, lpjax.optim.CompoundLossScalingState)
-        ]
+        is_scaler = lambda n: isinstance(n, lpjax.optim.CompoundLossScalingState)
+        found = [n for n in jax.tree.leaves(self.state, is_leaf=is_scaler) if is_scaler(n)]
         if found:
             out["skipped_steps"] = int(found[0].skipped_steps)
             out["final_loss_scale"] = float(found[0].scale)
@@ -232,76 +199,49 @@ def run_benchmark(
     log: Callable[[str], None] = print,
 ) -> dict:
     """Times every (variant, dtype) pair, interleaved; returns the results as a json-able dict."""
-    key = jax.random.PRNGKey(seed)
-    k_params, k_grads = jax.random.split(key)
+    k_params, k_grads = jax.random.split(jax.random.PRNGKey(seed))
     params_by_dtype = {dtype: mlp_params(k_params, sizes, dtype) for dtype in dtypes}
     first = next(iter(params_by_dtype.values()))
     param_count = int(sum(x.size for x in jax.tree.leaves(first)))
     param_bytes = {dtype: tree_nbytes(params) for dtype, params in params_by_dtype.items()}
-    log(
-        f"parameters: {param_count:,} in {len(jax.tree.leaves(first))} arrays ("
-        + ", ".join(f"{d}: {b / 2**20:.2f} MiB" for d, b in param_bytes.items())
-        + ")"
-    )
-    log(f"compiling {len(variants) * len(dtypes)} steps ...")
+    in_mib = ", ".join(f"{d}: {b / 2**20:.2f} MiB" for d, b in param_bytes.items())
+    log(f"parameters: {param_count:,} in {len(jax.tree.leaves(first))} arrays ({in_mib}); compiling ...")
     cases: list[_Case] = []
     for dtype, params in params_by_dtype.items():
         grads = random_grads(k_grads, params)
         if not all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)):
             raise RuntimeError(f"random gradients overflow {dtype}")
-        for variant in variants:
-            cases.append(_Case(variant, dtype, params, grads))
-
-    log(f"warming up ({warmup} steps each) ...")
+        cases += [_Case(variant, dtype, params, grads) for variant in variants]
     for case in cases:
         case.run(warmup)
         case.faults_per_step.clear()
     log(f"timing: {repeats} rounds x {steps} steps per (variant, dtype), order rotated every round")
-    variants = {(case.variant.name, case.dtype): functools.partial(case.run, steps) for case in cases}
-    timing = interleaved(variants, repeats, warmup=0)
-    for case in cases:
-        case.times_ms = [1e3 * t / steps for t in timing[(case.variant.name, case.dtype)]["rounds_s"]]
-
+    timing = interleaved({(c.variant.name, c.dtype): functools.partial(c.run, steps) for c in cases}, repeats, warmup=0)
     rows = []
     for case in cases:
-        rows.append(
-            {
-                "variant": case.variant.name,
-                "description": case.variant.description,
-                "dtype": case.dtype,
-                "median_ms": statistics.median(case.times_ms),
-                "min_ms": min(case.times_ms),
-                "max_ms": max(case.times_ms),
-                "repeats_ms": case.times_ms,
-                "opt_state_bytes": case.state_bytes,
-                "param_bytes": case.param_bytes,
-                "opt_state_over_param_bytes": case.state_bytes / case.param_bytes,
-                "xla_temp_bytes": case.temp_bytes,
-                "minor_page_faults_per_step": statistics.median(case.faults_per_step),
-                "xla_temp_trees": (case.temp_bytes or 0) / case.param_bytes,
-                "traffic": case.traffic,
-                **case.sanity(),
-            }
-        )
-    ratios: dict[str, dict[str, dict[str, float]]] = {}
-    for dtype in dtypes:
-        base = next(r for r in rows if r["variant"] == BASELINE and r["dtype"] == dtype)
-        ratios[dtype] = {}
-        for row in rows:
-            if row["dtype"] == dtype:
-                row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]
-                row["ratio_to_adam_min"] = row["min_ms"] / base["min_ms"]
-                row["traffic_ratio_to_adam"] = row["traffic"]["traffic_trees"] / base["traffic"]["traffic_trees"]
-                ratios[dtype][row["variant"]] = {
-                    "median": row["ratio_to_adam_median"],
-                    "min": row["ratio_to_adam_min"],
-                    "traffic": row["traffic_ratio_to_adam"],
-                }
-    target_met = {}
-    for dtype in dtypes:
-        full = ratios[dtype].get(FULL_CHAIN)
-        target_met[dtype] = None if full is None else bool(full["median"] <= TARGET_RATIO)
-
+        times_ms = [1e3 * t / steps for t in timing[(case.variant.name, case.dtype)]["rounds_s"]]
+        row = dict(variant=case.variant.name, description=case.variant.description, dtype=case.dtype)
+        row.update(median_ms=statistics.median(times_ms), min_ms=min(times_ms), max_ms=max(times_ms))
+        row.update(repeats_ms=times_ms, opt_state_bytes=case.state_bytes, param_bytes=case.param_bytes)
+        row.update(opt_state_over_param_bytes=case.state_bytes / case.param_bytes, xla_temp_bytes=case.temp_bytes)
+        row.update(minor_page_faults_per_step=statistics.median(case.faults_per_step))
+        rows.append(row | dict(xla_temp_trees=(case.temp_bytes or 0) / case.param_bytes, traffic=case.traffic))
+        rows[-1].update(case.sanity())
+    ratios: dict[str, dict[str, dict[str, float]]] = {dtype: {} for dtype in dtypes}
+    for row in rows:
+        base = next(r for r in rows if r["variant"] == BASELINE and r["dtype"] == row["dtype"])
+        row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]
+        row["ratio_to_adam_min"] = row["min_ms"] / base["min_ms"]
+        row["traffic_ratio_to_adam"] = row["traffic"]["traffic_trees"] / base["traffic"]["traffic_trees"]
+        ratios[row["dtype"]][row["variant"]] = {
+            "median": row["ratio_to_adam_median"],
+            "min": row["ratio_to_adam_min"],
+            "traffic": row["traffic_ratio_to_adam"],
+        }
+    target_met = {
+        d: None if FULL_CHAIN not in r else bool(r[FULL_CHAIN]["median"] <= TARGET_RATIO) for d, r in ratios.items()
+    }
+    machine = dict(machine_info(), loadavg_1_5_15_before=timing["machine"]["load_before"])
     result = {
         "benchmark": RESULT_NAME,
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -309,11 +249,7 @@ def run_benchmark(
         "jaxlib_version": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
         "optax_version": optax.__version__,
         "lpjax_version": lpjax.__version__,
-        "machine": {
-            **machine_info(),
-            "loadavg_1_5_15_before": timing["machine"]["load_before"],
-            "loadavg_1_5_15_after": timing["machine"]["load_after"],
-        },
+        "machine": machine | dict(loadavg_1_5_15_after=timing["machine"]["load_after"]),
         "config": {
             "sizes": sizes._asdict(),
             "steps": steps,
@@ -346,6 +282,12 @@ BYTES_BOUND = 10 / 7
 v, p (7 trees); the chain also reads g once more for the finite check and reads and writes the Kahan buffer (10)."""
 
 
+def _trees(row: dict, kind: str) -> float:
+    """Parameter-sized trees read and written per step by the passes writing ``kind``."""
+    entry = row["traffic"]["by_output"].get(kind, {})
+    return entry.get("read_trees", 0.0) + entry.get("written_trees", 0.0)
+
+
 def analysis(result: dict) -> dict:
     """Where the full chain's cost over optax.adam comes from, per dtype: time ablations and traffic by pass."""
     out = {"bytes_bound_with_multi_output_fusion": BYTES_BOUND}
@@ -355,20 +297,15 @@ def analysis(result: dict) -> dict:
             continue
         adam, chain = rows[(BASELINE, dtype)], rows[(FULL_CHAIN, dtype)]
         kinds = set(adam["traffic"]["by_output"]) | set(chain["traffic"]["by_output"])
-
-        def trees(row, kind):
-            entry = row["traffic"]["by_output"].get(kind, {})
-            return entry.get("read_trees", 0.0) + entry.get("written_trees", 0.0)
-
         entry = {
             "time_ratio": chain["ratio_to_adam_median"],
             "traffic_ratio": chain["traffic_ratio_to_adam"],
             "traffic_trees_adam": adam["traffic"]["traffic_trees"],
             "traffic_trees_chain": chain["traffic"]["traffic_trees"],
             "extra_traffic_trees_by_pass": {
-                kind: trees(chain, kind) - trees(adam, kind)
+                kind: _trees(chain, kind) - _trees(adam, kind)
                 for kind in sorted(kinds)
-                if abs(trees(chain, kind) - trees(adam, kind)) >= 0.01
+                if abs(_trees(chain, kind) - _trees(adam, kind)) >= 0.01
             },
             "xla_temp_trees": chain["xla_temp_trees"],
         }
@@ -429,26 +366,13 @@ def plot(result: dict, path: Path) -> None:
             pos = x - 0.4 + width * (i + 0.5)
             bars = ax.bar(pos, med, width, yerr=[lo, hi], capsize=3, label=variant)
             for bar, row in zip(bars, rows):  # ratio to optax.adam above the error bar
-                ax.annotate(
-                    f"{row['ratio_to_adam_median']:.2f}x",
-                    (bar.get_x() + bar.get_width() / 2, row["max_ms"]),
-                    xytext=(0, 3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                )
+                top = (bar.get_x() + bar.get_width() / 2, row["max_ms"])
+                label = f"{row['ratio_to_adam_median']:.2f}x"
+                ax.annotate(label, top, xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7)
         for j, dtype in enumerate(dtypes):
-            base = by_key[(BASELINE, dtype)]["median_ms"]
-            ax.hlines(
-                TARGET_RATIO * base,
-                x[j] - 0.42,
-                x[j] + 0.42,
-                colors="k",
-                linestyles="dashed",
-                linewidth=1,
-                label=f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None,
-            )
+            label = f"target: {TARGET_RATIO}x {BASELINE}" if j == 0 else None
+            base = TARGET_RATIO * by_key[(BASELINE, dtype)]["median_ms"]
+            ax.hlines(base, x[j] - 0.42, x[j] + 0.42, colors="k", linestyles="dashed", linewidth=1, label=label)
         ax.set_xticks(x, dtypes)
         ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
         ax.set_title(
@@ -467,26 +391,15 @@ _TRAFFIC_KINDS = ("parameters", "first moment", "second moment", "Kahan compensa
 
 def _plot_traffic(ax, result: dict, variants: list[str], dtypes: list[str]) -> None:
     """Stacked bars: bytes read and written per step, by what the pass writes, in parameter-sized trees."""
-    labels, bottoms = [], None
-    rows = [(variant, dtype) for dtype in dtypes for variant in variants]
     by_key = {(row["variant"], row["dtype"]): row for row in result["results"]}
-    positions = np.arange(len(rows))
-    bottoms = np.zeros(len(rows))
+    rows = [(variant, dtype) for dtype in dtypes for variant in variants]
+    positions, bottoms = np.arange(len(rows)), np.zeros(len(rows))
     for kind in _TRAFFIC_KINDS:
-        heights = np.array(
-            [
-                sum(
-                    by_key[key]["traffic"]["by_output"].get(kind, {}).get(part, 0.0)
-                    for part in ("read_trees", "written_trees")
-                )
-                for key in rows
-            ]
-        )
+        heights = np.array([_trees(by_key[key], kind) for key in rows])
         if heights.any():
             ax.bar(positions, heights, 0.7, bottom=bottoms, label=kind)
             bottoms += heights
-    labels = [f"{variant}\n{dtype}" for variant, dtype in rows]
-    ax.set_xticks(positions, labels, rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(positions, [f"{variant}\n{dtype}" for variant, dtype in rows], rotation=60, ha="right", fontsize=7)
     ax.set(ylabel="trees read + written per step (one tree = the parameters' bytes)", ylim=(0, ax.get_ylim()[1] * 1.3))
     title = "Memory traffic of the compiled step, by what each pass writes (from the optimized HLO;\n"
     ax.set_title(title + "bodies of conditionals not counted)", fontsize=9)
