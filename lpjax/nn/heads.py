@@ -64,23 +64,8 @@ class DoubleCritic(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action.astype(obs.dtype)], axis=-1)
-        q1 = MLP(
-            self.hidden_dims,
-            1,
-            self.policy,
-            matmul_impl=self.matmul_impl,
-            high_precision_ends=self.high_precision_ends,
-            name="q1",
-        )(x)
-        q2 = MLP(
-            self.hidden_dims,
-            1,
-            self.policy,
-            matmul_impl=self.matmul_impl,
-            high_precision_ends=self.high_precision_ends,
-            name="q2",
-        )(x)
-        return jnp.stack([q1[..., 0], q2[..., 0]])
+        options = dict(matmul_impl=self.matmul_impl, high_precision_ends=self.high_precision_ends)
+        return jnp.stack([MLP(self.hidden_dims, 1, self.policy, **options, name=n)(x)[..., 0] for n in ("q1", "q2")])
 
 
 class DeterministicActor(nn.Module):

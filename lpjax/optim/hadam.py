@@ -100,6 +100,73 @@ def _compute_dtype(*dtypes) -> np.dtype:
     return np.dtype(jnp.promote_types(jnp.result_type(*dtypes), jnp.float32))
 
 
+def _moment_storage(moment_dtype: Any, moment_block_size: Any) -> tuple[np.dtype | None, int]:
+    """The moments' dtype (``None``: the parameters') and, for 8-bit moments, their block size as a Python int."""
+    moment_dtype = None if moment_dtype is None else np.dtype(moment_dtype)
+    quantized = quantized_moments.is_quantized_dtype(moment_dtype)
+    if moment_dtype is not None and not quantized and not jnp.issubdtype(moment_dtype, jnp.floating):
+        raise ValueError(f"moment_dtype must be a floating-point or 8-bit dtype, got {moment_dtype}.")
+    if not quantized:
+        return moment_dtype, moment_block_size
+    block_size = concrete(moment_block_size)  # it shapes the state (optax.inject_hyperparams: a static argument)
+    if block_size is None or block_size.shape or int(block_size) < 1:
+        raise ValueError(
+            f"scale_by_hadam: moment_block_size must be an int >= 1 for 8-bit moments, got {moment_block_size!r} "
+            "(with optax.inject_hyperparams, pass static_args='moment_block_size')."
+        )
+    return moment_dtype, int(block_size)
+
+
+def _load(m, dtype) -> jax.Array:
+    """A moment (array or 8-bit :class:`~lpjax.optim.quantized_moments.BlockQuantized`) read in ``dtype``."""
+    if isinstance(m, quantized_moments.BlockQuantized):
+        return quantized_moments.dequantize(m, dtype)
+    return m.astype(dtype)
+
+
+def _store(x, like, bits, block_size, keep_nonzero=False):
+    """``x`` stored as the moment ``like`` is: cast, or quantized stochastically with ``bits``."""
+    if isinstance(like, quantized_moments.BlockQuantized):
+        return quantized_moments.quantize(x, like.dtype, block_size, bits, keep_nonzero)
+    return x.astype(like.dtype)
+
+
+def _select(apply, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
+
+
+def _new_moments(g, m, w, m_bits, w_bits, *, unit, apply, b1, b2, block_size):
+    """One leaf's moments after gradient ``g``: ``m = b1 m + (1 - b1) g`` and ``w = hypot(sqrt(b2) w,
+    sqrt(1 - b2) g)``, the old ones first brought to the current loss scale (``unit``); kept on a skipped step."""
+    dtype = _compute_dtype(g.dtype, _storage_dtype(m))
+    g_dtype = g.dtype
+    g, f = g.astype(dtype), unit.astype(dtype)
+    b1_, b2_ = jnp.asarray(b1, dtype), jnp.asarray(b2, dtype)
+    new_m = b1_ * (f * _load(m, dtype)) + (1 - b1_) * g
+    a = jnp.sqrt(b2_) * (f * _load(w, dtype))
+    b = jnp.sqrt(1 - b2_) * g
+    # 8-bit moments hold values of the gradients' range (in the loss scale's units): their squares fit when the
+    # gradients' do.
+    bound = g_dtype if isinstance(w, quantized_moments.BlockQuantized) else _storage_dtype(w)
+    new_w = jnp.sqrt(a * a + b * b) if _squares_fit(bound, dtype) else jnp.hypot(a, b)
+    return (
+        _select(apply, _store(new_m, m, m_bits, block_size), m),
+        _select(apply, _store(new_w, w, w_bits, block_size, keep_nonzero=True), w),
+    )
+
+
+def _direction(m, w, *, t, apply, scale, b1, b2, eps) -> jax.Array:
+    """``m_hat / (w_hat + eps * scale)`` with the bias corrections of step ``t``; 0 on a skipped step or where
+    the denominator is 0 (no moment yet)."""
+    dtype = _compute_dtype(_storage_dtype(m))
+    c1 = 1 - jnp.power(jnp.asarray(b1, dtype), t.astype(dtype))
+    c2 = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t.astype(dtype)))
+    denominator = _load(w, dtype) + jnp.asarray(eps, dtype) * scale.astype(dtype) * c2
+    usable = apply & (denominator != 0)
+    ratio = _load(m, dtype) / jnp.where(usable, denominator, jnp.ones_like(denominator))
+    return jnp.where(usable, ratio * (c2 / c1), jnp.zeros_like(ratio)).astype(_storage_dtype(m))
+
+
 def scale_by_hadam(
     b1: float = 0.9,
     b2: float = 0.999,
@@ -127,36 +194,13 @@ def scale_by_hadam(
     """
     for name, value in (("b1", b1), ("b2", b2), ("eps", eps)):
         require_wide("scale_by_hadam", name, value)
-    moment_dtype = None if moment_dtype is None else np.dtype(moment_dtype)
+    moment_dtype, block_size = _moment_storage(moment_dtype, moment_block_size)
     quantized = quantized_moments.is_quantized_dtype(moment_dtype)
-    if moment_dtype is not None and not quantized and not jnp.issubdtype(moment_dtype, jnp.floating):
-        raise ValueError(f"moment_dtype must be a floating-point or 8-bit dtype, got {moment_dtype}.")
-    if quantized:  # it shapes the state: it must be a Python int (optax.inject_hyperparams: a static argument)
-        block_size = concrete(moment_block_size)
-        if block_size is None or block_size.shape or int(block_size) < 1:
-            raise ValueError(
-                f"scale_by_hadam: moment_block_size must be an int >= 1 for 8-bit moments, got {moment_block_size!r} "
-                "(with optax.inject_hyperparams, pass static_args='moment_block_size')."
-            )
-        moment_block_size = int(block_size)
-
-    def load(m, dtype):
-        if isinstance(m, quantized_moments.BlockQuantized):
-            return quantized_moments.dequantize(m, dtype)
-        return m.astype(dtype)
-
-    def store(x, like, bits, keep_nonzero=False):
-        if isinstance(like, quantized_moments.BlockQuantized):
-            return quantized_moments.quantize(x, like.dtype, moment_block_size, bits, keep_nonzero)
-        return x.astype(like.dtype)
-
-    def select(apply, new, old):
-        return jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
 
     def init_fn(params):
         def zeros(p):
             if quantized:
-                return quantized_moments.zeros(jnp.shape(p), moment_dtype, moment_block_size)
+                return quantized_moments.zeros(jnp.shape(p), moment_dtype, block_size)
             return jnp.zeros(jnp.shape(p), moment_dtype or jnp.result_type(p))
 
         # Two separate trees: a state whose moments share buffers cannot be donated to a jitted step.
@@ -174,26 +218,8 @@ def scale_by_hadam(
         _misuse.refuse_increments(updates, "scale_by_hadam")  # e.g. chain(kahan_summation(), hadam(lr))
         apply = state.apply
         step = optax.safe_increment(state.count)
-        count = jnp.where(apply, step, state.count)
         t = step.astype(jnp.float32)  # also on a skipped step: no 0 / 0 in the (discarded) direction at t = 0
         unit = state.scale / state.moment_scale  # a power of two under compound_loss_scaling: exact
-
-        def moments(g, m, w, m_bits, w_bits):
-            dtype = _compute_dtype(g.dtype, _storage_dtype(m))
-            g_dtype = g.dtype
-            g, f = g.astype(dtype), unit.astype(dtype)
-            b1_, b2_ = jnp.asarray(b1, dtype), jnp.asarray(b2, dtype)
-            new_m = b1_ * (f * load(m, dtype)) + (1 - b1_) * g
-            a = jnp.sqrt(b2_) * (f * load(w, dtype))
-            b = jnp.sqrt(1 - b2_) * g
-            # 8-bit moments hold values of the gradients' range (in the loss scale's units): their squares fit
-            # when the gradients' do.
-            bound = g_dtype if isinstance(w, quantized_moments.BlockQuantized) else _storage_dtype(w)
-            new_w = jnp.sqrt(a * a + b * b) if _squares_fit(bound, dtype) else jnp.hypot(a, b)
-            return (
-                select(apply, store(new_m, m, m_bits), m),
-                select(apply, store(new_w, w, w_bits, keep_nonzero=True), w),
-            )
 
         # Flattened up to the gradients' leaves: an 8-bit moment is a subtree (codes and scales) of its own.
         grads, treedef = jax.tree.flatten(updates)
@@ -202,31 +228,16 @@ def scale_by_hadam(
             m_bits, w_bits = (jax.tree.leaves(element_bits(fold_key(step_key, i), updates)) for i in (0, 1))
         else:
             m_bits = w_bits = [None] * len(grads)
-        pairs = [
-            moments(g, m, w, mb, wb)
-            for g, m, w, mb, wb in zip(
-                grads, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu_sqrt), m_bits, w_bits
-            )
-        ]
+        old = zip(grads, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu_sqrt), m_bits, w_bits)
+        pairs = [_new_moments(*leaf, unit=unit, apply=apply, b1=b1, b2=b2, block_size=block_size) for leaf in old]
         mu, nu_sqrt = (jax.tree.unflatten(treedef, [pair[i] for pair in pairs]) for i in (0, 1))
-
-        def direction(m, w):
-            dtype = _compute_dtype(_storage_dtype(m))
-            c1 = 1 - jnp.power(jnp.asarray(b1, dtype), t.astype(dtype))
-            c2 = jnp.sqrt(1 - jnp.power(jnp.asarray(b2, dtype), t.astype(dtype)))
-            denominator = load(w, dtype) + jnp.asarray(eps, dtype) * state.scale.astype(dtype) * c2
-            usable = apply & (denominator != 0)
-            ratio = load(m, dtype) / jnp.where(usable, denominator, jnp.ones_like(denominator))
-            return jnp.where(usable, ratio * (c2 / c1), jnp.zeros_like(ratio)).astype(_storage_dtype(m))
-
         # The direction reads the moments as stored, after the select on `apply`: the state alone determines the
         # update, and a compiler reads them back from the state's buffers instead of recomputing them from the old
         # moments, which it would have to copy first to update them in place.
-        updates = jax.tree.unflatten(
-            treedef, [direction(m, w) for m, w in zip(treedef.flatten_up_to(mu), treedef.flatten_up_to(nu_sqrt))]
-        )
-        return updates, ScaleByHAdamState(
-            count=count,
+        new = zip(treedef.flatten_up_to(mu), treedef.flatten_up_to(nu_sqrt))
+        directions = [_direction(m, w, t=t, apply=apply, scale=state.scale, b1=b1, b2=b2, eps=eps) for m, w in new]
+        return jax.tree.unflatten(treedef, directions), ScaleByHAdamState(
+            count=jnp.where(apply, step, state.count),
             mu=mu,
             nu_sqrt=nu_sqrt,
             scale=state.scale,
