@@ -156,9 +156,6 @@ def moment_dtype_of(name: str) -> np.dtype:
         raise ValueError(f"{error} (moment_dtype also accepts 'int8')") from None
 
 
-__all__ = ["PrecisionMethods", "moment_dtype_of"]
-
-
 def method_optimizer(
     learning_rate: Any,
     methods: PrecisionMethods,
@@ -191,3 +188,6 @@ def method_optimizer(
         max_grad_norm=max_grad_norm,
         rounding_seed=rounding_seed,
     )
+
+
+__all__ = ["PrecisionMethods", "method_optimizer", "moment_dtype_of"]

@@ -37,7 +37,7 @@ libegl-mesa0 libgl1-mesa-dri`` (software llvmpipe without a GPU) and OSMesa from
 (``PyOpenGL``) comes with dm_control.
 
 Cost: a software render (llvmpipe) of an 84x84 frame costs far more than a physics step, so pixel envs are
-render-bound; README.md ("Training SAC in low precision") gives the step rates.
+render-bound; docs/guide.md ("Training SAC in low precision") gives the step rates.
 """
 
 from __future__ import annotations
