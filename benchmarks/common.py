@@ -63,6 +63,29 @@ def figure(path: pathlib.Path, nrows: int = 1, ncols: int = 1, dpi: int = 120, r
     fig.savefig(path, dpi=dpi)
 
 
+def port_parser(module: str, doc: str, variants: dict, quick: str) -> argparse.ArgumentParser:
+    """:func:`parser` of a worked port's benchmark (``--results_dir`` is ``--out_dir``'s other name) with
+    ``--variants`` and ``--seeds``; parse it with ``experiments.ports.parse_args``."""
+    cli = parser(module, doc, quick, out=("--results_dir",))
+    cli.add_argument("--variants", nargs="+", default=list(variants), choices=list(variants))
+    cli.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    cli.set_defaults(benchmark=module)
+    return cli
+
+
+def port_finish(
+    args, argv, program: str, variants: dict, config: dict, results: dict, summary: dict, notes, table, plot
+):
+    """:func:`finish` of a worked port's benchmark: what ran (``experiments.ports.result_header``: command, versions,
+    each chosen variant's diff), its ``results``, ``summary`` and ``notes``."""
+    from experiments import ports
+
+    chosen = {name: variants[name] for name in args.variants}
+    result = {**ports.result_header(args.benchmark, argv, program, chosen, config), "results": results}
+    result.update(summary=summary, notes=notes)
+    return finish(args, result, table(result), plot)
+
+
 def command_line(module: str, argv: Sequence[str] | None) -> str:
     """The command that reproduces this run, for the json."""
     return f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -5,15 +5,13 @@ momentum) on scikit-learn's digits: fp32, naive fp16 and lpjax fp16 side by side
     python -m benchmarks.port_cnn --quick        # a smoke run: 1 epoch, seed 0, the three main variants
 
 The variants are the fp32 program with a few lines replaced (:mod:`experiments.ports`); their diffs are in the
-json. The metric is flax's: test accuracy after the last epoch, with BatchNorm in eval mode (its running
-averages). Beside it, the same model evaluated with the test batch's own statistics (``use_running_average=False``)
-says whether a gap is in the trained weights or in the running averages. Needs scikit-learn (the ``examples``
-extra).
+json. The metric is flax's test accuracy (``NOTES``); the same model evaluated with the test batch's own
+statistics says whether a gap is in the trained weights or in BatchNorm's running averages. Needs scikit-learn
+(the ``examples`` extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 from collections.abc import Sequence
@@ -23,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 import lpjax
-from benchmarks.common import write_results
+from benchmarks.common import figure, port_finish, port_parser
 from experiments import ports
 
 RESULT_NAME = "port_cnn"
@@ -74,6 +72,14 @@ VARIANTS = {
     ),
 }
 MAIN_VARIANTS = ("fp32", "fp16_naive", "fp16_lpjax")
+NOTES = [
+    "test_accuracy: flax's eval (model.eval(): dropout off, BatchNorm normalizing by its running averages) "
+    "on the 360 held-out digits after the last epoch; test_accuracy_batch_statistics: the same weights "
+    "with BatchNorm normalizing by the test batch's own mean and variance. over_baseline divides by fp32's "
+    "accuracy on the same seed.",
+    "Seed k: the model's initialization, dropout and the order of the batches (the train/test split is "
+    "fixed). The images are digits' 8x8 resized to 28x28, the input size of flax's CNN.",
+]
 
 
 def batch_statistics_accuracy(model, images: np.ndarray, labels: np.ndarray) -> float:
@@ -108,41 +114,29 @@ def run(variant: str, seed: int, epochs: int) -> dict:
     }
 
 
-def plot(result: dict, out_png: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+def plot(result: dict, path: pathlib.Path) -> None:
     names = list(result["results"])
-    for name in names:
-        runs = result["results"][name]
-        accuracy = np.asarray([run["history"]["test_accuracy"] for run in runs])
-        epochs = np.arange(1, accuracy.shape[1] + 1)
-        (line,) = curves.plot(epochs, accuracy.mean(axis=0), label=name)
-        curves.fill_between(epochs, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.15)
-    curves.set_title(f"flax MNIST CNN on digits: test accuracy ({len(result['config']['seeds'])} seeds)")
-    curves.set_xlabel("epoch")
-    curves.set_ylabel("test accuracy (BatchNorm running averages)")
-    curves.set_ylim(0.0, 1.0)
-    curves.legend(loc="lower right")
-    x = np.arange(len(names))
-    for offset, key, label in (
-        (-0.2, "test_accuracy", "running averages (flax's eval)"),
-        (0.2, "test_accuracy_batch_statistics", "the test batch's statistics"),
-    ):
-        values = [[run[key] for run in result["results"][name]] for name in names]
-        bars.bar(x + offset, [np.mean(v) for v in values], width=0.4, label=label, alpha=0.8)
-        for i, v in enumerate(values):
-            bars.plot([x[i] + offset] * len(v), v, "k.", markersize=4)
-    bars.set_xticks(x, names, rotation=20, fontsize=8)
-    bars.set_ylim(0.8, 1.0)
-    bars.set_title("final test accuracy by BatchNorm statistics")
-    bars.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, dpi=110, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]}) as (_, (curves, bars)):
+        for name in names:
+            accuracy = np.asarray([run["history"]["test_accuracy"] for run in result["results"][name]])
+            epochs = np.arange(1, accuracy.shape[1] + 1)
+            (line,) = curves.plot(epochs, accuracy.mean(axis=0), label=name)
+            curves.fill_between(epochs, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.15)
+        curves.set_title(f"flax MNIST CNN on digits: test accuracy ({len(result['config']['seeds'])} seeds)")
+        curves.set(xlabel="epoch", ylabel="test accuracy (BatchNorm running averages)", ylim=(0.0, 1.0))
+        curves.legend(loc="lower right")
+        x = np.arange(len(names))
+        for offset, key, label in (
+            (-0.2, "test_accuracy", "running averages (flax's eval)"),
+            (0.2, "test_accuracy_batch_statistics", "the test batch's statistics"),
+        ):
+            values = [[run[key] for run in result["results"][name]] for name in names]
+            bars.bar(x + offset, [np.mean(v) for v in values], width=0.4, label=label, alpha=0.8)
+            for i, v in enumerate(values):
+                bars.plot([x[i] + offset] * len(v), v, "k.", markersize=4)
+        bars.set_xticks(x, names, rotation=20, fontsize=8)
+        bars.set(ylim=(0.8, 1.0), title="final test accuracy by BatchNorm statistics")
+        bars.legend(loc="lower right", fontsize=8)
 
 
 def format_table(result: dict) -> str:
@@ -161,40 +155,19 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = ports.argument_parser(__doc__, RESULT_NAME, VARIANTS)
-    parser.add_argument("--epochs", type=int, default=30, help="epochs of 11 batches of 128 (flax's config: 10)")
-    parser.add_argument("--quick", action="store_true", help="1 epoch, seed 0, fp32/fp16_naive/fp16_lpjax")
-    args = ports.parse_args(parser, argv)
+def main(argv: Sequence[str] | None = None) -> dict:
+    cli = port_parser(RESULT_NAME, __doc__, VARIANTS, quick="1 epoch, seed 0, fp32/fp16_naive/fp16_lpjax")
+    cli.add_argument("--epochs", type=int, default=30, help="epochs of 11 batches of 128 (flax's config: 10)")
+    args = ports.parse_args(cli, argv)
     if args.quick:
         args.variants, args.seeds, args.epochs = list(MAIN_VARIANTS), [0], 1
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
     results = {name: [run(name, seed, args.epochs) for seed in args.seeds] for name in args.variants}
-    variants = {name: VARIANTS[name] for name in args.variants}
-    result = {
-        **ports.result_header(
-            RESULT_NAME, argv, MODULE, variants, {"seeds": args.seeds, "epochs": args.epochs, "quick": args.quick}
-        ),
-        "results": results,
-        "summary": {
-            key: ports.over_baseline({name: [run[key] for run in runs] for name, runs in results.items()})
-            for key in ("test_accuracy", "test_accuracy_batch_statistics")
-        },
-        "notes": [
-            "test_accuracy: flax's eval (model.eval(): dropout off, BatchNorm normalizing by its running averages) "
-            "on the 360 held-out digits after the last epoch; test_accuracy_batch_statistics: the same weights "
-            "with BatchNorm normalizing by the test batch's own mean and variance. over_baseline divides by fp32's "
-            "accuracy on the same seed.",
-            "Seed k: the model's initialization, dropout and the order of the batches (the train/test split is "
-            "fixed). The images are digits' 8x8 resized to 28x28, the input size of flax's CNN.",
-        ],
+    config = {"seeds": args.seeds, "epochs": args.epochs, "quick": args.quick}
+    summary = {
+        key: ports.over_baseline({name: [run[key] for run in runs] for name, runs in results.items()})
+        for key in ("test_accuracy", "test_accuracy_batch_statistics")
     }
-    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
-    return result
+    return port_finish(args, argv, MODULE, VARIANTS, config, results, summary, NOTES, format_table, plot)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,11 @@ by side on gymnax's CartPole-v1 and Acrobot-v1, each variant over the same seeds
     python -m benchmarks.port_ppo --quick              # a smoke run: 4096 steps, CartPole, 2 seeds
 
 The variants are the fp32 program with a few lines replaced (:mod:`experiments.ports`); their diffs are in the
-json. The metric is PureJaxRL's: the mean return of the last finished episode of every environment, here over the
-last 10% of the updates, per seed. ``over_baseline`` divides the progress above the task's floor (0 on CartPole,
--500 on Acrobot: an agent that never swings up) by fp32's on the same seed. Needs gymnax (setup.cfg's ``gymnax``
-extra).
+json. The metric is PureJaxRL's (``NOTES``). Needs gymnax (setup.cfg's ``gymnax`` extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 from collections.abc import Sequence
@@ -22,13 +18,14 @@ import jax
 import numpy as np
 
 import lpjax
-from benchmarks.common import write_results
+from benchmarks.common import figure, port_finish, port_parser
 from experiments import ports
 
 RESULT_NAME = "port_ppo"
 MODULE = "experiments.ports.purejaxrl_ppo"
 ENVS = ("CartPole-v1", "Acrobot-v1")
 FLOORS = {"CartPole-v1": 0.0, "Acrobot-v1": -500.0}
+"""The return of an agent that never learns: CartPole's 0, Acrobot's -500 (it never swings up)."""
 ROOT_SEED = 30  # PureJaxRL's jax.random.PRNGKey(30); seed k trains from fold_in(key(30), k)
 CURVE_POINTS = 100
 
@@ -37,24 +34,19 @@ _NETWORK = 'network = ActorCritic(env.action_space(env_params).n, activation=con
 _TX = 'tx = optax.chain(optax.clip_by_global_norm(config["MAX_GRAD_NORM"]), optax.adam(learning_rate, eps=1e-5))'
 _GRAD_FN = "grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)"
 _GRAD_CALL = "total_loss, grads = grad_fn(train_state.params, traj_batch, advantages, targets)"
-
-
-def _network(policy_args: str) -> tuple[str, str]:
-    return _NETWORK, f"network = lpjax.precision.set_policy({_NETWORK.removeprefix('network = ')}, {policy_args})"
-
-
+_FP16_NETWORK = (_NETWORK, f'network = lpjax.precision.set_policy({_NETWORK.removeprefix("network = ")}, "fp16")')
 VARIANTS = {
     "fp32": ports.Variant("fp32", description="PureJaxRL's program as written"),
     "fp16_naive": ports.Variant(
         "fp16_naive",
-        (_IMPORT, _network('"fp16"')),
+        (_IMPORT, _FP16_NETWORK),
         "the network in float16 (parameters, activations, outputs), PureJaxRL's optax chain and jax.value_and_grad",
     ),
     "fp16_lpjax": ports.Variant(
         "fp16_lpjax",
         (
             _IMPORT,
-            _network('"fp16"'),
+            _FP16_NETWORK,
             (
                 _TX,
                 "tx = lpjax.optim.compound_loss_scaling(optax.chain(optax.clip_by_global_norm("
@@ -68,6 +60,13 @@ VARIANTS = {
         "gradients of the scaled loss",
     ),
 }
+NOTES = [
+    "final_return: mean of PureJaxRL's returned_episode_returns (the last finished episode of each of the 4 "
+    "environments) over the last 10% of the updates, per seed; over_baseline: (return - floor) / (fp32's "
+    "return - floor) with floor 0 on CartPole-v1 and -500 on Acrobot-v1, seed by seed and of the means.",
+    "Each variant runs its seeds vmapped in one jit, as PureJaxRL does; seed k starts from "
+    "fold_in(PRNGKey(30), k) in every variant. seconds_with_compilation times that one call.",
+]
 
 
 def run(variant: str, env_name: str, seeds: Sequence[int], total_timesteps: float) -> dict:
@@ -94,87 +93,48 @@ def run(variant: str, env_name: str, seeds: Sequence[int], total_timesteps: floa
     }
 
 
-def plot(result: dict, out_png: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(result: dict, path: pathlib.Path) -> None:
     envs = list(result["results"])
-    fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
-    steps_per_update = result["config"]["steps_per_update"]
-    for ax, env in zip(axes[0], envs):
-        for variant, record in result["results"][env].items():
-            x = np.asarray(record["curve_updates"]) * steps_per_update
-            curves = np.asarray(record["curve"])
-            (line,) = ax.plot(x, curves.mean(axis=0), label=f"{variant} ({np.mean(record['final_return']):.1f})")
-            ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=line.get_color(), alpha=0.15)
-        ax.set_title(f"PureJaxRL PPO, {env} ({len(result['config']['seeds'])} seeds: mean, min-max)")
-        ax.set_xlabel("environment steps")
-        ax.set_ylabel("episode return")
-        ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, len(envs), dpi=110, figsize=(6 * len(envs), 4), squeeze=False) as (_, axes):
+        for ax, env in zip(axes[0], envs):
+            for variant, record in result["results"][env].items():
+                x = np.asarray(record["curve_updates"]) * result["config"]["steps_per_update"]
+                curves = np.asarray(record["curve"])
+                (line,) = ax.plot(x, curves.mean(axis=0), label=f"{variant} ({np.mean(record['final_return']):.1f})")
+                ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=line.get_color(), alpha=0.15)
+            ax.set_title(f"PureJaxRL PPO, {env} ({len(result['config']['seeds'])} seeds: mean, min-max)")
+            ax.set(xlabel="environment steps", ylabel="episode return")
+            ax.legend(loc="lower right")
 
 
 def format_table(result: dict) -> str:
     lines = [f"{'task':<12} {'variant':<11} {'return per seed':<32} {'mean':>8} {'over fp32':>9} {'skipped':>8}"]
     for env, summary in result["summary"].items():
         for variant, row in summary.items():
-            skipped = result["results"][env][variant]["skipped_steps"]
+            skipped = sum(result["results"][env][variant]["skipped_steps"])
             per_seed = ", ".join(f"{v:.1f}" for v in row["per_seed"])
             lines.append(
-                f"{env:<12} {variant:<11} {per_seed:<32} {row['mean']:>8.1f} "
-                f"{row['over_baseline_of_means']:>9.3f} {sum(skipped):>8d}"
+                f"{env:<12} {variant:<11} {per_seed:<32} {row['mean']:>8.1f} {row['over_baseline_of_means']:>9.3f} "
+                f"{skipped:>8d}"
             )
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = ports.argument_parser(__doc__, RESULT_NAME, VARIANTS)
-    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(FLOORS))
-    parser.add_argument("--total_timesteps", type=float, default=5e5, help="PureJaxRL's TOTAL_TIMESTEPS")
-    parser.add_argument("--quick", action="store_true", help="4096 steps on CartPole-v1, seeds 0 and 1")
-    args = ports.parse_args(parser, argv)
+def main(argv: Sequence[str] | None = None) -> dict:
+    cli = port_parser(RESULT_NAME, __doc__, VARIANTS, quick="4096 steps on CartPole-v1, seeds 0 and 1")
+    cli.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(FLOORS))
+    cli.add_argument("--total_timesteps", type=float, default=5e5, help="PureJaxRL's TOTAL_TIMESTEPS")
+    args = ports.parse_args(cli, argv)
     if args.quick:
         args.envs, args.seeds, args.total_timesteps = ["CartPole-v1"], [0, 1], 4096.0
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
-    results = {
-        env: {variant: run(variant, env, args.seeds, args.total_timesteps) for variant in args.variants}
-        for env in args.envs
+    results = {env: {v: run(v, env, args.seeds, args.total_timesteps) for v in args.variants} for env in args.envs}
+    config = dict(envs=args.envs, seeds=args.seeds, total_timesteps=args.total_timesteps)
+    config.update(steps_per_update=4 * 128, quick=args.quick)  # NUM_ENVS * NUM_STEPS
+    summary = {
+        env: ports.over_baseline({v: record["final_return"] for v, record in runs.items()}, floor=FLOORS[env])
+        for env, runs in results.items()
     }
-    config = {
-        "envs": args.envs,
-        "seeds": args.seeds,
-        "total_timesteps": args.total_timesteps,
-        "steps_per_update": 4 * 128,  # NUM_ENVS * NUM_STEPS
-        "quick": args.quick,
-    }
-    variants = {name: VARIANTS[name] for name in args.variants}
-    result = {
-        **ports.result_header(RESULT_NAME, argv, MODULE, variants, config),
-        "results": results,
-        "summary": {
-            env: ports.over_baseline(
-                {variant: record["final_return"] for variant, record in by_variant.items()}, floor=FLOORS[env]
-            )
-            for env, by_variant in results.items()
-        },
-        "notes": [
-            "final_return: mean of PureJaxRL's returned_episode_returns (the last finished episode of each of the 4 "
-            "environments) over the last 10% of the updates, per seed; over_baseline: (return - floor) / (fp32's "
-            "return - floor) with floor 0 on CartPole-v1 and -500 on Acrobot-v1, seed by seed and of the means.",
-            "Each variant runs its seeds vmapped in one jit, as PureJaxRL does; seed k starts from "
-            "fold_in(PRNGKey(30), k) in every variant. seconds_with_compilation times that one call.",
-        ],
-    }
-    write_results(result, format_table(result), args.results_dir, RESULT_NAME, plot)
-    return result
+    return port_finish(args, argv, MODULE, VARIANTS, config, results, summary, NOTES, format_table, plot)
 
 
 if __name__ == "__main__":
