@@ -1,42 +1,27 @@
 """The GPU suite: what a task lent a GPU runs first (``make bench-gpu``), one command, at most 8 minutes on an H100
-including compilation. Writes ``benchmarks/results/gpu_suite.{json,png}``.
+including compilation. Writes ``benchmarks/results/gpu_suite.{json,png}``, with every goal of issue 29 beside its
+figure (``goals``).
 
 Parts (``--parts`` takes names or letters, comma-separated; the default runs all, in this order):
 
-* ``ceilings``: the measured bf16/fp8 matmul rates and HBM bandwidth (:func:`benchmarks.kernels.ceilings`), and
-  whether JAX's default float32 matmul is TF32 here.
-* ``table10`` (a): Björck et al.'s Table 10: one :func:`lpjax.agents.sac.update` at cheetah-run's sizes, width
-  {1024, 4096} x batch {1024, 4096}, for each of :data:`SAC_PRECISIONS` (fp32 at ``"highest"`` matmul precision,
-  the V100's fp32; fp32 at JAX's default, TF32 on Hopper; the configs ``bf16``, ``fp16``, ``fp16_sr``, ``fp8``),
-  all with ``matmul_impl="auto"``.
-* ``optimizer`` (d): one step of the README's chain in float16 against ``optax.adam`` on a ~101M-parameter MLP
-  (:mod:`benchmarks.optimizer_overhead`'s variants), against its bytes-moved bound at the measured bandwidth and
-  with its compiled HLO's traffic (:mod:`benchmarks.hlo_traffic`).
-* ``fp8_rollout`` (c): decode tokens/s of :func:`lpjax.rollout.sample` with a ~0.94B-parameter transformer (16
-  layers, d_model 2048; 64 prompts of 64 tokens, 1024 new tokens): bf16, fp8 W8A8 GEMMs, an fp8 KV cache, both.
+* ``ceilings``: the measured bf16/fp8 matmul rates and HBM bandwidth, and whether float32 matmuls are TF32 here.
+* ``table10`` (a): Björck et al.'s Table 10: one SAC update at cheetah-run's sizes, width {1024, 4096} x batch
+  {1024, 4096}, for each of :data:`SAC_PRECISIONS`, all with ``matmul_impl="auto"``.
+* ``optimizer`` (d): one step of the README's chain in float16 against ``optax.adam`` on a ~101M-parameter MLP,
+  against its bytes-moved bound at the measured bandwidth and with its compiled HLO's traffic.
+* ``fp8_rollout`` (c): decode tokens/s of :func:`lpjax.rollout.sample` with a ~0.94B-parameter transformer: bf16,
+  fp8 W8A8 GEMMs, an fp8 KV cache, both.
 * ``jitted_loop`` (b): env steps/s and updates/s of the jitted MJX loop with :mod:`benchmarks.gpu_train`'s
-  settings, fp32/bf16/fp16, on 1 device and on all (needs the wheels of ``make gpu-wheels``; without them the
-  part records why).
-* ``matmul`` (e): the measurements behind ``matmul_impl="auto"``: :func:`lpjax.nn.policy_dense` with ``"xla"`` and
-  ``"pallas"`` for bf16, fp8 and fp16 at the kernels' shapes, and the table rows this GPU implies.
+  settings, on 1 device and on all (needs the wheels of ``make gpu-wheels``).
+* ``matmul`` (e): the measurements behind ``matmul_impl="auto"``: ``"xla"`` against ``"pallas"`` per dtype and shape,
+  and the table rows this GPU implies.
 
 Every figure is steady state (:mod:`benchmarks.steady_state`), compiled ahead of time with the compile time
 recorded. The parts run in a supervised worker process: each item is recorded on its own (an error as its
-message); a part past ``budget * 1.25 + 15 s``, or a crashed worker, is killed, its finished items kept, and a new
-worker runs the rest; a part stops starting items once its budget (:data:`BUDGET_S` x ``--budget_scale``) is
-spent, and the suite stops at ``--deadline_s``. The json is rewritten after every part, with where it ran and
-every goal of issue 29 beside its figure (``goals``). Compiled programs go to a persistent cache.
-
-The 8 minutes. Budgets (s): ceilings 15, table10 160, optimizer 25, fp8_rollout 130, jitted_loop 90, matmul 25
-(445), plus ~15 for the worker's start; the deadline is 470. Estimated from compile times on this project's
-2-core CPU and the H100's recorded times (``kernels_gpu.json``): ceilings ~7 s; table10 ~7 s per item (init,
-compile, a 0.4 s loop twice) x 24, its last items at risk; optimizer ~15 s; fp8_rollout 90-170 s (four compiles,
-the fp8 ones lowering 192 Mosaic GPU kernels, two calls of 1024 decode steps at 6-15 s each), its fourth variant
-at risk; jitted_loop 75-130 s (a 13 s compile and 11 s init per precision), bf16 at risk; matmul ~20 s. Items
-record ``compile_s`` and ``seconds``, which calibrate the budgets after a run on a GPU.
-
-``--quick`` runs every part at toy sizes (on the CPU, in the default test tier): the same code paths, no
-meaningful figures.
+message); a part past its limit (:func:`part_limit_s`), or a crashed worker, is killed, its finished items kept,
+and a new worker runs the rest; a part stops starting items once its budget (:data:`BUDGET_S` x ``--budget_scale``)
+is spent, and the suite stops at ``--deadline_s``. ``--quick`` runs every part at toy sizes (on the CPU, in the
+default test tier): the same code paths, no meaningful figures.
 """
 
 from __future__ import annotations
@@ -45,7 +30,6 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import functools
 import gc
 import json
 import math
@@ -56,30 +40,35 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, finish, parser, run_environment
+from benchmarks import hlo_traffic
+from benchmarks.common import command_line, figure, finish, parser, random_transitions, run_environment
+from benchmarks.steady_state import CACHE_DIR, enable_compilation_cache, error_record, on_gpu, steady_state
+from benchmarks.timing import interleaved
 
 ORDER = ("ceilings", "table10", "optimizer", "fp8_rollout", "jitted_loop", "matmul")
 LETTERS = {"a": "table10", "b": "jitted_loop", "c": "fp8_rollout", "d": "optimizer", "e": "matmul"}
 BUDGET_S = {"ceilings": 15, "table10": 160, "optimizer": 25, "fp8_rollout": 130, "jitted_loop": 90, "matmul": 25}
-"""Seconds each part may spend before it stops starting items (module docstring, "The 8 minutes")."""
+"""Seconds each part may spend before it stops starting items."""
 WORKER_START_S = 15
 DEADLINE_S = 470
-CACHE_DIR = "/tmp/lpjax-jax-cache"
+BUDGET_DERIVATION = (
+    "Budgets from compile times on a 2-core CPU and the H100's recorded times (kernels_gpu.json), ~15 s for the "
+    "worker's start: ceilings ~7 s; table10 ~7 s per item x 24; optimizer ~15 s; fp8_rollout 90-170 s (four compiles, "
+    "two calls of 1024 decode steps); jitted_loop 75-130 s; matmul ~20 s. The last items of table10, fp8_rollout and "
+    "jitted_loop are at risk. Items record compile_s and seconds, which calibrate the budgets after a GPU run."
+)
+"""How :data:`BUDGET_S` and :data:`DEADLINE_S` fit the 8 minutes (the json's ``estimate``)."""
 
 # ----------------------------------------------------------------------------------------------------------------
 # Running parts: items, budgets, the worker and its supervisor.
-
-
-def _error(error: BaseException) -> dict[str, str]:
-    tail = "".join(traceback.format_tb(error.__traceback__)[-4:])
-    return {"error": f"{type(error).__name__}: {error}"[:600], "where": tail[-1500:]}
 
 
 class Part:
@@ -93,18 +82,18 @@ class Part:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def item(self, keys: Sequence[str], measure: Callable[[], Any]) -> Any:
-        """``measure()`` stored at ``result[keys...]``, or ``{"skipped": ...}`` once the budget is spent, or the
-        error it raised; saved to the progress file either way. Returns what was stored."""
+    def item(self, keys: Sequence[str], measure: Callable[..., Any], *args: Any) -> Any:
+        """``measure(*args)`` stored at ``result[keys...]``, or ``{"skipped": ...}`` once the budget is spent, or
+        the error it raised; saved to the progress file either way. Returns what was stored."""
         if self.elapsed() > self.budget_s:
             value: Any = {"skipped": f"budget of {self.budget_s:.0f} s spent"}
         else:
             print(f"[{self.name} {self.elapsed():6.1f} s] {' / '.join(keys)}", flush=True)
             started = time.perf_counter()
             try:
-                value = measure()
+                value = measure(*args)
             except Exception as error:  # recorded: the part goes on with its next item
-                value = _error(error)
+                value = error_record(error)
             if isinstance(value, dict):
                 value.setdefault("seconds", time.perf_counter() - started)
         node = self.result
@@ -128,36 +117,21 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def device_record() -> dict[str, Any]:
-    """JAX's backend and devices as this process sees them."""
-    import jax
-
-    devices = jax.devices()
-    return {
-        "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
-        "platform_version": getattr(devices[0].client, "platform_version", None),
-    }
-
-
-def enable_compilation_cache(path: str) -> None:
-    """Compiled programs taking over a second are kept in ``path`` (JAX's persistent cache); '' leaves it off."""
-    if path:
-        import jax
-
-        jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def run_worker(
     progress: Path, parts: Sequence[str], quick: bool, budget_scale: float, cache: str, release: bool = True
 ) -> None:
     """Runs ``parts`` in this process, recording into the ``progress`` json (the supervisor reads it); with
     ``release``, JAX's caches are cleared after each part (a worker's device memory goes to the next part)."""
+
     enable_compilation_cache(cache)
     state = _read_json(progress) or {"parts": {}, "done": []}
-    state["device"] = device_record()
+    devices = jax.devices()
+    state["device"] = {
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "platform_version": getattr(devices[0].client, "platform_version", None),
+    }
     for name in parts:
         part = Part(name, BUDGET_S[name] * budget_scale, quick, state["parts"], lambda: _write_json(progress, state))
         state["parts"][name] = part.result
@@ -166,20 +140,14 @@ def run_worker(
         try:
             PARTS[name](part)
         except Exception as error:  # the part's own failure, outside its items
-            part.result.update(_error(error))
+            part.result.update(error_record(error))
         part.result["seconds"] = part.elapsed()
         state["done"].append(name)
         state["current"] = None
         _write_json(progress, state)
         if release:
-            _release_memory()
-
-
-def _release_memory() -> None:
-    import jax
-
-    jax.clear_caches()
-    gc.collect()
+            jax.clear_caches()
+            gc.collect()
 
 
 def _echo(stream, tail: collections.deque) -> None:
@@ -228,7 +196,7 @@ def supervise(
         reader = threading.Thread(target=_echo, args=(proc.stdout, tail), daemon=True)
         reader.start()
         killed, reported = None, len(state.get("done", []))
-        while proc.poll() is None:
+        while proc.poll() is None and not killed:
             time.sleep(0.5)
             state = _read_json(progress) or state
             if len(state.get("done", [])) > reported:  # a part finished: the json has it, whatever happens next
@@ -239,26 +207,22 @@ def supervise(
                 killed = f"suite deadline of {args.deadline_s:.0f} s reached"
             elif current and time.time() - state["current_started"] > part_limit_s(current, args):
                 killed = f"killed after {part_limit_s(current, args):.1f} s (its limit)"
-            if killed:
-                _kill(proc)
+        if killed:
+            _kill(proc)
         reader.join(timeout=5)
         state = _read_json(progress) or state
         remaining = [name for name in remaining if name not in state.get("done", [])]
-        current = state.get("current")
+        current, output = state.get("current"), list(tail)[-15:]
         if current in remaining:  # killed or crashed inside a part: keep what it finished, mark it, go on
-            entry = state["parts"].setdefault(current, {})
-            entry["error"] = killed or f"worker exited with status {proc.returncode}"
-            entry["worker_output_tail"] = list(tail)[-15:]
-            entry["seconds"] = time.time() - state["current_started"]
+            error = killed or f"worker exited with status {proc.returncode}"
+            seconds = time.time() - state["current_started"]
+            state["parts"].setdefault(current, {}).update(error=error, worker_output_tail=output, seconds=seconds)
             state["done"].append(current)
             state["current"] = None
             remaining.remove(current)
         elif remaining and (killed or proc.returncode):  # died between parts, or before the first one
-            for name in remaining:
-                state["parts"][name] = {
-                    "error": killed or f"worker exited with status {proc.returncode} before this part",
-                    "worker_output_tail": list(tail)[-15:],
-                }
+            error = killed or f"worker exited with status {proc.returncode} before this part"
+            state["parts"].update({name: {"error": error, "worker_output_tail": output} for name in remaining})
             remaining = []
         _write_json(progress, state)
         on_update(state)
@@ -277,24 +241,9 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Shared measurement helpers.
-
-
-def steady(step: Callable, state: Any, quick: bool, **kwargs) -> tuple[Any, dict]:
-    """:func:`benchmarks.steady_state.steady_state`, at toy repetitions with ``quick``."""
-    from benchmarks.steady_state import steady_state
-
-    if quick:
-        kwargs = dict(kwargs, target_s=0.01, min_steps=2, max_steps=2, warmup=min(kwargs.get("warmup", 1), 1))
-    return steady_state(step, state, **kwargs)
-
-
 def compiled_record(compiled: Any, compile_s: float) -> dict[str, Any]:
     """Compile seconds and the compiled program's work instructions (:func:`benchmarks.hlo_traffic.kernel_count`)."""
-    from benchmarks.hlo_traffic import kernel_count
-
-    return {"compile_s": compile_s, "hlo_kernels": kernel_count(compiled.as_text())}
+    return {"compile_s": compile_s, "hlo_kernels": hlo_traffic.kernel_count(compiled.as_text())}
 
 
 def aot(function: Any, *args: Any) -> tuple[Any, dict[str, Any]]:
@@ -304,13 +253,8 @@ def aot(function: Any, *args: Any) -> tuple[Any, dict[str, Any]]:
     return compiled, compiled_record(compiled, time.perf_counter() - started)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# ceilings
-
-
 def part_ceilings(part: Part) -> None:
     from benchmarks import kernels
-    from benchmarks.steady_state import on_gpu
 
     part.item(["tf32"], tf32_check)
     if on_gpu() and not part.quick:
@@ -321,8 +265,6 @@ def part_ceilings(part: Part) -> None:
 
 def tf32_check(size: int = 1024) -> dict[str, Any]:
     """Relative error of a float32 matmul at JAX's default precision against ``"highest"``: ~1e-3 means TF32."""
-    import jax
-    import jax.numpy as jnp
 
     kx, kw = jax.random.split(jax.random.key(3))
     x, w = jax.random.normal(kx, (size, size)), jax.random.normal(kw, (size, size))
@@ -332,9 +274,6 @@ def tf32_check(size: int = 1024) -> dict[str, Any]:
     error = float(jnp.max(jnp.abs(default - highest)) / jnp.max(jnp.abs(highest)))
     return {"default_vs_highest_relative_error": error, "default_is_tf32_like": error > 1e-5}
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# table10 (a)
 
 OBS_DIM, ACTION_DIM = 17, 6
 """cheetah-run from states."""
@@ -386,28 +325,19 @@ def sac_config(name: str, width: int, batch: int) -> Any:
     )
 
 
-def _precision(precision: str | None):
-    import jax
-
-    return jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
-
-
 def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str, Any]:
     """Compile and steady-state timing of one SAC update of row ``label`` at (``width``, ``batch``)."""
-    import jax
-    import jax.numpy as jnp
 
-    from benchmarks.common import random_transitions
     from lpjax.agents import sac
     from lpjax.nn.matmul_choice import resolve_matmul_impl
 
     name, precision = SAC_PRECISIONS[label]
     config = sac_config(name, width, batch)
-    with _precision(precision):
+    with jax.default_matmul_precision(precision) if precision else contextlib.nullcontext():
         agent = jax.jit(lambda key: sac.init(key, jnp.zeros((OBS_DIM,)), ACTION_DIM, config))(jax.random.key(0))
         data = jax.device_put(random_transitions(np.random.default_rng(0), batch, OBS_DIM, ACTION_DIM))
         _, record = aot(sac.update, agent, data)
-        agent, timing = steady(lambda state: sac.update(state, data)[0], agent, quick, target_s=0.4, max_steps=500)
+        agent, timing = steady_state(lambda s: sac.update(s, data)[0], agent, quick=quick, target_s=0.4, max_steps=500)
         agent, metrics = sac.update(agent, data)
     metrics = jax.device_get(metrics)
     return {
@@ -435,34 +365,22 @@ def part_table10(part: Part) -> None:
     order += [(label, size) for size in corners + [s for s in sizes if s not in corners] for label in labels[2:]]
     part.result["obs_dim"], part.result["action_dim"] = OBS_DIM, ACTION_DIM
     for label, (width, batch) in order:
-        part.item(
-            ["sizes", f"w{width}_b{batch}", label], functools.partial(sac_update_item, label, width, batch, part.quick)
-        )
+        part.item(["sizes", f"w{width}_b{batch}", label], sac_update_item, label, width, batch, part.quick)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# optimizer (d)
 
 OPTIMIZER_VARIANTS = (("optax.adam", "float32"), ("optax.adam", "float16"), ("lpjax.chain", "float16"))
-
-
-def optimizer_sizes(quick: bool) -> Any:
-    """~101M parameters: 64 -> 4096 -> 6 x (4096 x 4096) -> 16 (toy sizes with ``quick``)."""
-    from benchmarks.optimizer_overhead import QUICK_SIZES, Sizes
-
-    return QUICK_SIZES if quick else Sizes(in_dim=64, width=4096, hidden_layers=6, out_dim=16)
 
 
 def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> dict[str, Any]:
     """One optimizer step (``tx.update`` + ``apply_updates``, params and state donated) in steady state, its
     bytes-moved bound at ``hbm_tb_s`` and the traffic of its compiled HLO."""
-    import jax
-    import jax.numpy as jnp
 
-    from benchmarks import hlo_traffic, optimizer_overhead
+    from benchmarks import optimizer_overhead
 
     make = {v.name: v.make for v in optimizer_overhead.VARIANTS}[variant]
-    params = optimizer_overhead.mlp_params(jax.random.key(0), optimizer_sizes(quick), jnp.dtype(dtype))
+    # ~101M parameters: 64 -> 4096 -> 6 x (4096 x 4096) -> 16
+    mlp = optimizer_overhead.Sizes(in_dim=64, width=4096, hidden_layers=6, out_dim=16)
+    params = optimizer_overhead.mlp_params(jax.random.key(0), optimizer_overhead.QUICK_SIZES if quick else mlp, dtype)
     grads = optimizer_overhead.random_grads(jax.random.key(1), params)
     tx = make()
     state = (params, tx.init(params))
@@ -471,7 +389,7 @@ def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> di
     sizes = {name: optimizer_overhead.tree_nbytes(tree) for name, tree in zip(("params", "state"), state)}
     traffic = hlo_traffic.summary(compiled.as_text(), sizes["params"])
     bound_bytes = 2 * (sizes["params"] + sizes["state"]) + optimizer_overhead.tree_nbytes(grads)
-    state, timing = steady(lambda s: step(*s, grads), state, quick, target_s=0.3, max_steps=200)
+    state, timing = steady_state(lambda s: step(*s, grads), state, quick=quick, target_s=0.3, max_steps=200)
     bound_ms = bound_bytes / (hbm_tb_s * 1e12) * 1e3
     finite = all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(state[0]))
     return {
@@ -490,28 +408,19 @@ def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> di
     }
 
 
-def hbm_bandwidth(suite: dict) -> tuple[float, str]:
-    """The measured HBM bandwidth (TB/s) if the ceilings part measured it, else the H100's datasheet figure."""
+def part_optimizer(part: Part) -> None:
     from benchmarks.kernels import GPUS
 
-    measured = suite.get("ceilings", {}).get("measured", {})
+    measured = part.suite.get("ceilings", {}).get("measured", {})  # else the H100's datasheet figure
     if isinstance(measured, dict) and "hbm_tb_s" in measured:
-        return measured["hbm_tb_s"], "measured (ceilings)"
-    return GPUS["H100"]["hbm_tb_s"], "H100 datasheet (ceilings not measured)"
-
-
-def part_optimizer(part: Part) -> None:
-    tb_s, source = hbm_bandwidth(part.suite)
+        tb_s, source = measured["hbm_tb_s"], "measured (ceilings)"
+    else:
+        tb_s, source = GPUS["H100"]["hbm_tb_s"], "H100 datasheet (ceilings not measured)"
     part.result.update(hbm_tb_s=tb_s, hbm_source=source)
     part.result["bound"] = "every input (params, state, grads) read once and every output (params, state) written once"
     for variant, dtype in OPTIMIZER_VARIANTS[::2] if part.quick else OPTIMIZER_VARIANTS:
-        part.item(
-            ["variants", f"{variant} {dtype}"], functools.partial(optimizer_item, variant, dtype, part.quick, tb_s)
-        )
+        part.item(["variants", f"{variant} {dtype}"], optimizer_item, variant, dtype, part.quick, tb_s)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# fp8_rollout (c)
 
 LM = {"vocab_size": 32768, "num_layers": 16, "num_heads": 16, "d_model": 2048, "d_ff": 8192}
 ROLLOUT = {"batch": 64, "prompt": 64, "new_tokens": 1024}
@@ -530,8 +439,6 @@ float32 in all (:mod:`lpjax.nn.transformer`)."""
 def _decode_traffic(compiled: Any) -> dict[str, Any]:
     """Bytes one decode step moves: the traffic model (:mod:`benchmarks.hlo_traffic`) of the compiled program's
     largest loop body (the decode step), with its heaviest passes."""
-    from benchmarks import hlo_traffic
-
     text = compiled.as_text()
     bodies = hlo_traffic.loop_bodies(text)
     if not bodies:
@@ -546,9 +453,6 @@ def _decode_traffic(compiled: Any) -> dict[str, Any]:
 
 
 def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
-    import jax
-    import jax.numpy as jnp
-
     from lpjax import rollout
     from lpjax.nn import transformer_causal_lm
 
@@ -568,7 +472,7 @@ def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
         key, _ = state
         return jax.random.fold_in(key, 1), rollout.sample(model, params, prompts, key, settings, scales)
 
-    _, timing = steady(step, (jax.random.key(2), None), quick, min_steps=1, max_steps=1, warmup=0)
+    _, timing = steady_state(step, (jax.random.key(2), None), quick=quick, min_steps=1, max_steps=1, warmup=0)
     count = sum(leaf.size for leaf in jax.tree.leaves(params))
     return {
         **record,
@@ -588,19 +492,15 @@ def part_fp8_rollout(part: Part) -> None:
     part.result["timing"] = "one sample() call (prefill + new_tokens decode steps in one lax.scan) is a step"
     shared: dict = {}
     for label in list(ROLLOUT_VARIANTS)[:2] if part.quick else ROLLOUT_VARIANTS:  # quick: bf16 and both fp8 paths
-        part.item(["variants", label], functools.partial(rollout_item, label, part.quick, shared))
+        part.item(["variants", label], rollout_item, label, part.quick, shared)
     shared.clear()
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# jitted_loop (b)
 
 LOOP_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any]:
     """env steps/s and updates/s of the jitted loop's chunk in steady state, on ``devices`` devices."""
-    import jax
 
     from benchmarks import gpu_train
     from experiments import sac_brax_loop
@@ -611,7 +511,7 @@ def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any
     chunk = sac_brax_loop.chunk_fn(settings, iterations)
     loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, 0))
     record = compiled_record(chunk, time.perf_counter() - started)
-    loop, timing = steady(lambda state: chunk(state)[0], loop, quick, target_s=1.5, min_steps=2, max_steps=20)
+    loop, timing = steady_state(lambda s: chunk(s)[0], loop, quick=quick, target_s=1.5, min_steps=2, max_steps=20)
     env_steps, updates = settings.num_envs * iterations, settings.updates_per_step * iterations
     per_s = 1e3 / timing["wall_ms_per_step"]
     return {
@@ -635,8 +535,6 @@ LOOP_MODULES = ("ml_collections", "mujoco", "mujoco_playground", "brax", "tqdm")
 def part_jitted_loop(part: Part) -> None:
     import importlib.util
 
-    import jax
-
     from benchmarks import gpu_train
 
     missing = [name for name in LOOP_MODULES if importlib.util.find_spec(name) is None]
@@ -656,14 +554,8 @@ def part_jitted_loop(part: Part) -> None:
     counts = [1] + ([jax.device_count()] if jax.device_count() > 1 else [])
     for devices in counts:
         for precision in precisions:
-            part.item(
-                ["devices", str(devices), precision],
-                functools.partial(jitted_loop_item, precision, devices, part.quick),
-            )
+            part.item(["devices", str(devices), precision], jitted_loop_item, precision, devices, part.quick)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# matmul (e)
 
 MATMUL_DTYPES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16", "float16": "fp16"}
 """Matmul dtype -> the policy timed (fp8: float32 weights quantized per call, as a Dense holds them)."""
@@ -673,12 +565,8 @@ QUICK_SHAPES = {"sac": (32, 64, 64), "llm_prefill": (64, 128, 128), "llm_decode"
 def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
     """GPU ms per product of ``policy_dense`` with ``matmul_impl="xla"`` and ``"pallas"`` at one shape (operand sets
     beyond the L2 cache, as :mod:`benchmarks.kernels`), and what ``"auto"`` picks here."""
-    import jax
-    import jax.numpy as jnp
 
     from benchmarks.kernels import SHAPES, measure, num_sets
-    from benchmarks.steady_state import on_gpu
-    from benchmarks.timing import interleaved
     from lpjax.nn import policy_dense
     from lpjax.nn.matmul_choice import resolve_matmul_impl
     from lpjax.precision import get_policy
@@ -713,12 +601,11 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
 
 
 def part_matmul(part: Part) -> None:
-    import jax
 
     part.result["timing"] = "GPU ms per product (CUPTI) on a GPU; wall ms per product elsewhere (not comparable)"
     for dtype in MATMUL_DTYPES:
         for shape_name in ("sac", "llm_decode", "llm_prefill"):
-            part.item([dtype, shape_name], functools.partial(matmul_item, dtype, shape_name, part.quick))
+            part.item([dtype, shape_name], matmul_item, dtype, shape_name, part.quick)
     rows = [
         {"dtype": dtype, "shape": entry["shape"], "ms": {i: entry[i]["ms_per_product"] for i in ("xla", "pallas")}}
         for dtype, shapes in part.result.items()
@@ -780,32 +667,17 @@ def goals(parts: dict) -> list[dict[str, Any]]:
     return out + [goal(text, 1.2, chain, at_least=False)]
 
 
-def table(result: dict) -> str:
-    """The suite's figures, one line per item."""
-    device = result.get("device") or {}
-    jax_version = result["environment"]["versions"]["jax"]
-    lines = [f"{device.get('device_kind', '?')} ({device.get('backend', '?')}), jax {jax_version}"]
-    for name, part in result["parts"].items():
-        status = part.get("error") or part.get("skipped") or ""
-        lines.append(f"== {name}: {part.get('seconds', 0):.0f} s {status[:100]}")
-        for path, leaf in _leaves(part):
-            if "wall_ms_per_step" in leaf or "error" in leaf or "skipped" in leaf or "ms_per_product" in leaf:
-                lines.append(f"   {path:60s} {_summary(leaf)}")
-    lines.append("== goals")
-    for goal in result["goals"]:
-        measured = goal["measured"]
-        value = "unmeasured" if measured is None else f"{measured:.3f}"
-        lines.append(f"   {goal['goal'][:80]:80s} target {goal['target']}  measured {value}  met {goal['met']}")
-    return "\n".join(lines)
+MEASURED = ("wall_ms_per_step", "error", "skipped", "ms_per_product")
+"""Keys that mark a dict of a part's result as one item's record."""
 
 
-def _leaves(tree: dict, prefix: str = ""):
+def _items(tree: dict, prefix: str = ""):
     for key, value in tree.items():
         if isinstance(value, dict):
-            if any(k in value for k in ("wall_ms_per_step", "error", "skipped", "ms_per_product")):
+            if any(k in value for k in MEASURED):
                 yield f"{prefix}{key}", value
             else:
-                yield from _leaves(value, f"{prefix}{key} / ")
+                yield from _items(value, f"{prefix}{key} / ")
 
 
 def _summary(leaf: dict) -> str:
@@ -829,43 +701,20 @@ def _summary(leaf: dict) -> str:
     return ", ".join(parts)
 
 
-def plot(result: dict, path: Path) -> None:
-    """Four panels: Table 10's speedups over fp32-highest, rollout tokens/s, the optimizer against its bound, the
-    jitted loop's throughput."""
-    from benchmarks.common import figure
-
-    with figure(path, 1, 4, dpi=110, figsize=(20, 4.5)) as (fig, axes):
-        _plot_parts(fig, axes, result)
-
-
-def _plot_parts(fig: Any, axes: Any, result: dict) -> None:
-    parts = result["parts"]
-    sizes = _get(parts, "table10", "sizes") or {}
-    ax = axes[0]
-    labels = [label for label in SAC_PRECISIONS if label != "fp32 highest"]
-    for i, label in enumerate(labels):
-        values = []
-        for row in sizes.values():
-            base, this = _get(row, "fp32 highest", "wall_ms_per_step"), _get(row, label, "wall_ms_per_step")
-            base = _get(row, "fp32 highest", "gpu_ms_per_step") or base
-            this = _get(row, label, "gpu_ms_per_step") or this
-            values.append(base / this if base and this else 0.0)
-        ax.bar(np.arange(len(sizes)) + i * 0.8 / len(labels), values, 0.8 / len(labels), label=label)
-    ax.set_xticks(np.arange(len(sizes)) + 0.4 - 0.4 / len(labels), list(sizes), fontsize=8)
-    ax.axhline(1.0, color="k", lw=0.8)
-    timed = "GPU time" if any(_get(r, "fp32 highest", "gpu_ms_per_step") for r in sizes.values()) else "wall time"
-    ax.set(title=f"a. SAC update: speedup over fp32-highest ({timed})", ylabel="x")
-    ax.legend(fontsize=6)
-    _bars(axes[1], _get(parts, "fp8_rollout", "variants") or {}, "tokens_per_s", "c. decode tokens/s")
-    variants = _get(parts, "optimizer", "variants") or {}
-    _bars(axes[2], variants, "gpu_over_bound", "d. optimizer: time over bytes-moved bound", "wall_over_bound")
-    axes[2].axhline(1.2, color="k", ls="--", lw=0.8)
-    loop = {
-        f"{d} dev {p}": v for d, row in (_get(parts, "jitted_loop", "devices") or {}).items() for p, v in row.items()
-    }
-    _bars(axes[3], loop, "updates_per_s", "b. jitted loop: updates/s")
-    device = (result.get("device") or {}).get("device_kind", "?")
-    fig.suptitle(f"gpu_suite on {device}" + (" (quick: toy sizes)" if result.get("quick") else ""), fontsize=10)
+def table(result: dict) -> str:
+    """The suite's figures, one line per item, then the goals."""
+    device = result.get("device") or {}
+    jax_version = result["environment"]["versions"]["jax"]
+    lines = [f"{device.get('device_kind', '?')} ({device.get('backend', '?')}), jax {jax_version}"]
+    for name, part in result["parts"].items():
+        status = part.get("error") or part.get("skipped") or ""
+        lines.append(f"== {name}: {part.get('seconds', 0):.0f} s {status[:100]}")
+        lines += [f"   {path:60s} {_summary(leaf)}" for path, leaf in _items(part)]
+    lines.append("== goals")
+    for goal in result["goals"]:
+        value = "unmeasured" if goal["measured"] is None else f"{goal['measured']:.3f}"
+        lines.append(f"   {goal['goal'][:80]:80s} target {goal['target']}  measured {value}  met {goal['met']}")
+    return "\n".join(lines)
 
 
 def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) -> None:
@@ -874,6 +723,37 @@ def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) 
     ax.bar(range(len(names)), values)
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=7)
     ax.set_title(title, fontsize=9)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Four panels: Table 10's speedups over fp32-highest, rollout tokens/s, the optimizer against its bound, the
+    jitted loop's throughput."""
+    parts = result["parts"]
+    sizes = _get(parts, "table10", "sizes") or {}
+    labels = [label for label in SAC_PRECISIONS if label != "fp32 highest"]
+    timed = "GPU time" if any(_get(r, "fp32 highest", "gpu_ms_per_step") for r in sizes.values()) else "wall time"
+    with figure(path, 1, 4, dpi=110, figsize=(20, 4.5)) as (fig, axes):
+        for i, label in enumerate(labels):
+            values = []
+            for row in sizes.values():
+                base, this = (
+                    _get(row, k, "gpu_ms_per_step") or _get(row, k, "wall_ms_per_step") for k in ("fp32 highest", label)
+                )
+                values.append(base / this if base and this else 0.0)
+            axes[0].bar(np.arange(len(sizes)) + i * 0.8 / len(labels), values, 0.8 / len(labels), label=label)
+        axes[0].set_xticks(np.arange(len(sizes)) + 0.4 - 0.4 / len(labels), list(sizes), fontsize=8)
+        axes[0].axhline(1.0, color="k", lw=0.8)
+        axes[0].set(title=f"a. SAC update: speedup over fp32-highest ({timed})", ylabel="x")
+        axes[0].legend(fontsize=6)
+        _bars(axes[1], _get(parts, "fp8_rollout", "variants") or {}, "tokens_per_s", "c. decode tokens/s")
+        variants = _get(parts, "optimizer", "variants") or {}
+        _bars(axes[2], variants, "gpu_over_bound", "d. optimizer: time over bytes-moved bound", "wall_over_bound")
+        axes[2].axhline(1.2, color="k", ls="--", lw=0.8)
+        loop = _get(parts, "jitted_loop", "devices") or {}
+        loop = {f"{d} dev {p}": v for d, row in loop.items() for p, v in row.items()}
+        _bars(axes[3], loop, "updates_per_s", "b. jitted loop: updates/s")
+        device = (result.get("device") or {}).get("device_kind", "?")
+        fig.suptitle(f"gpu_suite on {device}" + (" (quick: toy sizes)" if result.get("quick") else ""), fontsize=10)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -912,7 +792,7 @@ def estimate(parts: Sequence[str], budget_scale: float) -> dict[str, Any]:
         "worker_start_s": WORKER_START_S,
         "budgets_s": budgets,
         "total_budget_s": WORKER_START_S + sum(budgets.values()),
-        "derivation": __doc__.split("The 8 minutes. ")[1].split("\n\n")[0].replace("\n", " "),
+        "derivation": BUDGET_DERIVATION,
     }
 
 

@@ -1,15 +1,12 @@
 """fp32 against fp16 SAC on MJX cartpole-swingup for the same wall-clock budget each: which one reaches a return
 of 800 first (``make bench-gpu-train``, at most 6 minutes on an H100).
 
-Both run the fully jitted loop (:mod:`experiments.sac_brax_loop`) with the experiment configs (``fp32.py`` and
-``fp16.py``, the paper's six methods) and :data:`LOOP` / :data:`AGENT`: 64 environments, 8 updates per vectorized
-step, 1024 x 1024 networks, batch 1024, learning rates 3e-4 (not the paper's 1e-4) so that 800 is within reach of
-a 100-second budget. Everything is compiled first, outside the budget (``compile_s``); then the learners
-alternate chunks of :data:`CHUNK_ITERATIONS` iterations, the one with less training time next, until each has
-trained ``--budget_s`` (or an equal budget shrunk to fit ``--deadline_s``, ``settings.budget_s``), evaluated every
-``--eval_every_s`` of its own training time on seeded episodes. Recorded: return against training wall-clock,
-env steps and updates, and ``time_to_target_s`` (also with the compile time added). The goal: fp16 reaches 800
-sooner than fp32. Needs MuJoCo Playground; without it the json records why. ``--quick`` is a smoke run.
+Both run the fully jitted loop (:mod:`experiments.sac_brax_loop`) with the experiment configs and :data:`LOOP` /
+:data:`AGENT` (learning rates 3e-4, not the paper's 1e-4, so that 800 is within reach of a 100-second budget),
+compiled first, outside the budget. The learners alternate chunks of :data:`CHUNK_ITERATIONS` iterations, the one
+with less training time next, until each has trained ``--budget_s`` (shrunk equally to fit ``--deadline_s``),
+evaluated every ``--eval_every_s`` of its own training time. Needs MuJoCo Playground; without it the json records
+why.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import importlib
 import math
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,7 @@ from typing import Any
 import jax
 
 from benchmarks.common import command_line, figure, finish, parser, run_environment
-from benchmarks.gpu_suite import CACHE_DIR, enable_compilation_cache
+from benchmarks.steady_state import CACHE_DIR, enable_compilation_cache, error_record
 
 ENV = "mjx:cartpole-swingup"
 TARGET_RETURN = 800.0
@@ -52,10 +48,8 @@ def loop_config(precision: str, quick: bool = False, devices: int = 1) -> Any:
         raise ValueError(f"precision must be one of {tuple(CONFIGS)}, got {precision!r}.")
     config = importlib.import_module(f"experiments.configs.sac.{CONFIGS[precision]}").get_config()
     config.env = ENV
-    for key, value in (QUICK_LOOP if quick else LOOP).items():
-        config[key] = value
-    for key, value in (QUICK_AGENT if quick else AGENT).items():
-        config.agent[key] = value
+    config.update(QUICK_LOOP if quick else LOOP)
+    config.agent.update(QUICK_AGENT if quick else AGENT)
     config.replay_dtype = None  # fp16_sr-style float16 replay is the dm_control loop's
     config.total_steps = config.brax_num_envs * 10**7
     config.log_every = config.brax_num_envs * chunk_iterations(quick)
@@ -177,7 +171,7 @@ def race(
 
 
 def _error(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:500] + "\n" + "".join(traceback.format_tb(error.__traceback__)[-3:])
+    return "\n".join(error_record(error, frames=3).values())
 
 
 def goal(runs: dict) -> dict:
@@ -247,17 +241,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result["error"] = _error(error)
     result["goal"] = goal(result["runs"])
     result["seconds"] = time.perf_counter() - started
-    lines = [f"{result['device']}: SAC on {ENV}, {result['settings']['budget_s']:.0f} s of training each"]
+    nan, budget = float("nan"), result["settings"]["budget_s"]
+    lines = [f"{result['device']}: SAC on {ENV}, {budget:.0f} s of training each"]
     for precision, run in result["runs"].items():
         if "curve" not in run:
             lines.append(f"{precision:6s} {run['error'].splitlines()[0]}")
             continue
-        to_target = run["time_to_target_s"]
+        to_target = "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:6.1f} s"
         lines.append(
-            f"{precision:6s} compile {run['compile_s']:6.1f} s  final {run['final_return'] or float('nan'):7.1f}  best "
-            f"{run['best_return'] or float('nan'):7.1f}  to {TARGET_RETURN:.0f}: "
-            + (f"{to_target:6.1f} s" if to_target is not None else "not reached")
-            + f"  {run['env_steps_per_s'] or 0:9.0f} env steps/s  {run['updates_per_s'] or 0:7.0f} updates/s"
+            f"{precision:6s} compile {run['compile_s']:6.1f} s  final {run['final_return'] or nan:7.1f}  best "
+            f"{run['best_return'] or nan:7.1f}  to {TARGET_RETURN:.0f}: {to_target}  "
+            f"{run['env_steps_per_s'] or 0:9.0f} env steps/s  {run['updates_per_s'] or 0:7.0f} updates/s"
             + (f"  stopped: {run['error'].splitlines()[0]}" if "error" in run else "")
         )
     if "error" in result:

@@ -1,25 +1,16 @@
 """Steady-state timing of a step function, as a training or decoding loop runs it: many steps dispatched
-asynchronously, one wait at the end.
+asynchronously, one wait at the end; and what the GPU benchmarks share (the compilation cache, error records).
 
-A *step* is ``step(state) -> state`` (any pytree; a jitted function that donates its state is fine, since each
-call gets the previous call's output). :func:`steady_state` reports
-
-* ``wall_ms_per_step``: wall-clock time of ``steps`` consecutive calls made without waiting, divided by
-  ``steps`` (host dispatch overlaps device work, as in a real loop; not the latency of one blocked call). The
-  number of steps is calibrated to last about ``target_s``, between ``min_steps`` and ``max_steps``;
-* on a GPU, from CUPTI (:func:`jax.experimental.mosaic.gpu.profiler.measure`, as :func:`benchmarks.kernels.measure`):
-  ``gpu_ms_per_step`` (the summed durations of every kernel the steps launched, divided by the steps: GPU
-  time, launch gaps left out), ``kernels_per_step`` (launches per step) and the kernels that took the most GPU
-  time (``top_kernels``). ``profiler.measure`` runs the loop twice, once before CUPTI attaches and once under
-  it: the first run is the timed one (CUPTI slows launches), so profiling costs one extra loop, not two.
-
-Everything is measured after ``warmup`` blocked calls (compile functions ahead of time, or the first call would
-compile).
+A *step* is ``step(state) -> state`` (any pytree; a jitted function that donates its state is fine). Wall time per
+step is the loop's time over its steps (host dispatch overlaps device work, as in a real loop; not the latency of
+one blocked call). On a GPU, CUPTI (:func:`jax.experimental.mosaic.gpu.profiler.measure`) adds the GPU time per
+step (summed kernel durations, launch gaps left out), the kernels per step and the heaviest kernels.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -27,20 +18,29 @@ import jax
 import numpy as np
 
 Step = Callable[[Any], Any]
+CACHE_DIR = "/tmp/lpjax-jax-cache"
 
 
-def run_steps(step: Step, state: Any, steps: int) -> Any:
-    """``steps`` calls of ``step``, each on the previous one's output, without waiting for any."""
-    for _ in range(steps):
-        state = step(state)
-    return state
+def enable_compilation_cache(path: str) -> None:
+    """Compiled programs taking over a second are kept in ``path`` (JAX's persistent cache); '' leaves it off."""
+    if path:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def error_record(error: BaseException, frames: int = 4) -> dict[str, str]:
+    """What a failed measurement records: the error and the last ``frames`` frames of where it was raised."""
+    tail = "".join(traceback.format_tb(error.__traceback__)[-frames:])
+    return {"error": f"{type(error).__name__}: {error}"[:600], "where": tail[-1500:]}
 
 
 def timed_steps(step: Step, state: Any, steps: int) -> tuple[Any, float]:
-    """The state after ``steps`` asynchronously dispatched calls, and the wall-clock ms per call (one wait at the
-    end)."""
+    """The state after ``steps`` asynchronously dispatched calls, each on the previous one's output, and the
+    wall-clock ms per call (one wait at the end)."""
     start = time.perf_counter()
-    state = jax.block_until_ready(run_steps(step, state, steps))
+    for _ in range(steps):
+        state = step(state)
+    state = jax.block_until_ready(state)
     return state, 1e3 * (time.perf_counter() - start) / steps
 
 
@@ -56,11 +56,9 @@ def on_gpu() -> bool:
 
 
 class TimedLoop(jax.stages.Wrapped):
-    """``steps`` calls of ``step`` as one callable, each call continuing from the state the previous one reached
-    and waiting for it at its end; ``wall_ms`` holds each call's wall-clock ms per step.
-
-    A ``jax.stages.Wrapped`` is what ``profiler.measure`` runs as it is (anything else it would jit again).
-    """
+    """``steps`` calls of ``step`` as one callable, continuing from the state the previous call reached;
+    ``wall_ms`` holds each call's wall-clock ms per step. ``profiler.measure`` runs a ``jax.stages.Wrapped`` as it
+    is (anything else it would jit again)."""
 
     def __init__(self, step: Step, state: Any, steps: int):
         self.step, self.state, self.steps = step, state, steps
@@ -73,12 +71,10 @@ class TimedLoop(jax.stages.Wrapped):
 
 
 def kernel_profile(loop: TimedLoop, top: int = 8) -> dict[str, Any]:
-    """Wall time, GPU time and kernel launches per step of a :class:`TimedLoop` (a GPU only: CUPTI).
+    """Wall time, GPU time and kernel launches per step of a :class:`TimedLoop`, and the ``top`` kernels by GPU time.
 
-    ``profiler.measure`` calls the loop twice: the first call, before CUPTI attaches, gives ``wall_ms_per_step``;
-    the second, under CUPTI, ``gpu_ms_per_step`` (summed kernel durations), ``kernels_per_step`` and
-    ``top_kernels`` (``{name: {"ms_per_step", "launches_per_step"}}`` for the ``top`` kernels by GPU time).
-    ``loop.state`` advances ``2 * loop.steps`` calls.
+    ``profiler.measure`` calls the loop twice: first before CUPTI attaches (the timed run: CUPTI slows launches),
+    then under CUPTI (the kernels), so profiling costs one extra loop, not two.
     """
     from jax.experimental.mosaic.gpu import profiler
 
@@ -106,14 +102,17 @@ def steady_state(
     min_steps: int = 5,
     max_steps: int = 1000,
     warmup: int = 2,
+    quick: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Wall time per step over an asynchronous loop and, on a GPU, CUPTI's GPU time and kernels per step.
 
-    ``warmup`` blocked calls first; then, unless ``min_steps == max_steps``, two calls time a step to calibrate
-    the loop's length (:func:`calibrated_steps`); then the loop: on a GPU :func:`kernel_profile` (its un-profiled
-    run is the timed one), elsewhere :func:`timed_steps`. If the profile fails, the loop is timed without it and
-    the error recorded (``profile_error``). Returns the final state and the record (``steps`` included).
+    ``warmup`` blocked calls first (they compile what was not compiled ahead of time); then, unless ``min_steps ==
+    max_steps``, two calls calibrate the loop to last about ``target_s``; then the loop, profiled on a GPU (a failed
+    profile is recorded as ``profile_error`` and the loop timed without it). ``quick``: 2 steps, at most 1 warm-up
+    call. Returns the final state and the record (``steps`` included).
     """
+    if quick:
+        target_s, min_steps, max_steps, warmup = 0.01, 2, 2, min(warmup, 1)
     for _ in range(warmup):
         state = jax.block_until_ready(step(state))
     steps = min_steps
