@@ -270,12 +270,6 @@ def torch_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[
     }
 
 
-def make_params(sizes: Sizes, seed: int = 0) -> dict:
-    """A Flax-initialized :class:`lpjax.nn.MLP` tree: ``{"params": {"Dense_0": {"kernel", "bias"}, ...}}``."""
-    mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)
-    return jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
-
-
 def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[str, Runtime]:
     """Every variant this environment can run."""
     fp32 = Fp32MLP.from_params(params, output_activation)
@@ -406,7 +400,8 @@ def run_benchmark(
         import torch
 
         torch.set_num_threads(1)
-    params = make_params(sizes, seed)
+    mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)  # initialized by Flax
+    params = jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
     hidden = " -> ".join([str(sizes.hidden)] * sizes.layers)
     log(f"{environment_key()}: policy {sizes.obs_dim} -> {hidden} -> {sizes.act_dim}: {param_count:,} parameters")
@@ -497,19 +492,6 @@ def summarize(environments: dict[str, dict]) -> dict:
     return {"rows": rows, "targets": targets}
 
 
-def merged_result(previous: dict | None, runs: dict[str, dict]) -> dict:
-    """The json with each of ``runs`` stored under ``environments[<its environment>]``, the other environments'
-    runs of ``previous`` kept."""
-    environments = dict(sorted({**(previous or {}).get("environments", {}), **runs}.items()))
-    return {
-        "benchmark": RESULT_NAME,
-        "caveats": CAVEATS,
-        "ort_activation_quantization": ORT_ACTIVATIONS,
-        "environments": environments,
-        "summary": summarize(environments),
-    }
-
-
 def format_table(result: dict, env: str) -> str:
     """Every run's medians and targets, and the accuracy of ``env``'s run."""
     header = f"{'environment':<24} {'variant':<28} {'median ms':>10} {'x jax_fp32':>10} {'x torch q_dyn':>13}"
@@ -521,9 +503,11 @@ def format_table(result: dict, env: str) -> str:
             f"{row['ratio_to_jax_fp32']:>10.3f} {'-' if vs_torch is None else f'{vs_torch:.3f}':>13}"
         )
     lines.append("")
-    for env, targets in result["summary"]["targets"].items():
+    for other, targets in result["summary"]["targets"].items():
         for name, t in targets.items():
-            lines.append(f"{env} {name}: {t['median']:.2f}; target {t['target']} -> {'MET' if t['met'] else 'MISSED'}")
+            lines.append(
+                f"{other} {name}: {t['median']:.2f}; target {t['target']} -> {'MET' if t['met'] else 'MISSED'}"
+            )
     lines.append("")
     lines.append(f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error vs dequantized int8 / vs fp32):")
     for name, row in result["environments"][env]["accuracy"]["batch_1"].items():
@@ -634,8 +618,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     run["command"] = command_line("benchmarks.actor_inference", argv)
     run["quick"] = bool(args.quick)
     json_path = args.out_dir / f"{args.name}.json"
-    previous = json.loads(json_path.read_text()) if json_path.exists() else None
-    result = merged_result(previous, {**runs, env: run})
+    previous = json.loads(json_path.read_text()) if json_path.exists() else {}  # its other environments are kept
+    environments = dict(sorted({**previous.get("environments", {}), **runs, env: run}.items()))
+    result = {"benchmark": RESULT_NAME, "caveats": CAVEATS, "ort_activation_quantization": ORT_ACTIVATIONS}
+    result |= {"environments": environments, "summary": summarize(environments)}
     return finish(args, result, format_table(result, env), plot)
 
 

@@ -118,12 +118,9 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> 
         norm = sum(np.sum(np.square(w)) for w in _kernels(actor_params))
         parsed = quant.parse_spec(spec)
         rows.append(
-            {
-                "name": name,
-                "spec": parsed.name,
-                "format": parsed.format,
-                "bits": parsed.bits,
-                "per_channel": parsed.per_channel,
+            {"name": name, "spec": parsed.name}
+            | {key: getattr(parsed, key) for key in ("format", "bits", "per_channel")}
+            | {
                 "activations": "fp16" if policy else "fp32",
                 "return_mean": evaluation["return"],
                 "return_std": evaluation["return_std"],

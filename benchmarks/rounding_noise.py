@@ -55,14 +55,11 @@ def theory(tau: float, steps: int) -> dict:
     }
 
 
-def _ulp(x: jax.Array) -> jax.Array:
-    """The float16 ulp at each element of float64 ``x``: the gap to the next float16 away from zero."""
-    h = jnp.abs(x).astype(jnp.float16)
-    return (jnp.nextafter(h, jnp.asarray(jnp.inf, jnp.float16)) - h).astype(jnp.float64)
-
-
 def _in_ulps(got: jax.Array, exact: jax.Array) -> jax.Array:
-    return (got.astype(jnp.float64) - exact) / _ulp(exact)
+    """``got - exact`` in units of the float16 ulp at float64 ``exact``: the gap to the next float16 away from 0."""
+    h = jnp.abs(exact).astype(jnp.float16)
+    ulp = (jnp.nextafter(h, jnp.asarray(jnp.inf, jnp.float16)) - h).astype(jnp.float64)
+    return (got.astype(jnp.float64) - exact) / ulp
 
 
 def _errors(got: jax.Array, exact: jax.Array, direction: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -1,12 +1,11 @@
 """What one SAC update costs on this CPU, per precision, with the optimizer per leaf and fused: kernels and time.
 
-For ``fp32``, ``bf16``, naive ``fp16``, ``fp16`` (the paper's methods) and ``fp16_sr``, each with the optimizer
-``per_leaf`` (every transform mapped over the leaves) and ``fused`` (one flat buffer per dtype,
-:func:`lpjax.optim.fused`, the learners' default): the work instructions of the compiled update
-(:func:`benchmarks.hlo_traffic.kernel_count`, XLA:CPU's stand-in for the kernels a GPU launches) and the CPU time
-per update (interleaved rounds, :func:`benchmarks.timing.interleaved`, state donated). The goal of the fused
-layout: fp16 with the paper's methods launches at most 1.1x fp32's kernels. XLA:CPU emulates float16/bfloat16
-with conversions of its own (``fp16_naive`` shows that part), and a CPU measures no low-precision speed-up.
+For each of :data:`PRECISIONS`, with the optimizer ``per_leaf`` (every transform mapped over the leaves) and
+``fused`` (one flat buffer per dtype, the learners' default): the work instructions of the compiled update
+(:func:`benchmarks.hlo_traffic.kernel_count`, XLA:CPU's stand-in for the kernels a GPU launches) and the CPU time per
+update (interleaved rounds, state donated). The goal of the fused layout: fp16 with the paper's methods launches at
+most 1.1x fp32's kernels. XLA:CPU emulates float16/bfloat16 with conversions of its own (``fp16_naive`` shows that
+part), and a CPU measures no low-precision speed-up.
 """
 
 from __future__ import annotations
@@ -61,13 +60,6 @@ def parse_args(argv: Sequence[str] | None):
     return args
 
 
-def _config(precision: str, fused: bool, width: int, batch: int) -> sac.SACConfig:
-    policy, methods = PRECISIONS[precision]
-    return sac.SACConfig(
-        policy=policy, methods=methods, hidden_dims=(width, width), batch_size=batch, fused_optimizer=fused
-    )
-
-
 def kernels_scalars_not_donated(state: sac.SACState, batch: dict) -> int:
     """Kernels of the same update with the state's scalars (leaves of one element: loss scales, counters, keys,
     the log-temperature) not donated: the update inside a jit that donates only the state's other leaves."""
@@ -85,11 +77,11 @@ def kernels_scalars_not_donated(state: sac.SACState, batch: dict) -> int:
 
 def measure(args) -> dict:
     batch = jax.tree.map(jnp.asarray, random_transitions(np.random.default_rng(0), args.batch, OBS_DIM, ACTION_DIM))
-    kernels, states, steps = {}, {}, {}
+    kernels, states, steps, sizes = {}, {}, {}, dict(hidden_dims=(args.width,) * 2, batch_size=args.batch)
     for precision in args.precisions:
         for layout, fused in LAYOUTS.items():
-            name = f"{precision}/{layout}"
-            config = _config(precision, fused, args.width, args.batch)
+            name, (policy, methods) = f"{precision}/{layout}", PRECISIONS[precision]
+            config = sac.SACConfig(policy=policy, methods=methods, fused_optimizer=fused, **sizes)
             state = sac.init(jax.random.key(0), jnp.zeros(OBS_DIM), ACTION_DIM, config)
             compiled = sac.update.lower(state, batch).compile()
             kernels[name] = kernel_count(compiled.as_text())
@@ -101,16 +93,11 @@ def measure(args) -> dict:
 
     timing = interleaved({name: functools.partial(update, name) for name in states}, args.rounds, args.updates)
     machine = timing.pop("machine")
-    rows = {}
-    for precision in args.precisions:
-        rows[precision] = {
-            layout: {
-                "kernels": kernels[f"{precision}/{layout}"],
-                "ms_per_update": 1e3 * timing[f"{precision}/{layout}"]["median_s"],
-                "ms_per_update_min": 1e3 * timing[f"{precision}/{layout}"]["min_s"],
-            }
-            for layout in LAYOUTS
-        }
+    rows: dict[str, dict] = {precision: {} for precision in args.precisions}
+    for name, count in kernels.items():
+        precision, layout = name.split("/")
+        ms = {"ms_per_update": 1e3 * timing[name]["median_s"], "ms_per_update_min": 1e3 * timing[name]["min_s"]}
+        rows[precision][layout] = {"kernels": count, **ms}
     rows["fp16"]["fused"]["kernels_scalars_not_donated"] = kernels_scalars_not_donated(states["fp16/fused"], batch)
     fp16, fp32 = rows["fp16"]["fused"]["kernels"], rows["fp32"]
     return {
@@ -140,15 +127,10 @@ def measure(args) -> dict:
             "met_against_fp32_fused": fp16 <= GOAL_RATIO * fp32["fused"]["kernels"],
         },
         "notes": [
-            "kernels: work instructions of the compiled update (benchmarks.hlo_traffic.kernel_count); a lax.cond "
-            "counts as one, its branches not.",
-            "fp16 fused kernels_scalars_not_donated: the same update with the state's scalars (loss scales, "
-            "counters) not donated; the difference is XLA's copies of donated scalars the step reads before "
-            "rewriting.",
-            "XLA:CPU emulates float16/bfloat16 dots by converting their operands to float32 in kernels of their own; "
-            "fp16_naive's excess over fp32 at the same layout is that emulation, absent on a GPU.",
-            "ms_per_update: median over interleaved rounds of a jitted, donated update on a fixed batch; the machine's "
-            "load is recorded beside it. Low precision is emulated on a CPU: no speed-up is expected or claimed.",
+            "kernels: work instructions of the compiled update; a lax.cond counts as one, its branches not.",
+            "fp16 fused kernels_scalars_not_donated: the same update with the state's scalars not donated; the "
+            "difference is XLA's copies of donated scalars the step reads before rewriting.",
+            "fp16_naive's excess over fp32 at the same layout is XLA:CPU's float16 emulation, absent on a GPU.",
         ],
     }
 

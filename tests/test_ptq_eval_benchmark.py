@@ -35,18 +35,9 @@ def test_json_describes_the_run_and_every_precision(recorded):
     assert recorded["command"].startswith("python -m benchmarks.ptq_eval")
     names = [row["name"] for row in recorded["rows"]]
     assert names == ["fp32", "fp16", "fp16_act", "int8", "int8_per_channel", "int4", "int4_per_channel"]
+    keys = "return_mean return_std return_ratio action_l2_mean action_l2_max kl_mean kl_median kl_max weight_rel_error"
     for row in recorded["rows"]:
-        for key in (
-            "return_mean",
-            "return_std",
-            "return_ratio",
-            "action_l2_mean",
-            "action_l2_max",
-            "kl_mean",
-            "kl_median",
-            "kl_max",
-            "weight_rel_error",
-        ):
+        for key in keys.split():
             assert isinstance(row[key], float) and row[key] >= 0, (row["name"], key)
         assert row["action_l2_mean"] <= row["action_l2_max"] and row["kl_median"] <= row["kl_max"]
         assert row["kl_mean"] <= row["kl_max"]
