@@ -28,10 +28,8 @@ REPRODUCTION_RUNS = REPO / "runs" / "sac_reproduction" / "w256_b256_steps100000_
 
 
 def parser(module: str, doc: str, quick: str | None = None, out: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The command line of ``python -m benchmarks.<module>``, described by the first paragraph of ``doc``:
-    ``--out_dir`` (or ``--out-dir``, or the names ``out``; default ``benchmarks/results``), ``--name`` (the json's
-    and png's basename, default ``module``), ``--no_plot`` (or ``--no-plot``) and, with its help text ``quick``,
-    ``--quick``. :func:`finish` writes what they ask for."""
+    """The command line of ``python -m benchmarks.<module>`` (described by ``doc``'s first paragraph): ``--out_dir``
+    (or ``--out-dir``, or the names ``out``), ``--name``, ``--no_plot`` and, given its help text, ``--quick``."""
     cli = argparse.ArgumentParser(
         prog=f"python -m benchmarks.{module}",
         description=doc.split("\n\n")[0],
@@ -95,8 +93,7 @@ def write_results(
     result: dict, table: str, out_dir: pathlib.Path, name: str, plot: Callable[[dict, pathlib.Path], None] | None = None
 ) -> None:
     """Prints ``table``, writes ``out_dir/name.json`` and, unless ``plot`` is None, ``out_dir/name.png``."""
-    print()
-    print(table)
+    print(f"\n{table}")
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{name}.json"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
@@ -121,12 +118,10 @@ def random_transitions(rng: np.random.Generator, rows: int, obs_dim: int, action
 
 def package_versions(packages: Sequence[str]) -> dict[str, str | None]:
     """Installed version of each distribution (``None`` when it is not installed), read without importing it."""
-    versions: dict[str, str | None] = {}
+    versions = dict.fromkeys(packages)
     for name in packages:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
     return versions
 
 
@@ -138,10 +133,9 @@ def source_record(folders: Sequence[str] = ("lpjax", "kernels", "benchmarks", "e
         for path in sorted((REPO / folder).rglob("*.py")):
             digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     version = re.search(r"^version = (\S+)", (REPO / "setup.cfg").read_text(), re.M)
+    command = ["git", "-C", str(REPO), "rev-parse", "HEAD"]
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
+        commit = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
@@ -155,14 +149,9 @@ def nvidia_smi() -> list[dict[str, str]] | str:
     """The GPUs ``nvidia-smi`` lists (name, driver version, memory, compute capability), without initializing CUDA
     in this process; a string saying why when it cannot run."""
     fields = ("name", "driver_version", "memory.total", "compute_cap")
+    command = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"]
     try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as error:
         return f"nvidia-smi unavailable: {type(error).__name__}"
     return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.strip().splitlines()]
@@ -194,31 +183,14 @@ def machine_info() -> dict:
     }
 
 
-RUN_PACKAGES = (
-    "jax",
-    "jaxlib",
-    "jax-cuda13-plugin",
-    "jax-cuda13-pjrt",
-    "jax-cuda12-plugin",
-    "jax-cuda12-pjrt",
-    "flax",
-    "optax",
-    "orbax-checkpoint",
-    "chex",
-    "numpy",
-    "mujoco",
-    "mujoco-mjx",
-    "playground",
-    "brax",
-    "ml_collections",
-)
+RUN_PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
+RUN_PACKAGES += ("flax", "optax", "orbax-checkpoint", "chex", "numpy", "mujoco", "mujoco-mjx", "playground", "brax")
+RUN_PACKAGES += ("ml_collections",)
 """The distributions :func:`run_environment` records."""
 
 
 def run_environment() -> dict:
-    """Where and with what a benchmark ran, read without initializing JAX's backends: date, Python, platform, CPU
-    count, the GPUs and driver (:func:`nvidia_smi`), package versions (:data:`RUN_PACKAGES`) and lpjax's source
-    (:func:`source_record`)."""
+    """Where and with what a benchmark ran, read without initializing JAX's backends."""
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),

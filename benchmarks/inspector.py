@@ -1,16 +1,12 @@
 """The precision inspector on SAC: what it finds in naive fp16 and with the paper's methods, what a report costs,
 and that it costs nothing when not called.
 
-* **Findings**: for each of ``--configs`` (default ``fp16_naive`` and ``fp16``), the reports of
-  ``python -m experiments.inspect`` (:func:`experiments.inspect.sac_reports`: the critic and actor phases of one
-  update on a batch collected in ``--env``) from a fresh initialisation and, with ``--checkpoint`` (default: the
-  reproduction's fp32 walker-walk seed-0 run), from that run's networks cast to the config's precision: flagged
-  rows by severity, harmless rows, and the rows of the paper's four fp16 problems.
-* **Time of a report**: the first (``cold``: XLA compiles every primitive) and the same again (``warm``).
-* **Zero cost when off**: the lowered ``sac.update`` before any report and after all of them (identical), and its
-  update steps/s before and after over ``--rounds`` rounds.
-* **Plot**: exponent histograms (``floor(log2 |g|)``) of the critic's weight gradients per layer, naive fp16
-  against fp16 with the methods, float16's smallest subnormal, smallest normal and largest exponent marked.
+For each of ``--configs``, the reports of ``python -m experiments.inspect`` (the critic and actor phases of one
+update on a batch collected in ``--env``) from a fresh initialisation and from ``--checkpoint``'s trained networks
+cast to the config's precision: flagged rows by severity, harmless rows, the rows of the paper's four fp16
+problems, and the time of a first (cold: XLA compiles every primitive) and a second (warm) report. Zero cost when
+off: the lowered ``sac.update`` before any report and after all of them, and its update steps/s. The plot: exponent
+histograms of the critic's weight gradients per layer, naive fp16 against fp16 with the methods.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, parser
+from benchmarks.timing import interleaved
 
 DEFAULT_CHECKPOINT = REPRODUCTION_RUNS / "fp32" / "walker-walk" / "seed0"
 
@@ -55,20 +52,8 @@ def summarize(report) -> dict:
     }
 
 
-def finding_summary(rows) -> list[dict]:
-    return [
-        {
-            "source": row.source,
-            "scope": row.scope,
-            "primitive": row.primitive,
-            "severity": row.severity,
-            "overflow_frac": row.overflow_frac,
-            "underflow_frac": row.underflow_frac,
-            "flushed_frac": row.flushed_frac,
-            "nonfinite": row.nonfinite,
-        }
-        for row in rows
-    ]
+FINDING_FIELDS = ("source", "scope", "primitive", "severity", "overflow_frac", "underflow_frac", "flushed_frac")
+FINDING_FIELDS += ("nonfinite",)
 
 
 def gradient_histograms(report) -> dict[str, dict[str, int]]:
@@ -80,23 +65,9 @@ def gradient_histograms(report) -> dict[str, dict[str, int]]:
     return {scope: {str(k): v for k, v in sorted(counts.items())} for scope, counts in sorted(out.items())}
 
 
-def update_rate(state, batch, seconds: float) -> float:
-    """Jitted ``sac.update`` steps per second over about ``seconds`` (after one warm-up step)."""
-    from lpjax.agents import sac
-
-    state = jax.tree.map(jnp.copy, state)
-    state, _ = sac.update(state, batch)
-    jax.block_until_ready(state)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        state, metrics = sac.update(state, batch)
-        steps += 1
-    jax.block_until_ready(metrics)
-    return steps / (time.perf_counter() - start)
-
-
-def overhead(config, batch_size: int, rounds: int, seconds: float, before_lowering: str | None = None):
-    """``(lowered text, steps/s list)`` of the jitted ``sac.update`` of ``config`` on a random batch."""
+def overhead(config, batch_size: int, rounds: int, seconds: float) -> tuple[str, list[float]]:
+    """The lowered text of ``config``'s jitted ``sac.update`` on a random batch, and its steps per second in
+    ``rounds`` interleaved rounds of about ``seconds`` each."""
     from experiments import sac_loop
     from lpjax.agents import sac
 
@@ -113,7 +84,18 @@ def overhead(config, batch_size: int, rounds: int, seconds: float, before_loweri
         "next_obs": obs[::-1],
     }
     lowered = sac.update.lower(state, batch).as_text()
-    return lowered, [update_rate(state, batch, seconds) for _ in range(rounds)]
+    held = [state]
+
+    def step():
+        held[0], metrics = sac.update(held[0], batch)
+        return metrics
+
+    jax.block_until_ready(step())  # compiles
+    start = time.perf_counter()
+    jax.block_until_ready(step())
+    calls = max(1, round(seconds / (time.perf_counter() - start)))
+    timed = interleaved({"update": step}, rounds, calls=calls, warmup=0)["update"]
+    return lowered, [1 / t for t in timed["rounds_s"]]
 
 
 def run(
@@ -137,7 +119,8 @@ def run(
                     phase: {**summarize(reports[phase]), "warm_seconds": warm[phase].seconds} for phase in reports
                 },
                 "paper_findings": {
-                    finding: finding_summary(rows) for finding, rows in cli.paper_findings(reports).items()
+                    finding: [{f: getattr(row, f) for f in FINDING_FIELDS} for row in rows]
+                    for finding, rows in cli.paper_findings(reports).items()
                 },
             }
             if scenario == "fresh":
@@ -178,16 +161,13 @@ def table(result: dict) -> str:
 def plot(result: dict, path: pathlib.Path) -> None:
     histograms = result["gradient_exponents"]
     layers = sorted({layer for per_config in histograms.values() for layer in per_config})
-    with figure(
-        path, 1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True, squeeze=False, rect=(0, 0, 1, 0.9)
-    ) as (fig, axes):
+    size = (3.2 * len(layers), 3.2)
+    with figure(path, 1, len(layers), figsize=size, sharey=True, squeeze=False, rect=(0, 0, 1, 0.9)) as (fig, axes):
         for ax, layer in zip(axes[0], layers):
             for color, (name, per_config) in enumerate(histograms.items()):
                 counts = per_config.get(layer, {})  # empty where every gradient was nan/inf
-                exponents = np.array([int(k) for k in counts])
-                ax.bar(
-                    exponents, [counts[str(k)] for k in exponents], width=1.0, alpha=0.5, color=f"C{color}", label=name
-                )
+                exponents = [int(k) for k in counts]
+                ax.bar(exponents, list(counts.values()), width=1.0, alpha=0.5, color=f"C{color}", label=name)
             for x, style, label in (
                 (-24, ":", "fp16 smallest subnormal 2^-24"),
                 (-14, "--", "fp16 smallest normal 2^-14"),
@@ -208,11 +188,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     cli.add_argument("--env", default="dmc:walker-walk")
     cli.add_argument("--width", type=int, default=256)
     cli.add_argument("--batch", type=int, default=256)
-    cli.add_argument(
-        "--checkpoint",
-        default=str(DEFAULT_CHECKPOINT),
-        help="trained run directory whose networks are inspected too ('none' to skip)",
-    )
+    note = "trained run directory whose networks are inspected too ('none' to skip)"
+    cli.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help=note)
     cli.add_argument("--rounds", type=int, default=3, help="rounds of the update-rate measurement")
     cli.add_argument("--seconds", type=float, default=2.0, help="seconds per update-rate measurement")
     args = cli.parse_args(argv)

@@ -1,19 +1,10 @@
 """What a finished run's logs and last checkpoint say about its numerics: the evidence behind a low return.
 
-A run can finish with finite actions and still train badly. Whether precision is to blame shows in three places:
-
-* **Loss scalers** (from the last checkpoint). Every :class:`lpjax.optim.CompoundLossScalingState` in the saved
-  state, by the path of the network it trains (``agent.critic``, ``agent.actor``): its final ``scale`` and
-  ``skipped_steps``, the number of updates it skipped for non-finite gradients over the whole run. The counter
-  lives in the optimizer state, so it is exact across resumes; the logs sample only every ``log_every`` steps.
-* **The last logged training values** (from ``metrics.csv``): the loss scales, the policy's entropy and the
-  temperature ``alpha``. An entropy near SAC's target (``-action_dim``) with a small ``alpha`` is a policy that
-  trained, not one that froze or collapsed.
-* **Non-finite losses**: the first logged step from which the critic loss stayed non-finite (the scaler then
-  skips every update, and the run ends with a frozen policy's return).
-
-:func:`evidence` returns the first two; :func:`nonfinite_losses_since` the third. A run with no loss scaler (fp32,
-the fp8 GEMM agent) has empty ``loss_scalers``.
+A run can finish with finite actions and still train badly. Whether precision is to blame shows in the loss
+scalers of its last checkpoint (:func:`loss_scalers`: each scaler's final scale and the updates it skipped over the
+whole run, exact across resumes), its last logged training values (:func:`last_logged`: an entropy near SAC's target
+with a small ``alpha`` is a policy that trained, not one that froze) and the step from which its critic loss stayed
+non-finite (:func:`nonfinite_losses_since`). A run with no loss scaler (fp32, the fp8 GEMM agent) has none.
 """
 
 from __future__ import annotations
@@ -32,10 +23,8 @@ SCALER_FIELDS = ("scale", "skipped_steps", "good_steps", "inner_scale")
 
 
 def logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | None]]:
-    """Steps and values of the rows of ``metrics.csv`` that logged ``column`` (``None`` for a non-finite value).
-
-    Read from the file directly: a row logged the column when its cell is not empty
-    (``lpjax.run_logging.read_metrics`` reads empty and non-finite cells both as nan)."""
+    """Steps and values of the rows of ``metrics.csv`` whose ``column`` cell is not empty (``None`` for a non-finite
+    value); ``lpjax.run_logging.read_metrics`` would read empty and non-finite cells both as nan."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return [], []
@@ -56,10 +45,8 @@ def logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | 
 
 
 def nonfinite_losses_since(run_dir: pathlib.Path) -> int | None:
-    """The first logged step from which every logged critic loss is non-finite (``None``: the last is finite).
-
-    The loss scaler skips every such step, so the networks stop learning while actions stay finite: such a run
-    finishes, with the return of a frozen policy."""
+    """The first logged step from which every logged critic loss is non-finite (``None``: the last is finite): the
+    loss scaler skips every such step, and the run finishes with a frozen policy's return."""
     steps, losses = logged(run_dir, "train/critic_loss")
     if not losses or losses[-1] is not None:
         return None
@@ -76,9 +63,13 @@ def _scaler_states(tree: Any, path: tuple[str, ...] = ()):
         yield from _scaler_states(child, (*path, str(key)))
 
 
-def _scalers(tree: Any) -> dict[str, dict]:
-    """Every loss scaler's final scale and skipped steps, named by the path of the network it trains (the path
-    up to ``opt_state``), or by its whole path where two share that name."""
+def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
+    """The final scale and skipped steps of each loss scaler of the run's last checkpoint (``None``: no readable
+    checkpoint), named by the path of the network it trains (up to ``opt_state``), or its whole path where two share
+    that name."""
+    tree = last_checkpoint(run_dir)
+    if tree is None:
+        return None
     states = list(_scaler_states(tree))
     owners = [".".join(path[: path.index("opt_state")] if "opt_state" in path else path) for path, _ in states]
     return {
@@ -112,12 +103,6 @@ def last_checkpoint(run_dir: pathlib.Path) -> Any | None:
     return state
 
 
-def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
-    """The loss scalers of the run's last checkpoint, by network (``None``: no readable checkpoint)."""
-    state = last_checkpoint(run_dir)
-    return None if state is None else _scalers(state)
-
-
 def last_logged(run_dir: pathlib.Path, columns=LOGGED) -> dict[str, float | None]:
     """The last finite logged value of each column (``None``: never logged, or never finite)."""
     out = {}
@@ -129,5 +114,5 @@ def last_logged(run_dir: pathlib.Path, columns=LOGGED) -> dict[str, float | None
 
 
 def evidence(run_dir: pathlib.Path) -> dict:
-    """The loss scalers and the last logged training values of one run directory (module docstring)."""
+    """The loss scalers and the last logged training values of one run directory."""
     return {"loss_scalers": loss_scalers(run_dir), "last_logged": last_logged(run_dir)}
