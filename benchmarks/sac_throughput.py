@@ -96,38 +96,18 @@ class Setting:
 MJX = dict(env="mjx:cartpole-swingup", backend=None)
 ONE_UPDATE = dict(batch_size=256, updates_per_step=1)
 HOST = dict(host_env="dmc:cartpole-swingup", num_envs=1)
-SETTINGS = {
-    setting.name: setting
-    for setting in (
-        Setting(
-            "brax_colab",
-            "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per vectorized step, 256x256): "
-            "update-bound",
-        ),
-        Setting(
-            "one_update",
-            "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
-            **ONE_UPDATE,
-            iterations=20,
-        ),
-        Setting(
-            "mjx_cartpole",
-            "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX cartpole-swingup; the "
-            "dm_control host loop on dmc:cartpole-swingup",
-            **MJX | HOST | ONE_UPDATE,
-            replay_size=10_000,
-            iterations=200,
-            rounds=8,
-        ),
-        Setting(
-            "mjx_cartpole_128",
-            "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
-            **MJX | ONE_UPDATE,
-            iterations=20,
-            rounds=8,
-        ),
-    )
-}
+_SETTINGS = (
+    Setting("brax_colab", "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per vectorized "
+            "step, 256x256): update-bound"),
+    Setting("one_update", "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
+            **ONE_UPDATE, iterations=20),
+    Setting("mjx_cartpole", "the paper's protocol (1 env, 1 update per step) at 256x256, batch 256, on MJX "
+            "cartpole-swingup; the dm_control host loop on dmc:cartpole-swingup",
+            **MJX | HOST | ONE_UPDATE, replay_size=10_000, iterations=200, rounds=8),
+    Setting("mjx_cartpole_128", "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
+            **MJX | ONE_UPDATE, iterations=20, rounds=8),
+)  # fmt: skip
+SETTINGS = {setting.name: setting for setting in _SETTINGS}
 QUICK = Setting("quick", "a smoke test, not a measurement", **MJX | HOST, batch_size=32, updates_per_step=2)
 QUICK = dataclasses.replace(QUICK, hidden=(32, 32), replay_size=4096, iterations=8, rounds=2)
 OVERRIDABLE = tuple(field.name for field in dataclasses.fields(Setting))[2:]
@@ -238,28 +218,17 @@ def brax_wrap(env, **kwargs):
 def agent_config(setting: Setting, policy: str) -> SACConfig:
     """The SAC config of ``setting``: fp32 without methods, or fp16 with all the paper's methods."""
     methods = PrecisionMethods.paper() if policy == "fp16" else PrecisionMethods()
-    return SACConfig(
-        policy=policy,
-        hidden_dims=setting.hidden,
-        batch_size=setting.batch_size,
-        actor_lr=LEARNING_RATE,
-        critic_lr=LEARNING_RATE,
-        gamma=GAMMA,
-        tau=TAU,
-        methods=methods,
-    )
+    rates = dict(actor_lr=LEARNING_RATE, critic_lr=LEARNING_RATE, gamma=GAMMA, tau=TAU)
+    return SACConfig(policy=policy, hidden_dims=setting.hidden, batch_size=setting.batch_size, **rates, methods=methods)
 
 
 def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
+    sizes = dict(
+        num_envs=setting.num_envs, updates_per_step=setting.updates_per_step, replay_capacity=setting.replay_size
+    )
+    agent = agent_config(setting, policy)
     return sac_brax_loop.LoopSettings(
-        env=setting.env,
-        backend=setting.backend,
-        action_repeat=1,
-        agent=agent_config(setting, policy),
-        num_envs=setting.num_envs,
-        seed_steps=0,
-        updates_per_step=setting.updates_per_step,
-        replay_capacity=setting.replay_size,
+        env=setting.env, backend=setting.backend, action_repeat=1, agent=agent, seed_steps=0, **sizes
     )
 
 
