@@ -82,23 +82,20 @@ def describe_lowering(exported: Any) -> dict[str, Any]:
     }
 
 
-def _tiles(m: int, n: int, bm: int, bn: int) -> tuple[int, int]:
-    return round_up(n, bn) // bn, round_up(m, bm) // bm
+def _bytes(x_bytes: int, w_bytes: int, m: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
+    """Bytes with x ``(M, K)`` and w ``(K, N)`` of these sizes, an fp32 bias and a bf16 output, when ``bm x bn``
+    tiles re-read x once per N block and w once per M block (no L2 reuse)."""
+    out, x_reads, w_reads = 2 * m * n + 4 * n, round_up(n, bn) // bn, round_up(m, bm) // bm
+    return {"compulsory": x_bytes + w_bytes + out, "tiled": x_bytes * x_reads + w_bytes * w_reads + out}
 
 
-def _bytes_fp16(m: int, k: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
-    """bf16 x (M,K) and w (K,N), fp32 bias, bf16 output."""
-    out, (x_reads, w_reads) = 2 * m * n + 4 * n, _tiles(m, n, bm, bn)
-    return {"compulsory": 2 * m * k + 2 * k * n + out, "tiled": 2 * m * k * x_reads + 2 * k * n * w_reads + out}
+def _bytes_fp16(m: int, k: int, n: int) -> dict[str, float]:
+    return _bytes(2 * m * k, 2 * k * n, m, n)
 
 
 def _bytes_8bit(x_bytes: int, w_bytes: int, m: int, k: int, n: int, bm: int, bn: int, scales: int) -> dict:
-    out, (x_reads, w_reads) = 2 * m * n + 4 * n, _tiles(m, n, bm, bn)
-    return {
-        "compulsory": x_bytes + w_bytes + out,
-        "tiled": x_bytes * x_reads + w_bytes * w_reads + out,
-        "activation_quantization_pass": 2 * m * k + m * k + 4 * scales,
-    }
+    """The quantized operands, and the activation-quantization pass on its own line (bf16 in, codes out)."""
+    return _bytes(x_bytes, w_bytes, m, n, bm, bn) | {"activation_quantization_pass": 2 * m * k + m * k + 4 * scales}
 
 
 def _bytes_fp8(m: int, k: int, n: int) -> dict[str, float]:
@@ -144,12 +141,7 @@ def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
     spec, (m, k, n) = KERNELS[name], shape
     flops = 2.0 * m * n * k
     nbytes = spec["bytes"](m, k, n)
-    return {
-        "M": m,
-        "K": k,
-        "N": n,
-        "flops": flops,
-        "bytes": nbytes,
+    return {"M": m, "K": k, "N": n, "flops": flops, "bytes": nbytes} | {
         "intensity_compulsory": flops / nbytes["compulsory"],
         "intensity_tiled": flops / nbytes["tiled"],
         "roofline": {
