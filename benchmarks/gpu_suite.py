@@ -601,7 +601,6 @@ def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
 
 
 def part_matmul(part: Part) -> None:
-
     part.result["timing"] = "GPU ms per product (CUPTI) on a GPU; wall ms per product elsewhere (not comparable)"
     for dtype in MATMUL_DTYPES:
         for shape_name in ("sac", "llm_decode", "llm_prefill"):
