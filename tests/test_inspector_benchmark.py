@@ -8,26 +8,8 @@ from experiments.inspect import PAPER_FINDINGS
 
 
 def test_inspector_benchmark_records_findings_times_and_zero_cost(tmp_path):
-    result = inspector.main(
-        [
-            "--width",
-            "32",
-            "--batch",
-            "32",
-            "--env",
-            "dmc:cartpole-swingup",
-            "--checkpoint",
-            "none",
-            "--rounds",
-            "1",
-            "--seconds",
-            "0.2",
-            "--out_dir",
-            str(tmp_path),
-            "--name",
-            "smoke",
-        ]
-    )
+    argv = "--width 32 --batch 32 --env dmc:cartpole-swingup --checkpoint none --rounds 1 --seconds 0.2 --name smoke"
+    result = inspector.main([*argv.split(), "--out_dir", str(tmp_path)])
     assert json.loads((tmp_path / "smoke.json").read_text()) == json.loads(json.dumps(result))
     assert (tmp_path / "smoke.png").stat().st_size > 0
     assert set(result["results"]) == {"fp16_naive/fresh", "fp16/fresh"}

@@ -34,19 +34,8 @@ def real_small_case(precision):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("sac_memory")
-    result = bench.main(
-        [
-            "--quick",
-            "--sizes",
-            f"{WIDTH}x{BATCH}",
-            "--obs-dim",
-            str(OBS),
-            "--action-dim",
-            str(ACT),
-            "--out-dir",
-            str(out),
-        ]
-    )
+    argv = f"--quick --sizes {WIDTH}x{BATCH} --obs-dim {OBS} --action-dim {ACT}"
+    result = bench.main([*argv.split(), "--out-dir", str(out)])
     assert (out / "sac_memory.png").stat().st_size > 0
     data = json.loads((out / "sac_memory.json").read_text())
     assert data["comparisons"] == json.loads(json.dumps(result["comparisons"]))

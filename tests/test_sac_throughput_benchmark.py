@@ -82,11 +82,8 @@ def test_quick_mjx_run_times_the_jitted_loop_brax_and_the_dm_control_host_loop(t
     data = _record(tmp_path, ["--no-profile"])
     (setting,) = data["settings"]
     config = setting["config"]
-    assert (config["env"], config["backend"], config["host_env"]) == (
-        "mjx:cartpole-swingup",
-        None,
-        "dmc:cartpole-swingup",
-    )
+    assert (config["env"], config["backend"]) == ("mjx:cartpole-swingup", None)
+    assert config["host_env"] == "dmc:cartpole-swingup"
     variants = ["lpjax_fp32", "lpjax_fp16", "lpjax_host_fp32", "lpjax_host_fp16"]
     _check_rows(setting, variants)
     agents = config["lpjax_agents"]
@@ -126,13 +123,8 @@ def test_recorded_results_are_complete():
     assert recorded == bench.summarize(recorded["settings"], recorded["update_profile"])
     by_name = {s["name"]: s for s in recorded["settings"]}
     assert by_name["mjx_cartpole"]["run"] == by_name["mjx_cartpole_128"]["run"]
-    assert set(by_name["mjx_cartpole"]["results"]) == {
-        "brax",
-        "lpjax_fp32",
-        "lpjax_fp16",
-        "lpjax_host_fp32",
-        "lpjax_host_fp16",
-    }
+    variants = {"brax", "lpjax_fp32", "lpjax_fp16", "lpjax_host_fp32", "lpjax_host_fp16"}
+    assert set(by_name["mjx_cartpole"]["results"]) == variants
     assert not any(s["run"]["quick"] for s in recorded["settings"])
 
 
