@@ -189,18 +189,11 @@ class _Case:
 
 
 def run_benchmark(
-    sizes: Sizes,
-    steps: int,
-    repeats: int,
-    warmup: int,
-    variants: Sequence[Variant],
-    dtypes: Sequence[str] = DTYPES,
-    seed: int = 0,
-    log: Callable[[str], None] = print,
+    sizes: Sizes, steps: int, repeats: int, warmup: int, variants: Sequence[Variant], seed: int = 0, log=print
 ) -> dict:
     """Times every (variant, dtype) pair, interleaved; returns the results as a json-able dict."""
     k_params, k_grads = jax.random.split(jax.random.PRNGKey(seed))
-    params_by_dtype = {dtype: mlp_params(k_params, sizes, dtype) for dtype in dtypes}
+    params_by_dtype = {dtype: mlp_params(k_params, sizes, dtype) for dtype in DTYPES}
     first = next(iter(params_by_dtype.values()))
     param_count = int(sum(x.size for x in jax.tree.leaves(first)))
     param_bytes = {dtype: tree_nbytes(params) for dtype, params in params_by_dtype.items()}
@@ -227,7 +220,7 @@ def run_benchmark(
         row.update(minor_page_faults_per_step=statistics.median(case.faults_per_step))
         rows.append(row | dict(xla_temp_trees=(case.temp_bytes or 0) / case.param_bytes, traffic=case.traffic))
         rows[-1].update(case.sanity())
-    ratios: dict[str, dict[str, dict[str, float]]] = {dtype: {} for dtype in dtypes}
+    ratios: dict[str, dict[str, dict[str, float]]] = {dtype: {} for dtype in DTYPES}
     for row in rows:
         base = next(r for r in rows if r["variant"] == BASELINE and r["dtype"] == row["dtype"])
         row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]

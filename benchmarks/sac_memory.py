@@ -88,11 +88,6 @@ def make_config(precision: str, width: int, batch_size: int) -> sac.SACConfig:
     return sac.SACConfig(hidden_dims=(width,) * HIDDEN_LAYERS, batch_size=batch_size, **PRECISIONS[precision])
 
 
-def abstract_state(config: sac.SACConfig, obs_dim: int, action_dim: int) -> sac.SACState:
-    observation = np.zeros((obs_dim,), np.float32)
-    return jax.eval_shape(lambda key: sac.init(key, observation, action_dim, config), jax.random.PRNGKey(0))
-
-
 def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = jnp.float32) -> dict:
     """The replay batch ``sac.update`` takes, as ``jax.ShapeDtypeStruct`` leaves."""
     sizes = dict(obs=(obs_dim,), action=(action_dim,), reward=(), discount=(), next_obs=(obs_dim,))
@@ -226,7 +221,8 @@ def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
 def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
     """Every component's bytes for one configuration, from abstract values only."""
     config = make_config(precision, width, batch_size)
-    state = abstract_state(config, obs_dim, action_dim)
+    observation = np.zeros((obs_dim,), np.float32)
+    state = jax.eval_shape(lambda key: sac.init(key, observation, action_dim, config), jax.random.PRNGKey(0))
     batch = abstract_batch(batch_size, obs_dim, action_dim, REPLAY_DTYPES.get(precision, jnp.float32))
     state_info = state_breakdown(state)
     res = {name: residuals(VJPS[name], state, batch) for name in LOSSES}
@@ -358,15 +354,13 @@ METHOD = {
 """How each figure of the json is counted (the json's ``method``)."""
 
 
-def run_benchmark(
-    sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM, log: Callable = print
-) -> dict:
+def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM) -> dict:
     start = time.perf_counter()
     rows, comparisons, beyond = [], [], []
     for width, batch_size in sizes:
         pair = {}
         for precision in PRECISIONS:
-            log(f"tracing {precision} width {width} batch {batch_size} ...")
+            print(f"tracing {precision} width {width} batch {batch_size} ...")
             pair[precision] = measure(precision, width, batch_size, obs_dim, action_dim)
             rows.append(pair[precision])
         comparisons.append(compare(pair[BASE], pair[LOW]))
@@ -413,7 +407,7 @@ def run_benchmark(
     }
 
 
-def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int, rounds: int = 5) -> dict:
+def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
     """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize``, medians of
     interleaved rounds, states donated."""
     batch = random_transitions(np.random.default_rng(0), batch_size, obs_dim, action_dim)
@@ -427,6 +421,7 @@ def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: in
         states[name], metrics = steps[name](states[name], batch)
         return metrics
 
+    rounds = 5
     timing = interleaved({name: functools.partial(update, name) for name in states}, rounds)
     ms = {name: 1e3 * timing[name]["median_s"] for name in states}
     return {
