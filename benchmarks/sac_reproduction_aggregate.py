@@ -403,6 +403,8 @@ NOTES = [
     "rounding (the rounding study, --rounding_task): each of the parameter and target updates either "
     "Kahan-compensated or stochastically rounded; ratio_to_fp32 and, on the row's own seeds, "
     "ratio_to_fp16_same_seeds (fp16: Kahan for both).",
+    "recommended (per config beyond the paper): 'recommended' only when final and at least target_ratio of "
+    "fp32 on every main task; 'withdrawn' once a final task misses it; 'undecided' while a task is not final.",
     "Ablation: paper appendix E, Figure 7 (one method removed from the all-methods fp16 agent); here on "
     "one task at reduced scale. ratio_to_fp16_same_seeds compares a row with fp16 on its own seeds.",
 ]
@@ -497,6 +499,19 @@ def comparison(cells: dict) -> dict:
     return entry
 
 
+def recommendation(comparisons: dict, tasks: Sequence[str]) -> dict:
+    """Each config beyond the paper: ``recommended`` only when it is final and meets :data:`TARGET_RATIO` on every
+    task of ``tasks``; ``withdrawn`` when a final task misses it; ``undecided`` otherwise."""
+    verdicts = {}
+    for config in BEYOND_CONFIGS:
+        rows = {task: comparisons.get(task, {}).get("beyond", {}).get(config) for task in tasks}
+        meets = [None if row is None else row["meets_target"] for row in rows.values()]
+        status = "withdrawn" if False in meets else "recommended" if all(meets) else "undecided"
+        ratios = {task: None if row is None else row["ratio"] for task, row in rows.items()}
+        verdicts[config] = {"status": status, "ratio_by_task": ratios}
+    return verdicts
+
+
 def ablation_rows(cells: dict) -> list[dict]:
     """The Figure 7 ablation on one task: each variant against fp16 with all methods (also on its own seeds)."""
     reference = cells.get("fp16")
@@ -570,6 +585,7 @@ def aggregate(
             rounding[task] = _rounding_rows(cells)
     statuses = [r["status"] for r in runs.values()]
     remaining = [s for s in plan if not runs[(s.config, s.task, s.seed)]["final"]]
+    main_tasks = [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)]
     result = {
         "benchmark": RESULT_NAME,
         "command": command_line("benchmarks.sac_reproduction", argv),
@@ -578,8 +594,9 @@ def aggregate(
         "complete": not remaining,
         "scale": {**scale.describe(), "why": SCALE_WHY},
         "plan": {
-            "tasks": [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)],
+            "tasks": main_tasks,
             "ablation_tasks": sorted({s.task for s in plan if removed_method(s.config)}),
+            "rounding_tasks": sorted({s.task for s in plan if s.config in ROUNDING_CONFIGS}),
             "seeds": sorted({s.seed for s in plan}),
             "configs": list(ALL_CONFIGS),
             "runs_planned": len(plan),
@@ -596,6 +613,7 @@ def aggregate(
         "naive_far_lower_threshold": NAIVE_FAR_LOWER,
         "results": results,
         "comparison": comparisons,
+        "recommended": recommendation(comparisons, main_tasks),
         "ablation": ablation,
         "rounding": rounding,
         "curves": curves,
@@ -636,4 +654,7 @@ def format_table(result: dict) -> str:
             f"{task}: fp16/fp32 = {_fmt(c['ratio'], 3)} ({verdict} target {c['target_ratio']}); naive fp16 "
             f"{naive}" + (f" ({'; '.join(c['naive_failure'])})" if c.get("naive_failure") else "")
         )
+    for config, verdict in result["recommended"].items():
+        ratios = ", ".join(f"{task} {_fmt(r, 3)}" for task, r in verdict["ratio_by_task"].items())
+        lines.append(f"{config}: {verdict['status']} ({ratios})")
     return "\n".join(lines)

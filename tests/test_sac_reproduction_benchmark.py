@@ -300,13 +300,36 @@ def test_ablation_rows_are_compared_with_fp16_on_their_own_seeds():
     assert agg._same_seeds_reference({"final_return_per_seed": {"0": None}}, fp16)["fp16_same_seeds"] == []
 
 
+def test_a_beyond_config_is_recommended_only_when_final_and_on_target_on_every_task():
+    def row(ratio, final=True):
+        return {"ratio": ratio, "meets_target": (ratio >= agg.TARGET_RATIO) if final else None}
+
+    tasks = ("a", "b", "c")
+    config, other, *_ = plan.BEYOND_CONFIGS
+    comparisons = {
+        "a": {"beyond": {config: row(1.0), other: row(1.2)}},
+        "b": {"beyond": {config: row(0.96), other: row(0.2, final=False)}},
+        "c": {"beyond": {config: row(1.1), other: row(0.94)}},
+    }
+    verdicts = agg.recommendation(comparisons, tasks)
+    assert verdicts[config] == {"status": "recommended", "ratio_by_task": {"a": 1.0, "b": 0.96, "c": 1.1}}
+    assert verdicts[other]["status"] == "withdrawn"  # c misses, though b is not final
+    del comparisons["c"]["beyond"][other]
+    assert agg.recommendation(comparisons, tasks)[other]["status"] == "undecided"  # b not final, c unmeasured
+    comparisons["b"]["beyond"][other] = row(0.99)
+    assert agg.recommendation(comparisons, tasks)[other]["status"] == "undecided"  # c still unmeasured
+    assert agg.recommendation(comparisons, tasks)[plan.BEYOND_CONFIGS[2]]["ratio_by_task"] == dict.fromkeys(tasks)
+
+
 def test_aggregation_keeps_recorded_runs_whose_directories_are_gone(tmp_path):
     """The committed result, aggregated over an empty runs folder with itself as the earlier result, gives back
     every cell, curve, comparison and ablation row it holds."""
     recorded = json.loads((plan.REPO_ROOT / "benchmarks" / "results" / "sac_reproduction.json").read_text())
     scale = plan.Scale()
     assert recorded["scale"]["tag"] == scale.tag
-    runs = plan.build_plan(plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK])
+    runs = plan.build_plan(
+        plan.DEFAULT_TASKS, range(3), [plan.DEFAULT_ABLATION_TASK], recorded["plan"]["rounding_tasks"]
+    )
     again = agg.aggregate(tmp_path, scale, runs, [], recorded)
     for task, cells in recorded["results"].items():
         for config, cell in cells.items():
