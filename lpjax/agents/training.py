@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Self
 
 import chex
+import flax
 import jax
 import jax.numpy as jnp
 import optax
@@ -50,6 +51,28 @@ class Trainable(NamedTuple):
 
     params: Any
     opt_state: Any
+
+
+@flax.struct.dataclass
+class ActorCriticState:
+    """What every actor-critic learner's state begins with; a learner's state subclasses it and adds its target
+    networks. One pytree, checkpointed whole.
+
+    Attributes:
+      config: the learner's config (static: part of the tree structure, not a leaf).
+      action_dim: number of action dimensions (static).
+      step: int32, gradient steps done.
+      key: PRNG key of the learner.
+      actor: :class:`Trainable` of the policy network.
+      critic: :class:`Trainable` of the critic.
+    """
+
+    config: Any = flax.struct.field(pytree_node=False)
+    action_dim: int = flax.struct.field(pytree_node=False)
+    step: jax.Array
+    key: jax.Array
+    actor: Trainable
+    critic: Trainable
 
 
 def trainable_init(params: Any, tx: optax.GradientTransformation) -> Trainable:

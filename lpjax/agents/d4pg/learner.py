@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from lpjax.agents.d4pg.config import D4PGConfig
 from lpjax.agents.d4pg.distributional import categorical_l2_project, expected_value
 from lpjax.agents.training import (
+    ActorCriticState,
     TargetState,
-    Trainable,
     gradient_step,
     network_optimizer,
     target_updater,
@@ -44,17 +44,13 @@ from lpjax.optim import loss_scale_or_one, skipped_steps
 
 
 @flax.struct.dataclass
-class D4PGState:
-    """Everything D4PG's learner carries, as one pytree (checkpointed whole).
+class D4PGState(ActorCriticState):
+    """Everything D4PG's learner carries: :class:`~lpjax.agents.training.ActorCriticState` (its ``config`` a
+    :class:`D4PGConfig`, its actor deterministic, its critic categorical; the update is deterministic and leaves
+    ``key`` unchanged, carried so a checkpoint holds what a stochastic variant such as target-policy smoothing
+    would need) and:
 
     Attributes:
-      config: the :class:`D4PGConfig` (static: part of the tree structure, not a leaf).
-      action_dim: number of action dimensions (static).
-      step: int32, gradient steps done.
-      key: PRNG key of the learner. D4PG's update is deterministic and leaves it unchanged; it is carried so a
-        checkpoint holds everything a stochastic variant (e.g. target-policy smoothing) would need.
-      actor: :class:`~lpjax.agents.training.Trainable` of the deterministic policy.
-      critic: Trainable of the categorical critic.
       target_actor: parameters of the target policy.
       target_critic: parameters of the target critic.
       target_compensation: the target update's state (:data:`lpjax.agents.training.TargetState`): the Kahan
@@ -62,12 +58,6 @@ class D4PGState:
         method, or hard copies, ``tau = 1``).
     """
 
-    config: D4PGConfig = flax.struct.field(pytree_node=False)
-    action_dim: int = flax.struct.field(pytree_node=False)
-    step: jax.Array
-    key: jax.Array
-    actor: Trainable
-    critic: Trainable
     target_actor: Any
     target_critic: Any
     target_compensation: TargetState

@@ -28,6 +28,7 @@ import optax
 from lpjax.agents.sac.config import SACConfig
 from lpjax.agents.sac.squashed_gaussian import sample_and_log_prob
 from lpjax.agents.training import (
+    ActorCriticState,
     TargetState,
     Trainable,
     gradient_step,
@@ -73,28 +74,18 @@ class SACCritic(nn.Module):
 
 
 @flax.struct.dataclass
-class SACState:
-    """Everything SAC's training carries, as one pytree (checkpointed whole).
+class SACState(ActorCriticState):
+    """Everything SAC's training carries: :class:`~lpjax.agents.training.ActorCriticState` (its ``config`` a
+    :class:`SACConfig`, its ``key`` for sampling actions and augmentations in ``update``, its critic the twin
+    critic and the pixel encoder) and:
 
     Attributes:
-      config: the :class:`SACConfig` (static: part of the tree structure, not a leaf).
-      action_dim: number of action dimensions (static).
-      step: int32, gradient steps done.
-      key: PRNG key for sampling actions and augmentations in ``update``.
-      actor: :class:`~lpjax.agents.training.Trainable` of the policy network.
-      critic: Trainable of the twin critic (and the pixel encoder).
       target_critic: parameters of the target critic.
       target_compensation: the target update's state (:data:`lpjax.agents.training.TargetState`): the Kahan
         compensation of the target critic, the stochastic rounding's key, or ``None``.
       temperature: Trainable of ``log_alpha`` (float32 scalar).
     """
 
-    config: SACConfig = flax.struct.field(pytree_node=False)
-    action_dim: int = flax.struct.field(pytree_node=False)
-    step: jax.Array
-    key: jax.Array
-    actor: Trainable
-    critic: Trainable
     target_critic: Any
     target_compensation: TargetState
     temperature: Trainable
