@@ -127,18 +127,6 @@ def over_baseline(values: dict[str, list[float]], baseline: str = "fp32", floor:
     return summary
 
 
-def argument_parser(module_doc: str, result_name: str, variants: dict[str, Variant]) -> argparse.ArgumentParser:
-    """A port benchmark's command line: ``--variants``, ``--seeds``, ``--results_dir`` (the benchmark adds the
-    rest); parse it with :func:`parse_args`."""
-    parser = argparse.ArgumentParser(
-        description=module_doc.split("\n\n")[0], prog=f"python -m benchmarks.{result_name}"
-    )
-    parser.add_argument("--variants", nargs="+", default=list(variants), choices=list(variants))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--results_dir", type=pathlib.Path, default=pathlib.Path(__file__).parents[1] / "results")
-    return parser
-
-
 def parse_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
     """``parser``'s arguments; the variants must include the baseline, fp32."""
     args = parser.parse_args(argv)
