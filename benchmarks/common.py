@@ -1,7 +1,7 @@
 """What every benchmark shares: its command line (:func:`parser`), its result printed and written as
 ``<name>.json`` and ``<name>.png`` (:func:`write_results`, :func:`finish`, :func:`figure`), the record of where it
-ran (:func:`run_environment`) and random input. Timing is :mod:`benchmarks.timing` (CPU) and
-:mod:`benchmarks.steady_state` (GPU)."""
+ran (:func:`run_environment`), plain-text tables (:func:`format_table`) and random input. Timing is
+:mod:`benchmarks.timing` (CPU) and :mod:`benchmarks.steady_state` (GPU)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -82,6 +82,19 @@ def port_finish(
     result = {**ports.result_header(args.benchmark, argv, program, chosen, config), "results": results}
     result.update(summary=summary, notes=notes)
     return finish(args, result, table(result), plot)
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence], formats: Sequence[str], indent: str = "") -> list:
+    """The lines of a plain-text table: ``indent``, then each row's cells by ``formats`` (format specs such as
+    ``"<12"`` or ``">9.3f"``) joined by single spaces; the header's cells take each spec's alignment and width
+    (right-aligned where the spec names none). A cell that is a ``str`` under a numeric spec (``"-"`` for a
+    missing number) takes the alignment and width alone."""
+    heads = [re.match(r"[<>^]?\d*", f).group() for f in formats]
+    heads = [h if h[:1] in "<>^" else ">" + h for h in heads]
+    line = lambda cells, specs: indent + " ".join(map(format, cells, specs))
+    return [line(header, heads)] + [
+        line(row, [h if isinstance(c, str) else f for c, f, h in zip(row, formats, heads)]) for row in rows
+    ]
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
