@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from benchmarks.common import RESULTS, command_line, cpu_info, figure, finish, machine_info, package_versions, parser
 from benchmarks.timing import interleaved
 from lpjax.inference import Fp32MLP, Int8MLP, u8s8_saturates
@@ -63,9 +64,13 @@ SLOW_CALL_FRACTION = 20  # the slow XLA int8 variants are timed on calls // 20 c
 FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
 OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
 SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
-SHARED_OPTIONS = ("rounds", "calls", "warmup", "accuracy_obs", "hidden", "seed")  # passed on to --with_python runs
-DEFAULTS = {"rounds": (10, 2), "calls": (200, 5), "warmup": (20, 2), "accuracy_obs": (256, 16)}
-"""(full, ``--quick``) value of each option left unset."""
+OPTIONS = {  # name: (full default, --quick default, minimum, help); passed on to --with_python runs with --seed
+    "rounds": (10, 2, 1, "interleaved rounds"),
+    "calls": (200, 5, 1, "timed calls per variant per round"),
+    "warmup": (20, 2, 1, "warm-up calls per variant"),
+    "accuracy_obs": (256, 16, 8, "observations for the accuracy (one batch of 8 at least)"),
+    "hidden": (2048, 64, 1, "hidden width"),
+}
 
 CAVEATS = [
     "Shared machine: other jobs ran on its cpu_count cores during the measurements. Each run records its 1/5/15-min "
@@ -92,8 +97,8 @@ class Sizes(NamedTuple):
     act_dim: int
 
 
-FULL_SIZES = Sizes(obs_dim=24, hidden=2048, layers=3, act_dim=6)
-QUICK_SIZES = Sizes(obs_dim=24, hidden=64, layers=2, act_dim=6)
+FULL_SIZES = Sizes(obs_dim=24, hidden=OPTIONS["hidden"][0], layers=3, act_dim=6)
+QUICK_SIZES = Sizes(obs_dim=24, hidden=OPTIONS["hidden"][1], layers=2, act_dim=6)
 Runtime = tuple[str, int, Callable[[np.ndarray], np.ndarray]]
 """A variant: its description, the bytes of the arrays it multiplies by, and ``obs -> y``."""
 
@@ -492,28 +497,22 @@ def summarize(environments: dict[str, dict]) -> dict:
     return {"rows": rows, "targets": targets}
 
 
-def format_table(result: dict, env: str) -> str:
+def table(result: dict, env: str) -> str:
     """Every run's medians and targets, and the accuracy of ``env``'s run."""
-    header = f"{'environment':<24} {'variant':<28} {'median ms':>10} {'x jax_fp32':>10} {'x torch q_dyn':>13}"
-    lines = [header, "-" * len(header)]
-    for row in result["summary"]["rows"]:
-        vs_torch = row["ratio_to_torch_int8_quantize_dynamic"]
-        lines.append(
-            f"{row['environment']:<24} {row['variant']:<28} {row['median_ms']:>10.3f} "
-            f"{row['ratio_to_jax_fp32']:>10.3f} {'-' if vs_torch is None else f'{vs_torch:.3f}':>13}"
-        )
-    lines.append("")
+    keys = ("environment", "variant", "median_ms", "ratio_to_jax_fp32", f"ratio_to_{TORCH_INT8}")
+    rows = [["-" if row[k] is None else row[k] for k in keys] for row in result["summary"]["rows"]]
+    header = ["environment", "variant", "median ms", "x jax_fp32", "x torch q_dyn"]
+    lines = common.format_table(header, rows, ["<24", "<28", "10.3f", "10.3f", "13.3f"]) + [""]
     for other, targets in result["summary"]["targets"].items():
         for name, t in targets.items():
-            lines.append(
-                f"{other} {name}: {t['median']:.2f}; target {t['target']} -> {'MET' if t['met'] else 'MISSED'}"
-            )
-    lines.append("")
-    lines.append(f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error vs dequantized int8 / vs fp32):")
-    for name, row in result["environments"][env]["accuracy"]["batch_1"].items():
-        d, f = row["vs_dequantized_int8_float64"], row["vs_fp32_float64"]
-        lines.append(f"  {name:<28} {d['rel_rms_mean']:.2e} / {f['rel_rms_mean']:.2e}")
-    return "\n".join(lines)
+            met = "MET" if t["met"] else "MISSED"
+            lines.append(f"{other} {name}: {t['median']:.2f}; target {t['target']} -> {met}")
+    lines += ["", f"{env}: accuracy of the pre-tanh mean at batch 1 (relative RMS error):"]
+    rows = [
+        [name, *(row[f"vs_{ref}_float64"]["rel_rms_mean"] for ref in ("dequantized_int8", "fp32"))]
+        for name, row in result["environments"][env]["accuracy"]["batch_1"].items()
+    ]
+    return "\n".join(lines + common.format_table(["", "vs int8", "vs fp32"], rows, ["<28", "9.2e", "9.2e"], "  "))
 
 
 def plot(result: dict, path: Path) -> None:
@@ -530,26 +529,12 @@ def plot(result: dict, path: Path) -> None:
                 if (row := rows.get((env, variant))) is None:
                     continue
                 y, ms, ours = yi + 0.4 - height * (j + 0.5), row["median_ms"], variant == OURS
-                xerr = [[0.0], [row["p90_ms"] - ms]]
-                edge = "black" if ours else "none"
-                ax.barh(
-                    y,
-                    ms,
-                    height=height,
-                    color=f"C{j}",
-                    label=label if ours else None,
-                    xerr=xerr,
-                    capsize=2,
-                    edgecolor=edge,
+                bar = dict(
+                    color=f"C{j}", label=label if ours else None, capsize=2, edgecolor="black" if ours else "none"
                 )
-                ax.annotate(
-                    f"{ms:.3f} ms",
-                    (row["p90_ms"], y),
-                    xytext=(4, 0),
-                    textcoords="offset points",
-                    va="center",
-                    fontsize=7,
-                )
+                ax.barh(y, ms, height=height, xerr=[[0.0], [row["p90_ms"] - ms]], **bar)
+                text = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+                ax.annotate(f"{ms:.3f} ms", (row["p90_ms"], y), **text)
         ax.set_yticks(y0, variants)
         ax.set_xscale("log")
         ax.set_xlim(min(r["median_ms"] for r in rows.values()) / 2, max(r["p90_ms"] for r in rows.values()) * 4)
@@ -569,20 +554,11 @@ def plot(result: dict, path: Path) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli = parser(RESULT_NAME, __doc__, quick="tiny policy, few calls: a smoke test, not a measurement")
-    cli.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10; quick: 2)")
-    cli.add_argument("--calls", type=int, default=None, help="timed calls per variant per round (default 200; quick 5)")
-    cli.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick: 2)")
-    cli.add_argument("--accuracy_obs", type=int, default=None, help="observations for the accuracy (default 256)")
-    cli.add_argument("--hidden", type=int, default=None, help="hidden width (default 2048; quick: 64)")
+    for name, (full, quick, _, text) in OPTIONS.items():
+        cli.add_argument(f"--{name}", type=int, default=None, help=f"{text} (default {full}; quick: {quick})")
     cli.add_argument("--seed", type=int, default=0)
-    cli.add_argument(
-        "--with_python",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PYTHON",
-        help="also run this benchmark, same settings, with another virtualenv's interpreter first (repeatable)",
-    )
+    with_help = "also run this benchmark, same settings, with another virtualenv's interpreter first (repeatable)"
+    cli.add_argument("--with_python", type=Path, action="append", default=[], metavar="PYTHON", help=with_help)
     return cli.parse_args(argv)
 
 
@@ -590,7 +566,7 @@ def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
     """This benchmark with ``args``'s settings, run by ``python`` in a subprocess: ``{environment: run}``."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [str(python), "-m", "benchmarks.actor_inference", "--out_dir", tmp, "--no_plot"]
-        for name in SHARED_OPTIONS:
+        for name in (*OPTIONS, "seed"):
             if getattr(args, name) is not None:
                 command += [f"--{name}", str(getattr(args, name))]
         subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=RESULTS.parents[1])
@@ -599,21 +575,17 @@ def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
-    for name in ("rounds", "calls", "warmup", "hidden"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}.")
-    if args.accuracy_obs is not None and args.accuracy_obs < 8:
-        raise ValueError(f"--accuracy_obs must be >= 8 (one batch of 8), got {args.accuracy_obs}.")
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    if args.hidden is not None:
-        sizes = sizes._replace(hidden=args.hidden)
+    settings = {k: v[args.quick] if getattr(args, k) is None else getattr(args, k) for k, v in OPTIONS.items()}
+    for name, value in settings.items():
+        if value < OPTIONS[name][2]:
+            raise ValueError(f"--{name} must be >= {OPTIONS[name][2]}, got {value}.")
+    sizes = (QUICK_SIZES if args.quick else FULL_SIZES)._replace(hidden=settings.pop("hidden"))
     env = environment_key()
     runs = {}
     for python in args.with_python:
         runs.update(run_with(python, args))
         if env in runs:
             raise ValueError(f"--with_python {python} runs this benchmark's own environment ({env}).")
-    settings = {k: v[args.quick] if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()}
     run = run_benchmark(sizes, **settings, seed=args.seed)
     run["command"] = command_line("benchmarks.actor_inference", argv)
     run["quick"] = bool(args.quick)
@@ -622,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     environments = dict(sorted({**previous.get("environments", {}), **runs, env: run}.items()))
     result = {"benchmark": RESULT_NAME, "caveats": CAVEATS, "ort_activation_quantization": ORT_ACTIVATIONS}
     result |= {"environments": environments, "summary": summarize(environments)}
-    return finish(args, result, format_table(result, env), plot)
+    return finish(args, result, table(result, env), plot)
 
 
 if __name__ == "__main__":
