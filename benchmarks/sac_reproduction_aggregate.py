@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import run_evidence
-from benchmarks.common import command_line
+from benchmarks import common, run_evidence
 from benchmarks.sac_reproduction_plan import (
     ABLATION_CONFIGS,
     ALL_CONFIGS,
@@ -71,19 +70,15 @@ config without the field matches a flags config that has it at this value."""
 # ------------------------------------------------------------------------------------------ one run's state
 
 
-def _jsonable_config(config) -> dict:
-    from lpjax.jsonable import to_jsonable
-
-    return json.loads(json.dumps(to_jsonable(config)))
-
-
 def config_differences(run_dir: pathlib.Path, expected_config) -> list[str]:
     """How the run's ``config.json`` differs from ``expected_config`` (none without a ``config.json``), fields
     that may differ on resume (:data:`CONFIG_FIELDS_IGNORED`) aside."""
+    from lpjax.jsonable import to_jsonable
+
     path = pathlib.Path(run_dir) / "config.json"
     if not path.exists():
         return []
-    return _config_differences(run_farm.read_json(path) or {}, _jsonable_config(expected_config))
+    return _config_differences(run_farm.read_json(path) or {}, json.loads(json.dumps(to_jsonable(expected_config))))
 
 
 def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[str]:
@@ -102,27 +97,15 @@ def _config_differences(stored: dict, expected: dict, prefix: str = "") -> list[
     return diffs
 
 
-def _eval_curve(run_dir: pathlib.Path) -> tuple[list[int], list[float | None]]:
-    """Steps and returns of the logged evaluations (``None`` for a non-finite return)."""
-    return run_evidence.logged(run_dir, "eval/return")
-
-
 def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check_lock: bool = True) -> dict:
     """What is on disk for one run. ``status``: :data:`experiments.run_farm.STATUSES`, ``nonfinite`` (finished
     with a non-finite final return) or ``config_mismatch`` (its ``config.json`` is not ``expected_config``'s).
     ``final`` says whether the run is done (finished, diverged or nonfinite): only final runs are results."""
-    record: dict[str, Any] = {
-        "run_dir": str(run_dir),
-        "status": "missing",
-        "final": False,
-        "step": 0,
-        "final_return": None,
-        "last_eval_return": None,
-        "last_eval_step": None,
-    }
+    record: dict[str, Any] = {"run_dir": str(run_dir), "status": "missing", "final": False, "step": 0}
+    record.update(dict.fromkeys(("final_return", "last_eval_return", "last_eval_step")))
     if not run_dir.is_dir():
         return record
-    steps, returns = _eval_curve(run_dir)
+    steps, returns = run_evidence.logged(run_dir, "eval/return")  # None for a non-finite return
     record["eval_steps"], record["eval_returns"] = steps, returns
     if steps:
         record["last_eval_step"], record["last_eval_return"] = steps[-1], returns[-1]
@@ -152,19 +135,14 @@ def inspect_run(run_dir: pathlib.Path, scale: Scale, expected_config=None, check
 # ------------------------------------------------------------------------------------------------ aggregate
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values))
-
-
 def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[int], runs: dict) -> dict:
     records = {seed: runs[(config, task, seed)] for seed in seeds if (config, task, seed) in runs}
     final = {s: r for s, r in records.items() if r["final"]}
     finished = {s: r["final_return"] for s, r in final.items() if r["status"] == "finished"}
     diverged = sorted(s for s, r in final.items() if r["status"] == "diverged")
     nonfinite = sorted(s for s, r in final.items() if r["status"] == "nonfinite")
-    mean, std = _mean_std(list(finished.values()))
+    returns = list(finished.values())
+    mean, std = (float(np.mean(returns)), float(np.std(returns))) if returns else (None, None)
     missing_planned = [s for s in planned_seeds if s not in final]
     if not records or all(r["status"] == "missing" for r in records.values()):
         status = "missing"
@@ -175,12 +153,7 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
     else:
         status = "complete"
     partial = {
-        str(s): {
-            "status": r["status"],
-            "step": r["step"],
-            "last_eval_step": r["last_eval_step"],
-            "last_eval_return": r["last_eval_return"],
-        }
+        str(s): _fields(r, "status step last_eval_step last_eval_return")
         for s, r in records.items()
         if not r["final"] and r["status"] != "missing"
     }
@@ -225,6 +198,14 @@ def _pooled(recorded: dict, n: int, table: np.ndarray, steps: list) -> dict:
     }
 
 
+def _returns_table(records: Sequence[dict]) -> tuple[np.ndarray, list]:
+    """The runs' evaluation returns (NaN where non-finite) on the steps they all evaluated at, and those steps."""
+    common = sorted(set.intersection(*(set(r["eval_steps"]) for r in records)))
+    by_step = [dict(zip(r["eval_steps"], r["eval_returns"])) for r in records]
+    table = [[np.nan if returns[s] is None else returns[s] for s in common] for returns in by_step]
+    return np.asarray(table, float).reshape(len(records), len(common)), common
+
+
 def _curves(
     task: str,
     config: str,
@@ -248,24 +229,12 @@ def _curves(
     finished = list(finished.values())
     if blind and earlier and earlier.get("n") == len(pooled_before):
         with_curves = [r for s, r in records.items() if r["status"] == "finished" and s not in previous_seeds]
-        if not with_curves:
-            out["finished"] = earlier
-        else:
-            common = sorted(set.intersection(*(set(r["eval_steps"]) for r in with_curves)))
-            table = np.asarray(
-                [[dict(zip(r["eval_steps"], r["eval_returns"]))[s] for s in common] for r in with_curves], float
-            )
-            out["finished"] = _pooled(earlier, len(blind), table, common)
+        out["finished"] = _pooled(earlier, len(blind), *_returns_table(with_curves)) if with_curves else earlier
         finished = []
     elif blind:
         finished = [r for r in finished if "eval_steps" in r]
     if finished:
-        common = sorted(set.intersection(*(set(r["eval_steps"]) for r in finished)))
-        table = []
-        for r in finished:
-            by_step = dict(zip(r["eval_steps"], r["eval_returns"]))
-            table.append([by_step[s] if by_step[s] is not None else np.nan for s in common])
-        table = np.asarray(table, float).reshape(len(finished), len(common))
+        table, common = _returns_table(finished)
         out["finished"] = {
             "steps": common,
             "mean": np.nanmean(table, 0).tolist() if common else [],
@@ -326,29 +295,29 @@ def _time_remaining(runs: dict, remaining: Sequence[RunSpec], scale: Scale) -> d
     return {"median_steps_per_s": medians, "estimated_hours_remaining_one_worker": hours}
 
 
+def _fields(record: dict, names: str) -> dict:
+    return {name: record[name] for name in names.split()}
+
+
+def _variant_rows(cells: dict, configs, row) -> list[dict]:
+    """One row per config of ``configs`` on the task: its ``row(config, cell)`` fields, then its mean against fp16
+    (all methods) on its own seeds (:func:`_same_seeds_reference`)."""
+    rows = [(c, cells[c]) for c in configs if c in cells]
+    return [{"variant": c, **row(c, cell), **_same_seeds_reference(cell, cells.get("fp16"))} for c, cell in rows]
+
+
 def _rounding_rows(cells: dict) -> list[dict]:
     """The rounding study's rows on one task: how each config updates the parameters and the target, and its
     return against fp32 and against fp16 (Kahan for both) on its own seeds."""
-    rows = []
-    for config, (parameter_update, target_update) in ROUNDING_ROWS.items():
-        if config not in cells:
-            continue
-        cell = cells[config]
-        rows.append(
-            {
-                "variant": config,
-                "parameter_update": parameter_update,
-                "target_update": target_update,
-                "final_return_per_seed": cell["final_return_per_seed"],
-                "mean": cell["mean"],
-                "std": cell["std"],
-                "seeds_final": cell["seeds_final"],
-                "status": cell["status"],
-                "ratio_to_fp32": _ratio(cell, cells["fp32"]) if "fp32" in cells else None,
-                **_same_seeds_reference(cell, cells.get("fp16")),
-            }
-        )
-    return rows
+    return _variant_rows(
+        cells,
+        ROUNDING_ROWS,
+        lambda config, cell: (
+            dict(zip(("parameter_update", "target_update"), ROUNDING_ROWS[config]))
+            | _fields(cell, "final_return_per_seed mean std seeds_final status")
+            | {"ratio_to_fp32": _ratio(cell, cells["fp32"]) if "fp32" in cells else None}
+        ),
+    )
 
 
 def _ratio(num: dict, den: dict) -> float | None:
@@ -463,14 +432,8 @@ def beyond_rows(cells: dict) -> dict:
         done = cell_done(cell) and cell_done(cells["fp32"])
         ratio = _ratio(cell, cells["fp32"])
         meets = bool(ratio is not None and ratio >= TARGET_RATIO and not cell["seeds_diverged"])
-        beyond[config] = {
-            "mean": cell["mean"],
-            "ratio": ratio,
-            "seeds_final": cell["seeds_final"],
-            "seeds_planned": cell["seeds_planned"],
-            "final": done,
-            "meets_target": meets if done else None,
-        }
+        beyond[config] = {"mean": cell["mean"], "ratio": ratio, **_fields(cell, "seeds_final seeds_planned")}
+        beyond[config].update(final=done, meets_target=meets if done else None)
     return beyond
 
 
@@ -515,27 +478,15 @@ def recommendation(comparisons: dict, tasks: Sequence[str]) -> dict:
 def ablation_rows(cells: dict) -> list[dict]:
     """The Figure 7 ablation on one task: each variant against fp16 with all methods (also on its own seeds)."""
     reference = cells.get("fp16")
-    rows = []
-    for config in ("fp16", *ABLATION_CONFIGS, "fp16_naive", "fp32"):
-        if config not in cells:
-            continue
-        cell = cells[config]
-        rows.append(
-            {
-                "variant": config,
-                "removed": removed_method(config) or ("all" if config == "fp16_naive" else None),
-                "mean": cell["mean"],
-                "std": cell["std"],
-                "seeds_final": cell["seeds_final"],
-                "seeds_planned": cell["seeds_planned"],
-                "seeds_diverged": cell["seeds_diverged"],
-                "status": cell["status"],
-                "nonfinite_losses_since": cell["nonfinite_losses_since"],
-                "ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None,
-                **_same_seeds_reference(cell, reference),
-            }
-        )
-    return rows
+    return _variant_rows(
+        cells,
+        ("fp16", *ABLATION_CONFIGS, "fp16_naive", "fp32"),
+        lambda config, cell: (
+            {"removed": removed_method(config) or ("all" if config == "fp16_naive" else None)}
+            | _fields(cell, "mean std seeds_final seeds_planned seeds_diverged status nonfinite_losses_since")
+            | {"ratio_to_fp16_all_methods": _ratio(cell, reference) if reference else None}
+        ),
+    )
 
 
 def aggregate(
@@ -588,7 +539,7 @@ def aggregate(
     main_tasks = [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)]
     result = {
         "benchmark": RESULT_NAME,
-        "command": command_line("benchmarks.sac_reproduction", argv),
+        "command": common.command_line("benchmarks.sac_reproduction", argv),
         "generated": run_farm.now(),
         "jax_version": jax.__version__,
         "complete": not remaining,
@@ -634,19 +585,18 @@ def format_table(result: dict) -> str:
         f"{result['progress']['runs_final']} runs final, {result['progress']['runs_planned_remaining']} "
         "planned runs remaining)"
     ]
-    lines.append(f"{'task':<18} {'config':<26} {'mean':>8} {'std':>7} {'seeds':>6}  status")
+    rows = []
     for task, cells in result["results"].items():
         for config, cell in cells.items():
-            seeds = f"{cell['seeds_final']}/{cell['seeds_planned']}"
-            extra = f" (diverged: seeds {cell['seeds_diverged']})" if cell["seeds_diverged"] else ""
+            status = cell["status"] + (f" (diverged: seeds {cell['seeds_diverged']})" if cell["seeds_diverged"] else "")
             if cell["incomplete_seeds"]:
-                extra += " not final: " + ", ".join(
+                status += " not final: " + ", ".join(
                     f"seed{s} {v['status']} at step {v['step']}" for s, v in cell["incomplete_seeds"].items()
                 )
-            lines.append(
-                f"{task:<18} {config:<26} {_fmt(cell['mean']):>8} {_fmt(cell['std']):>7} {seeds:>6}  "
-                f"{cell['status']}{extra}"
-            )
+            seeds = f"{cell['seeds_final']}/{cell['seeds_planned']}"
+            rows.append([task, config, _fmt(cell["mean"]), _fmt(cell["std"]), seeds, "", status])
+    header = ["task", "config", "mean", "std", "seeds", "", "status"]
+    lines += common.format_table(header, rows, ["<18", "<26", ">8", ">7", ">6", "", ""])
     for task, c in result["comparison"].items():
         verdict = {True: "meets", False: "MISSES", None: "provisional, vs"}[c["meets_target"]]
         naive = {True: "failed", False: "did not fail", None: "undecided"}[c.get("naive_failed")]
