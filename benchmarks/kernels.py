@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, figure, finish, parser, random_transitions
+from benchmarks.common import command_line, figure, finish, format_table, parser, random_transitions
 from benchmarks.timing import interleaved
 from lpjax import quant
 from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
@@ -243,21 +243,17 @@ def model_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
     if not args.no_cpu_latency:
         latency = {s: cpu_reference_latency(SHAPES[s], args.repeats) for s in ("sac", "llm_decode")}
         result["cpu_reference_latency_ms"] = latency
-    lines = [
-        "H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles",
-        f"{'kernel':24s} {'shape':12s} {'GFLOP':>8s} {'AI compuls.':>11s} {'bound':>8s} {'us':>7s} "
-        f"{'AI tiled':>9s} {'bound':>8s} {'us':>7s} {'lowers':>6s}",
-    ]
+    rows = []
     for name, shapes in result["model"].items():
         for s, entry in shapes.items():
-            once, tiled = entry["roofline"]["H100"]["compulsory"], entry["roofline"]["H100"]["tiled"]
-            targets = result.get("lowers_for_cuda", {}).get(name, {}).get(s, {})
+            roof, targets = entry["roofline"]["H100"], result.get("lowers_for_cuda", {}).get(name, {}).get(s, {})
+            bounds = [(entry[f"intensity_{k}"], roof[k]["bound"], roof[k]["time_lower_bound_us"]) for k in roof]
             lowered = f"{sum(r['ok'] for r in targets.values())}/{len(targets)}" if targets else "-"
-            lines.append(
-                f"{name:24s} {s:12s} {entry['flops'] / 1e9:8.1f} {entry['intensity_compulsory']:11.1f} "
-                f"{once['bound']:>8s} {once['time_lower_bound_us']:7.1f} {entry['intensity_tiled']:9.1f} "
-                f"{tiled['bound']:>8s} {tiled['time_lower_bound_us']:7.1f} {lowered:>6s}"
-            )
+            rows.append([name, s, entry["flops"] / 1e9, *bounds[0], *bounds[1], lowered])
+    header = ["kernel", "shape", "GFLOP", "AI compuls.", "bound", "us", "AI tiled", "bound", "us", "lowers"]
+    formats = ["<24", "<12", "8.1f", "11.1f", ">8", "7.1f", "9.1f", ">8", "7.1f", ">6"]
+    lines = ["H100 roofline per kernel; 'compulsory' = every operand moved once, 'tiled' = no L2 reuse across tiles"]
+    lines += format_table(header, rows, formats)
     for row in result.get("lowering_triples", []):
         lines.append(
             f"lowers for CUDA: {row['kernel']:22s} {row['backend']:10s} {row['arch']:6s} {row['lowers']!s:5s} "
@@ -500,34 +496,30 @@ def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
         result["block_sweep_llm_prefill"] = {name: block_sweep(name, args.iterations) for name in KERNELS}
     if not args.no_sac:
         result["sac_update"] = sac_update_timings(args.iterations)
-    lines = [
-        f"{result['device']}, jax {jax.__version__}: bf16 {measured['bf16_tflops']:.0f} TFLOP/s, fp8 "
-        f"{measured['fp8_tflops']:.0f} TFLOP/s, HBM {measured['hbm_tb_s']:.2f} TB/s (measured)",
-        f"{'kernel':22s} {'shape':12s} {'implementation':22s} {'ms':>9s} {'TFLOP/s':>8s} {'of roof':>8s}",
-    ]
+    rows = []
     for name, shapes in result["kernels"].items():
         for s, timings in shapes.items():
             for label, t in ((label, t) for label, t in timings.items() if isinstance(t, dict)):
                 roof = t.get("roofline_measured", {}).get("fraction_of_roofline")
-                timed = (
-                    f"{t['ms_per_product']:9.4f} {t['tflops']:8.1f} {roof:8.2f}"
-                    if roof is not None
-                    else t["error"][:120]
-                )
-                lines.append(f"{name:22s} {s:12s} {label:22s} {timed}")
-    for name, sweep in result.get("block_sweep_llm_prefill", {}).items():
-        for label, t in sweep.items():
-            lines.append(
-                f"sweep {name:22s} {label:48s} " + (f"{t['tflops']:8.1f} TFLOP/s" if "tflops" in t else t["error"])
-            )
-    for label, t in result.get("sac_update", {}).items():
-        speedup = t.get("speedup_vs_fp32", float("nan"))
-        timed = (
-            f"GPU {t['gpu_ms']:7.3f} ms  wall {t['wall_ms']:7.3f} ms  {speedup:.2f}x fp32"
-            if "gpu_ms" in t
-            else t["error"][:120]
-        )
-        lines.append(f"SAC update {label:32s} {timed}")
+                timed = [t["error"][:120]] if roof is None else [t["ms_per_product"], t["tflops"], roof]
+                rows.append([name, s, label, *timed])
+    lines = [
+        f"{result['device']}, jax {jax.__version__}: bf16 {measured['bf16_tflops']:.0f} TFLOP/s, fp8 "
+        f"{measured['fp8_tflops']:.0f} TFLOP/s, HBM {measured['hbm_tb_s']:.2f} TB/s (measured)"
+    ]
+    header = ["kernel", "shape", "implementation", "ms", "TFLOP/s", "of roof"]
+    lines += format_table(header, rows, ["<22", "<12", "<22", "9.4f", "8.1f", "8.2f"])
+    sweeps = result.get("block_sweep_llm_prefill", {})
+    rows = [
+        [name, label, t.get("tflops", t.get("error"))] for name, sweep in sweeps.items() for label, t in sweep.items()
+    ]
+    lines += format_table(["block sweep", "blocks", "TFLOP/s"], rows, ["<22", "<48", "8.1f"])
+    sac = result.get("sac_update", {}).items()
+    rows = [
+        [k, *(t.get(c, "-") for c in ("gpu_ms", "wall_ms", "speedup_vs_fp32"))] if "gpu_ms" in t else [k, t["error"]]
+        for k, t in sac
+    ]
+    lines += format_table(["SAC update", "GPU ms", "wall ms", "x fp32"], rows, ["<32", "7.3f", "7.3f", "6.2f"])
     return result, "\n".join(lines)
 
 
