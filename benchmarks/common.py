@@ -84,17 +84,22 @@ def port_finish(
     return finish(args, result, table(result), plot)
 
 
-def format_table(header: Sequence[str], rows: Iterable[Sequence], formats: Sequence[str], indent: str = "") -> list:
+def format_table(
+    header: Sequence[str], rows: Iterable[Sequence], formats: Sequence[str], indent: str = "", rule: bool = False
+) -> list:
     """The lines of a plain-text table: ``indent``, then each row's cells by ``formats`` (format specs such as
     ``"<12"`` or ``">9.3f"``) joined by single spaces; the header's cells take each spec's alignment and width
-    (right-aligned where the spec names none). A cell that is a ``str`` under a numeric spec (``"-"`` for a
-    missing number) takes the alignment and width alone."""
+    (right-aligned where the spec names none), underlined by dashes if ``rule``. A cell that is a ``str`` under a
+    numeric spec (``"-"`` for a missing number) takes the alignment and width alone."""
     heads = [re.match(r"[<>^]?\d*", f).group() for f in formats]
     heads = [h if h[:1] in "<>^" else ">" + h for h in heads]
     line = lambda cells, specs: indent + " ".join(map(format, cells, specs))
-    return [line(header, heads)] + [
-        line(row, [h if isinstance(c, str) else f for c, f, h in zip(row, formats, heads)]) for row in rows
-    ]
+    top = line(header, heads)
+    return (
+        [top]
+        + ["-" * len(top)] * rule
+        + [line(row, [h if isinstance(c, str) else f for c, f, h in zip(row, formats, heads)]) for row in rows]
+    )
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

@@ -6,3 +6,7 @@ from benchmarks.common import format_table
 def test_format_table_aligns_header_and_cells_by_spec():
     lines = format_table(["name", "ms", "n"], [("adam", 1.23456, 7), ("hadam", "-", 12)], ["<6", ">7.2f", "3d"], "  ")
     assert lines == ["  name        ms   n", "  adam      1.23   7", "  hadam        -  12"]
+
+
+def test_format_table_rule_underlines_the_header():
+    assert format_table(["a", "b"], [(1, 2)], [">3d", ">3d"], rule=True) == ["  a   b", "-------", "  1   2"]
