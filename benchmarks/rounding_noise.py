@@ -33,7 +33,7 @@ import numpy as np
 import optax
 
 from benchmarks import run_evidence
-from benchmarks.common import command_line, figure, finish, parser
+from benchmarks.common import command_line, figure, finish, format_table, parser
 from lpjax.optim import kahan_polyak, kahan_summation, stochastic_rounding, stochastic_rounding_polyak
 
 RESULT_NAME = "rounding_noise"
@@ -81,31 +81,29 @@ def simulate(
         init_key, direction_key, noise_key = jax.random.split(jax.random.key(seed), 3)
         p0 = (jax.random.truncated_normal(init_key, -2.0, 2.0, (size,)) / 16.0 / 0.87962566).astype(jnp.float16)
         direction = jnp.where(jax.random.bernoulli(direction_key, 0.5, (size,)), 1.0, -1.0)
-        kahan, rounding = kahan_summation(), stochastic_rounding(seed)
-        kahan_target, rounding_target = kahan_polyak(tau), stochastic_rounding_polyak(tau, seed + 1)
+        # per method: the transform landing a parameter update (None: optax.apply_updates alone), the target update
+        updates = {"round_to_nearest": None, "kahan": kahan_summation(), "stochastic": stochastic_rounding(seed)}
+        polyak = {"kahan": kahan_polyak(tau), "stochastic": stochastic_rounding_polyak(tau, seed + 1)}
 
         def step(carry, keys):
             """``period`` parameter updates, then one target update."""
-            params, targets, exact, (kahan_state, rounding_state, kahan_target_state, rounding_target_state) = carry
-            params, exact = dict(params), dict(exact)
+            params, targets, exact, states = (dict(tree) for tree in carry)
             for key in keys:
                 noise = jax.random.normal(key, (size,))
                 u = (lr * (drift * direction + noise) / math.sqrt(1.0 + drift**2)).astype(jnp.float16)
-                params["round_to_nearest"] = optax.apply_updates(params["round_to_nearest"], u)
-                d, kahan_state = kahan.update(u, kahan_state, params["kahan"])
-                params["kahan"] = optax.apply_updates(params["kahan"], d)
-                d, rounding_state = rounding.update(u, rounding_state, params["stochastic"])
-                params["stochastic"] = optax.apply_updates(params["stochastic"], d)
+                for method, transform in updates.items():
+                    d = u
+                    if transform is not None:
+                        d, states[method] = transform.update(u, states[method], params[method])
+                    params[method] = optax.apply_updates(params[method], d)
                 exact["params"] = exact["params"] + u.astype(jnp.float64)
             online = params["kahan"]  # the target follows the most exact online weights
             exact["target"] = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
-            kahan_t, kahan_target_state = kahan_target.update(online, targets["kahan"], kahan_target_state)
-            rounded_t, rounding_target_state = rounding_target.update(
-                online, targets["stochastic"], rounding_target_state
-            )
-            nearest_t = optax.incremental_update(online, targets["round_to_nearest"], tau)
-            targets = {"round_to_nearest": nearest_t, "kahan": kahan_t, "stochastic": rounded_t}
-            states = kahan_state, rounding_state, kahan_target_state, rounding_target_state
+            targets["round_to_nearest"] = optax.incremental_update(online, targets["round_to_nearest"], tau)
+            for method, transform in polyak.items():
+                targets[method], states[f"{method}_target"] = transform.update(
+                    online, targets[method], states[f"{method}_target"]
+                )
             return (params, targets, exact, states), None
 
         def measure(carry):
@@ -127,7 +125,8 @@ def simulate(
             return carry, measure(carry)
 
         copies, exact0 = dict.fromkeys(METHODS, p0), p0.astype(jnp.float64)
-        states = tuple(transform.init(p0) for transform in (kahan, rounding, kahan_target, rounding_target))
+        states = {m: t.init(p0) for m, t in updates.items() if t is not None}
+        states |= {f"{m}_target": t.init(p0) for m, t in polyak.items()}
         carry = (copies, copies, {"params": exact0, "target": exact0}, states)
         keys = jax.random.split(noise_key, steps).reshape(steps // log_every, log_every // period, period)
         logged = []
@@ -192,21 +191,16 @@ def real_lags(run_dirs: Sequence[pathlib.Path]) -> dict:
     return out
 
 
-def format_table(result: dict) -> str:
-    s = result["summary"]
+def table(result: dict) -> str:
+    s, t = result["summary"], result["theory"]
     lines = [
         f"after {result['steps'][-1]} updates of {result['config']['size']} float16 weights "
-        "(median |error| and median bias in float16 ulps, against float64)",
-        f"{'method':<18} {'param':>9} {'bias':>8} {'/ moved':>9} {'target':>9} {'bias':>8} {'/ lag':>8} {'steady':>8}",
+        "(median |error| and median bias in float16 ulps, against float64)"
     ]
-    for method in METHODS:
-        f = s["final"][method]
-        lines.append(
-            f"{method:<18} {f['param']:>9.2f} {f['param_bias']:>8.2f} {f['param_over_moved']:>9.4f} "
-            f"{f['target']:>9.2f} {f['target_bias']:>8.2f} {f['target_over_lag']:>8.4f} "
-            f"{s['target_steady_state'][method]:>8.2f}"
-        )
-    t = result["theory"]
+    keys = ("param", "param_bias", "param_over_moved", "target", "target_bias", "target_over_lag")
+    rows = [[m, *(s["final"][m][k] for k in keys), s["target_steady_state"][m]] for m in METHODS]
+    header = ["method", "param", "bias", "/ moved", "target", "bias", "/ lag", "steady"]
+    lines += format_table(header, rows, ["<18", "9.2f", "8.2f", "9.4f", "9.2f", "8.2f", "8.4f", "8.2f"])
     lines.append(
         f"signal: the weights moved {s['signal']['param_moved']:.1f} ulp, the target lags "
         f"{s['signal']['target_lag']:.1f} ulp (medians); stochastic rounding's theory (median |error|): parameters <= "
@@ -290,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         ],
     }
     result["summary"] = summarize(simulated)
-    return finish(args, result, format_table(result), plot)
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":
