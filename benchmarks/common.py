@@ -85,21 +85,18 @@ def port_finish(
 
 
 def format_table(
-    header: Sequence[str], rows: Iterable[Sequence], formats: Sequence[str], indent: str = "", rule: bool = False
-) -> list:
+    header: Sequence[str], rows: Iterable[Sequence | str], formats: Sequence[str], indent: str = "", rule: bool = False
+) -> list[str]:
     """The lines of a plain-text table: ``indent``, then each row's cells by ``formats`` (format specs such as
-    ``"<12"`` or ``">9.3f"``) joined by single spaces; the header's cells take each spec's alignment and width
-    (right-aligned where the spec names none), underlined by dashes if ``rule``. A cell that is a ``str`` under a
-    numeric spec (``"-"`` for a missing number) takes the alignment and width alone."""
+    ``"<12"`` or ``">9.3f"``) joined by single spaces, trailing blanks stripped; a row may have fewer cells than
+    ``formats``, and a row that is a ``str`` is a line of its own (a note between rows). The header's cells take
+    each spec's alignment and width (right-aligned where the spec names none), underlined by dashes if ``rule``.
+    A cell that is a ``str`` under a numeric spec (``"-"`` for a missing number) takes the alignment and width."""
     heads = [re.match(r"[<>^]?\d*", f).group() for f in formats]
     heads = [h if h[:1] in "<>^" else ">" + h for h in heads]
-    line = lambda cells, specs: indent + " ".join(map(format, cells, specs))
-    top = line(header, heads)
-    return (
-        [top]
-        + ["-" * len(top)] * rule
-        + [line(row, [h if isinstance(c, str) else f for c, f, h in zip(row, formats, heads)]) for row in rows]
-    )
+    cells = lambda row: (format(c, h if isinstance(c, str) else f) for c, f, h in zip(row, formats, heads))
+    line = lambda row: row if isinstance(row, str) else (indent + " ".join(cells(row))).rstrip()
+    return [line(header)] + ["-" * len(line(header))] * rule + [line(row) for row in rows]
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

@@ -10,3 +10,8 @@ def test_format_table_aligns_header_and_cells_by_spec():
 
 def test_format_table_rule_underlines_the_header():
     assert format_table(["a", "b"], [(1, 2)], [">3d", ">3d"], rule=True) == ["  a   b", "-------", "  1   2"]
+
+
+def test_format_table_passes_note_rows_through_and_takes_short_rows():
+    lines = format_table(["a", "b", "note"], [(1,), "  a note", (2, 3, "x")], [">2d", ">2d", ""])
+    assert lines == [" a  b note", " 1", "  a note", " 2  3 x"]
