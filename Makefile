@@ -93,7 +93,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not notebooks and not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-newest: $(STAMP_NEWEST)
 	$(PY_NEWEST) -m pytest -n 2 --dist loadgroup -m "not slow and not torch and not gpu" $(CORE_TESTS) $(PYTEST_ARGS)
