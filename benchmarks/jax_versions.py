@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.common import REPO, command_line, figure, finish, parser, random_transitions
+from benchmarks.common import REPO, command_line, figure, finish, format_table, parser, random_transitions
 from benchmarks.timing import interleaved
 
 ENVIRONMENTS = {"oldest": ".venv-oldest", "newest": ".venv"}
@@ -99,13 +99,8 @@ def worker(reps: int) -> dict:
 def run_worker(python: pathlib.Path, flags: str, reps: int) -> dict | None:
     """One worker process; ``None`` when XLA rejects the flags (or the worker fails otherwise: see stderr)."""
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    command = [str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  {python} XLA_FLAGS={flags!r}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
         return None
@@ -135,14 +130,13 @@ def summarize(rounds: dict) -> dict:
 
 
 def table(summary: dict) -> str:
-    lines = [f"{'environment/variant':32s} " + " ".join(f"{w:>22s}" for w in WORKLOADS)]
-    for name, row in summary.items():
-        if not row["supported"]:
-            lines.append(f"{name:32s} unsupported flag")
-            continue
-        cells = [f"{row[f'{w}_ms']:8.3f} ms ({row.get(f'{w}_vs_baseline', float('nan')):4.2f}x)" for w in WORKLOADS]
-        lines.append(f"{name:32s} " + " ".join(f"{c:>22s}" for c in cells))
-    return "\n".join(lines)
+    rows = [
+        [name, *(f"{row[f'{w}_ms']:8.3f} ms ({row.get(f'{w}_vs_baseline', float('nan')):4.2f}x)" for w in WORKLOADS)]
+        if row["supported"]
+        else [name, "unsupported flag"]
+        for name, row in summary.items()
+    ]
+    return "\n".join(format_table(["environment/variant", *WORKLOADS], rows, ["<32"] + [">22"] * len(WORKLOADS)))
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
