@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, parser
+from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, format_table, parser
 from experiments import sac_loop
 from experiments.sac_loop import load_run
 from lpjax import quant
@@ -165,25 +165,14 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> 
     }
 
 
-def format_table(result: dict) -> str:
-    lines = [
-        (
-            f"PTQ of the SAC actor {result['actor']['hidden_dims']} of {result['env']} (step "
-            f"{result['checkpoint_step']}), {result['episodes']} episodes, {result['states']} states"
-        ),
-        (
-            f"{'precision':>18} {'return':>16} {'ratio':>6} {'action L2':>10} {'KL mean':>10} "
-            f"{'KL median':>10} {'W rel err':>10}"
-        ),
-    ]
-    for row in result["rows"]:
-        ratio = "" if row["return_ratio"] is None else f"{row['return_ratio']:.3f}"
-        lines.append(
-            f"{row['name']:>18} {row['return_mean']:8.1f} ± {row['return_std']:5.1f} {ratio:>6} "
-            f"{row['action_l2_mean']:10.2e} {row['kl_mean']:10.2e} {row['kl_median']:10.2e} "
-            f"{row['weight_rel_error']:10.2e}"
-        )
-    return "\n".join(lines)
+def table(result: dict) -> str:
+    actor, step = result["actor"]["hidden_dims"], result["checkpoint_step"]
+    head = f"PTQ of the SAC actor {actor} of {result['env']} (step {step}), {result['episodes']} episodes, "
+    keys = ("return_mean", "return_std", "return_ratio", "action_l2_mean", "kl_mean", "kl_median", "weight_rel_error")
+    rows = [[row["name"], *("" if row[k] is None else row[k] for k in keys)] for row in result["rows"]]
+    header = ["precision", "return", "±", "ratio", "action L2", "KL mean", "KL median", "W rel err"]
+    formats = [">18", "8.1f", "<5.1f", "6.3f", "10.2e", "10.2e", "10.2e", "10.2e"]
+    return "\n".join([head + f"{result['states']} states", *format_table(header, rows, formats)])
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
@@ -191,23 +180,17 @@ def plot(result: dict, path: pathlib.Path) -> None:
     rows, bits = {row["name"]: row for row in result["rows"]}, sorted(result["bits"])
     floor = lambda value: max(value, 1e-12)  # a log axis
     with figure(path, 1, 2, figsize=(12, 4.6)) as (fig, (ax_r, ax_d)):
-        for suffix, color, label in (
-            ("", "tab:blue", "int, per tensor"),
-            ("_per_channel", "tab:orange", "int, per channel"),
-        ):
+        for suffix, color, label in (("", "tab:blue", "per tensor"), ("_per_channel", "tab:orange", "per channel")):
             series = [rows[f"int{n}{suffix}"] for n in bits]
             returns, stds = [r["return_mean"] for r in series], [r["return_std"] for r in series]
-            ax_r.errorbar(bits, returns, stds, fmt="o-", color=color, capsize=3, label=label)
-            ax_d.plot(
-                bits, [floor(r["action_l2_mean"]) for r in series], "o-", color=color, label=f"action L2, {label}"
-            )
-            ax_d.plot(bits, [floor(r["kl_mean"]) for r in series], "s--", color=color, alpha=0.6, label=f"KL, {label}")
+            ax_r.errorbar(bits, returns, stds, fmt="o-", color=color, capsize=3, label=f"int, {label}")
+            for key, style, alpha, what in (("action_l2_mean", "o-", 1.0, "action L2"), ("kl_mean", "s--", 0.6, "KL")):
+                values = [floor(r[key]) for r in series]
+                ax_d.plot(bits, values, style, color=color, alpha=alpha, label=f"{what}, int, {label}")
         for name, color in (("fp32", "black"), ("fp16", "tab:green"), ("fp16_act", "tab:olive")):
             ax_r.axhline(rows[name]["return_mean"], color=color, linestyle=":", label=name)
             if name != "fp32":
-                ax_d.axhline(
-                    floor(rows[name]["action_l2_mean"]), color=color, linestyle=":", label=f"action L2, {name}"
-                )
+                ax_d.axhline(floor(rows[name]["action_l2_mean"]), color=color, ls=":", label=f"action L2, {name}")
         episodes = f"{result['episodes']} episode{'s' * (result['episodes'] > 1)}"
         title = f"{result['env']}, actor {result['actor']['hidden_dims']}, step {result['checkpoint_step']}"
         ax_r.set(xlabel="bits n", ylabel=f"mean return ± std ({episodes})", ylim=(0, None))
@@ -244,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run_benchmark(args.run_dir, args.episodes, args.bits)
     result["command"] = command_line("benchmarks.ptq_eval", argv)
-    return finish(args, result, format_table(result), plot)
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":
