@@ -136,13 +136,8 @@ def _scale(args: argparse.Namespace) -> Scale:
     return Scale(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Scale)})
 
 
-def _plan(args: argparse.Namespace, runs_dir: pathlib.Path, scale: Scale) -> list[RunSpec]:
-    tasks = list(dict.fromkeys([*DEFAULT_TASKS, *(args.tasks or [])]))
-    return build_plan(tasks, range(args.num_seeds), args.ablation_task, args.rounding_task)
-
-
 def select(plan: Sequence[RunSpec], args: argparse.Namespace) -> list[RunSpec]:
-    chosen = [
+    return [
         s
         for s in plan
         if (args.tasks is None or s.task in args.tasks)
@@ -150,7 +145,6 @@ def select(plan: Sequence[RunSpec], args: argparse.Namespace) -> list[RunSpec]:
         and (args.configs is None or s.config in args.configs)
         and (args.only is None or any(fnmatch.fnmatchcase(s.name, p) for p in args.only))
     ]
-    return chosen
 
 
 def jobs(specs: Sequence[RunSpec], scale: Scale, runs_dir: pathlib.Path) -> list[run_farm.Job]:
@@ -187,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     scale = _scale(args)
     runs_dir = args.runs_dir.absolute()
-    plan = _plan(args, runs_dir, scale)
+    tasks = list(dict.fromkeys([*DEFAULT_TASKS, *(args.tasks or [])]))
+    plan = build_plan(tasks, range(args.num_seeds), args.ablation_task, args.rounding_task)
     selected = select(plan, args)
     states = {s: inspect_run(run_dir_of(runs_dir, scale, s), scale) for s in selected}
     if args.list:
@@ -222,12 +217,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     previous = run_farm.read_json(args.out_dir / f"{args.name}.json")
     result = aggregate(runs_dir, scale, plan, argv, previous)
     common.finish(args, result, format_table(result), plot)
-    return {
-        "result": result,
-        "trained": trained,
-        "skipped": [s.name for s in skipped],
-        "selected": [s.name for s in selected],
-    }
+    names = lambda specs: [s.name for s in specs]
+    return {"result": result, "trained": trained, "skipped": names(skipped), "selected": names(selected)}
 
 
 if __name__ == "__main__":

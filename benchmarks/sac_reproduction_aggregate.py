@@ -444,14 +444,8 @@ def comparison(cells: dict) -> dict:
     ratio = _ratio(fp16, cells["fp32"])
     meets = ratio is not None and ratio >= TARGET_RATIO
     meets = meets and not fp16["seeds_diverged"] and not fp16["seeds_nonfinite"] and not fp16["nonfinite_losses_since"]
-    entry = {
-        "fp32_mean": cells["fp32"]["mean"],
-        "fp16_mean": fp16["mean"],
-        "ratio": ratio,
-        "target_ratio": TARGET_RATIO,
-        "final": final,
-        "meets_target": meets if final else None,
-    }
+    entry = {"fp32_mean": cells["fp32"]["mean"], "fp16_mean": fp16["mean"], "ratio": ratio}
+    entry.update(target_ratio=TARGET_RATIO, final=final, meets_target=meets if final else None)
     if not final:
         entry["note"] = "provisional: fp32 or fp16 is not complete (ratio of the seeds final so far)"
     if "fp16_naive" in cells:
@@ -517,16 +511,9 @@ def aggregate(
             or any((c, task, s) in runs and runs[(c, task, s)]["status"] != "missing" for s in seeds)
         ]
         results[task] = cells = {c: _cell(task, c, seeds, planned.get((c, task), []), runs) for c in configs}
+        earlier = lambda c: {spec.seed for spec in recorded if (spec.config, spec.task) == (c, task)}
         curves[task] = {
-            c: _curves(
-                task,
-                c,
-                seeds,
-                runs,
-                previous_curves.get(task, {}).get(c),
-                {spec.seed for spec in recorded if (spec.config, spec.task) == (c, task)},
-            )
-            for c in configs
+            c: _curves(task, c, seeds, runs, previous_curves.get(task, {}).get(c), earlier(c)) for c in configs
         }
         if "fp32" in cells and "fp16" in cells:
             comparisons[task] = comparison(cells)

@@ -10,17 +10,8 @@ import numpy as np
 from benchmarks.sac_reproduction_aggregate import cell_done
 from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX, ROUNDING_CONFIGS
 
-COLORS = {
-    "fp32": "tab:blue",
-    "fp16": "tab:green",
-    "fp16_naive": "tab:red",
-    "fp8": "black",
-    "fp8_bf16_ends": "dimgray",
-    "fp16_sr": "darkgoldenrod",
-    "fp16_sr_8bit": "darkviolet",
-    "fp16_sr_params": "teal",
-    "fp16_sr_target": "sandybrown",
-}
+COLORS = dict(fp32="tab:blue", fp16="tab:green", fp16_naive="tab:red", fp8="black", fp8_bf16_ends="dimgray")
+COLORS.update(fp16_sr="darkgoldenrod", fp16_sr_8bit="darkviolet", fp16_sr_params="teal", fp16_sr_target="sandybrown")
 
 
 def plot(result: dict, out_png: pathlib.Path) -> None:
@@ -72,9 +63,7 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
                 axes.plot([], [], "x", color=color, label=label)
         if not axes.get_legend_handles_labels()[0]:
             axes.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=axes.transAxes)
-        axes.set_title(task)
-        axes.set_xlabel("agent steps")
-        axes.set_ylabel("eval return")
+        axes.set(title=task, xlabel="agent steps", ylabel="eval return")
         axes.grid(True, alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize="x-small", loc="best")
@@ -85,23 +74,13 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
         for x, row in zip(xs, rows):
             done = cell_done(row)
             height = row["mean"] if row["mean"] is not None else 0.0
-            axes.bar(
-                x,
-                height,
-                yerr=row["std"] or 0.0,
-                color=colors.get(row["variant"], "tab:gray"),
-                alpha=0.9 if done else 0.35,
-                hatch=None if done else "//",
-                edgecolor="black",
-                capsize=3,
-            )
+            style = dict(alpha=0.9, hatch=None) if done else dict(alpha=0.35, hatch="//")
+            color = colors.get(row["variant"], "tab:gray")
+            axes.bar(x, height, yerr=row["std"] or 0.0, color=color, edgecolor="black", capsize=3, **style)
             text = f"{row['seeds_final']}/{row['seeds_planned']}"
-            if row["seeds_diverged"]:
-                text += f"\n{len(row['seeds_diverged'])} div."
-            if row["nonfinite_losses_since"]:
-                text += f"\n{len(row['nonfinite_losses_since'])} nan loss"
-            if not done:
-                text += f"\n{row['status']}"
+            for key, what in (("seeds_diverged", "div."), ("nonfinite_losses_since", "nan loss")):
+                text += f"\n{len(row[key])} {what}" if row[key] else ""
+            text += "" if done else f"\n{row['status']}"
             axes.text(x, height, text, ha="center", va="bottom", fontsize="x-small")
             if row["variant"] != "fp16" and row["fp16_same_seeds_mean"] is not None:
                 axes.plot([x - 0.4, x + 0.4], [row["fp16_same_seeds_mean"]] * 2, color="tab:green", linewidth=2)
