@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, parser
+from benchmarks.common import REPRODUCTION_RUNS, command_line, figure, finish, format_table, parser
 from benchmarks.timing import interleaved
 
 DEFAULT_CHECKPOINT = REPRODUCTION_RUNS / "fp32" / "walker-walk" / "seed0"
@@ -138,18 +138,15 @@ def run(
 
 
 def table(result: dict) -> str:
-    lines = [
-        f"{'config/scenario':28} {'phase':7} {'cold s':>7} {'warm s':>7} {'eqns':>5} {'err':>4} {'warn':>5} "
-        f"{'harmless':>8}"
-    ]
+    rows = []
     for key, entry in result["results"].items():
         for phase, stats in entry["phases"].items():
-            lines.append(
-                f"{key:28} {phase:7} {stats['seconds']:7.1f} {stats['warm_seconds']:7.1f} "
-                f"{stats['equations']:5d} {stats['errors']:4d} {stats['warnings']:5d} {stats['harmless']:8d}"
-            )
+            rows.append([key, phase, *map(stats.get, ("seconds", "warm_seconds", "equations", "errors"))])
+            rows[-1] += [stats["warnings"], stats["harmless"]]
         found = [name for name, rows in entry["paper_findings"].items() if rows]
-        lines.append(f"{'':28} paper's problems found: {', '.join(found) or 'none'}")
+        rows.append(f"{'':28} paper's problems found: {', '.join(found) or 'none'}")
+    header = ["config/scenario", "phase", "cold s", "warm s", "eqns", "err", "warn", "harmless"]
+    lines = format_table(header, rows, ["<28", "<7", ">7.1f", ">7.1f", ">5d", ">4d", ">5d", ">8d"])
     off = result["zero_cost_when_off"]
     lines.append(
         f"inspector off: lowering identical {off['lowering_identical']}; sac.update steps/s before "

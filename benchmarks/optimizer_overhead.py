@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 import lpjax
-from benchmarks import hlo_traffic
+from benchmarks import common, hlo_traffic
 from benchmarks.common import command_line, figure, finish, machine_info, parser
 from benchmarks.timing import interleaved
 from lpjax.methods import PrecisionMethods
@@ -321,19 +321,16 @@ def analysis(result: dict) -> dict:
 
 
 def format_table(result: dict) -> str:
-    header = (
-        f"{'variant':<34} {'dtype':<8} {'median ms':>10} {'min ms':>9} {'x adam':>7} "
-        f"{'state/params':>12} {'XLA temp MiB':>12} {'faults/step':>11} {'traffic (trees)':>15} "
-        f"{'copies':>6}"
-    )
-    lines = [header, "-" * len(header)]
-    for row in result["results"]:
-        lines.append(
-            f"{row['variant']:<34} {row['dtype']:<8} {row['median_ms']:>10.3f} {row['min_ms']:>9.3f} "
-            f"{row['ratio_to_adam_median']:>7.2f} {row['opt_state_over_param_bytes']:>12.3f} "
-            f"{(row['xla_temp_bytes'] or 0) / 2**20:>12.2f} {row['minor_page_faults_per_step']:>11.0f} "
-            f"{row['traffic']['traffic_trees']:>15.2f} {row['traffic']['copies']:>6d}"
-        )
+    header = ["variant", "dtype", "median ms", "min ms", "x adam", "state/params", "XLA temp MiB", "faults/step"]
+    cells = ["variant", "dtype", "median_ms", "min_ms", "ratio_to_adam_median", "opt_state_over_param_bytes"]
+    rows = [
+        [row[c] for c in cells]
+        + [(row["xla_temp_bytes"] or 0) / 2**20, row["minor_page_faults_per_step"]]
+        + [row["traffic"]["traffic_trees"], row["traffic"]["copies"]]
+        for row in result["results"]
+    ]
+    formats = ["<34", "<8", ">10.3f", ">9.3f", ">7.2f", ">12.3f", ">12.2f", ">11.0f", ">15.2f", ">6d"]
+    lines = common.format_table(header + ["traffic (trees)", "copies"], rows, formats, rule=True)
     lines.append("")
     for dtype, met in result["target_met"].items():
         ratio = result["ratios_to_adam"][dtype].get(FULL_CHAIN, {}).get("median")

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 import lpjax
+from benchmarks import common
 from benchmarks.common import figure, port_finish, port_parser
 from experiments import ports
 
@@ -108,16 +109,14 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'task':<12} {'variant':<11} {'return per seed':<32} {'mean':>8} {'over fp32':>9} {'skipped':>8}"]
-    for env, summary in result["summary"].items():
-        for variant, row in summary.items():
-            skipped = sum(result["results"][env][variant]["skipped_steps"])
-            per_seed = ", ".join(f"{v:.1f}" for v in row["per_seed"])
-            lines.append(
-                f"{env:<12} {variant:<11} {per_seed:<32} {row['mean']:>8.1f} {row['over_baseline_of_means']:>9.3f} "
-                f"{skipped:>8d}"
-            )
-    return "\n".join(lines)
+    rows = [
+        [env, variant, ", ".join(f"{v:.1f}" for v in row["per_seed"]), row["mean"], row["over_baseline_of_means"]]
+        + [sum(result["results"][env][variant]["skipped_steps"])]
+        for env, summary in result["summary"].items()
+        for variant, row in summary.items()
+    ]
+    header = ["task", "variant", "return per seed", "mean", "over fp32", "skipped"]
+    return "\n".join(common.format_table(header, rows, ["<12", "<11", "<32", ">8.1f", ">9.3f", ">8d"]))
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
