@@ -46,31 +46,23 @@ def shape_bytes(shape: str) -> int:
 def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
     """The passes over memory of the ENTRY computation of an optimized HLO module (``compiled.as_text()``), or of
     the computation named ``computation`` (e.g. a loop body of :func:`loop_bodies`: its passes per trip)."""
-    header = "\nENTRY" if computation is None else f"\n%{computation} "
-    entry = hlo_text[hlo_text.index(header) :]
+    computations, entry = _computations(hlo_text)
     sizes: dict[str, int] = {}
     out = []
-    for line in entry.splitlines()[1:]:
-        if line.startswith("}"):
-            break
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            continue
-        name, shape, opcode, rest = match.groups()
+    for name, shape, opcode, rest in computations[computation or entry]:
         sizes[name] = shape_bytes(shape)
-        if opcode in _NO_TRAFFIC:
-            continue
-        operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
-        out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name]))
+        if opcode not in _NO_TRAFFIC:
+            operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+            out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name]))
     return out
 
 
 _COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
 
 
-def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str]:
-    """Every computation's instructions as ``(opcode, rest of the line)``, and the ENTRY computation's name."""
-    computations: dict[str, list[tuple[str, str]]] = {}
+def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, ...]]], str]:
+    """Every computation's instructions as ``(name, shape, opcode, rest of the line)``, and the ENTRY's name."""
+    computations: dict[str, list[tuple[str, ...]]] = {}
     current, entry = None, None
     for line in hlo_text.splitlines():
         header = _COMPUTATION.match(line)
@@ -81,7 +73,7 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str]
         elif line.startswith("}"):
             current = None
         elif current is not None and (match := _INSTRUCTION.match(line)):
-            computations[current].append((match.group(3), match.group(4)))
+            computations[current].append(match.groups())
     if entry is None:
         raise ValueError("not an HLO module: no ENTRY computation")
     return computations, entry
@@ -90,7 +82,7 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str]
 def loop_bodies(hlo_text: str) -> list[str]:
     """Names of the body computations of the ``while`` loops of a compiled program, largest first."""
     computations, _ = _computations(hlo_text)
-    bodies = {_called(rest, "body") for ops in computations.values() for opcode, rest in ops if opcode == "while"}
+    bodies = {_called(rest, "body") for ops in computations.values() for _, _, opcode, rest in ops if opcode == "while"}
     return sorted(bodies, key=lambda name: -len(computations[name]))
 
 
@@ -107,7 +99,7 @@ def kernel_count(hlo_text: str) -> int:
 
     def count(name: str) -> int:
         total = 0
-        for opcode, rest in computations[name]:
+        for _, _, opcode, rest in computations[name]:
             if opcode == "call":
                 total += count(_called(rest, "to_apply"))
             elif opcode == "while":

@@ -50,7 +50,7 @@ def test_kernel_count_counts_work_in_the_entry_and_once_per_loop_body():
     computations, entry = hlo_traffic._computations(text)
     bodies = hlo_traffic.loop_bodies(text)
     assert len(bodies) == 1
-    body_work = sum(op not in hlo_traffic._NO_KERNEL for op, _ in computations[bodies[0]])
+    body_work = sum(op not in hlo_traffic._NO_KERNEL for _, _, op, _ in computations[bodies[0]])
     body_passes = hlo_traffic.passes(text, bodies[0])
     assert len(body_passes) == body_work  # a trip's passes: every work instruction of the body
     assert max(p.written for p in body_passes) == 64 * 64 * 4  # the carried matrix, written per trip
