@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import REPO, command_line, figure, finish, parser
+from benchmarks.common import REPO, command_line, figure, finish, format_table, parser
 from experiments import run_farm
 
 CONFIGS = ("fp32", "fp8_no_tis", "fp8_tis", "fp8_mis", "fp8_geo", "bf16", "fp16")
@@ -79,16 +79,11 @@ def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
     from lpjax.run_logging import read_metrics
 
     m = read_metrics(run_dir)
-    rows = np.isfinite(m["train/reward"])
-    evals = np.isfinite(m["eval/accuracy"])
-    return {
-        "iterations": m["step"][rows].tolist(),
-        "reward": m["train/reward"][rows].tolist(),
-        "mismatch_kl": m["train/mismatch_kl"][rows].tolist(),
-        "rejected_fraction": m["train/correction/rejected_fraction"][rows].tolist(),
-        "weight_mean": m["train/correction/weight_mean"][rows].tolist(),
-        "eval_accuracy": m["eval/accuracy"][evals].tolist(),
-    }
+    rows, evals = np.isfinite(m["train/reward"]), np.isfinite(m["eval/accuracy"])
+    out = {"iterations": m["step"][rows].tolist()}
+    for key in ("reward", "mismatch_kl", "correction/rejected_fraction", "correction/weight_mean"):
+        out[key.split("/")[-1]] = m[f"train/{key}"][rows].tolist()
+    return out | {"eval_accuracy": m["eval/accuracy"][evals].tolist()}
 
 
 def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,19 +180,19 @@ def plot(result: dict, path: pathlib.Path) -> None:
         axes[0].legend(fontsize=7)
 
 
-def format_table(result: dict) -> str:
+def table(result: dict) -> str:
     setting = result["setting"]
     lines = [
         f"GRPO {setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}, "
-        f"{result['iterations']} iterations, seeds {result['seeds']}",
-        f"{'config':12s} {'final reward':>13s} {'ratio':>6s} {'mismatch KL':>12s} {'rejected':>9s} {'accuracy':>9s}",
+        f"{result['iterations']} iterations, seeds {result['seeds']}"
     ]
-    for name, e in result["summary"].items():
-        ratio = "-" if e["ratio_to_fp32"] is None else f"{e['ratio_to_fp32']:.3f}"
-        lines.append(
-            f"{name:12s} {e['final_reward_mean']:7.3f}+-{e['final_reward_std']:.3f} {ratio:>6s} "
-            f"{e['mismatch_kl_mean']:12.2e} {e['rejected_fraction_mean']:9.4f} {e['final_eval_accuracy_mean']:9.3f}"
-        )
+    keys = ("final_reward_mean", "final_reward_std", "ratio_to_fp32", "mismatch_kl_mean", "rejected_fraction_mean")
+    rows = [
+        [n, *("-" if e[k] is None else e[k] for k in keys), e["final_eval_accuracy_mean"]]
+        for n, e in result["summary"].items()
+    ]
+    header = ["config", "final reward", "+-", "ratio", "mismatch KL", "rejected", "accuracy"]
+    lines += format_table(header, rows, ["<12", "12.3f", "<5.3f", "6.3f", "12.2e", "9.4f", "9.3f"])
     if result["degradation"]:
         d = result["degradation"]
         lines.append(
@@ -263,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": runs,
         "session_seconds": time.perf_counter() - started,
     }
-    return finish(args, result, format_table(result), plot)
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":
