@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from benchmarks.common import command_line, figure, finish, parser, run_environment
+from benchmarks.common import command_line, figure, finish, format_table, parser, run_environment
 from benchmarks.steady_state import CACHE_DIR, enable_compilation_cache, error_record
 
 ENV = "mjx:cartpole-swingup"
@@ -59,6 +59,11 @@ def loop_config(precision: str, quick: bool = False, devices: int = 1) -> Any:
 
 def chunk_iterations(quick: bool) -> int:
     return QUICK_CHUNK_ITERATIONS if quick else CHUNK_ITERATIONS
+
+
+def settings(quick: bool) -> dict[str, Any]:
+    """The environment, loop and agent settings (the json records them; :mod:`benchmarks.gpu_suite` too)."""
+    return {"env": ENV, "loop": QUICK_LOOP if quick else LOOP, "agent": QUICK_AGENT if quick else AGENT}
 
 
 def loop_settings(precision: str, quick: bool = False, devices: int = 1) -> Any:
@@ -218,17 +223,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "command": command_line("benchmarks.gpu_train", argv),
         "environment": run_environment(),
         "quick": args.quick,
-        "settings": {
-            "env": ENV,
-            "loop": QUICK_LOOP if args.quick else LOOP,
-            "agent": QUICK_AGENT if args.quick else AGENT,
-            "chunk_iterations": chunk_iterations(args.quick),
-            "budget_s": args.budget_s,
-            "eval_every_s": args.eval_every_s,
-            "eval_episodes": args.eval_episodes,
-            "target_return": TARGET_RETURN,
-        },
     }
+    result["settings"] = settings(args.quick) | {"chunk_iterations": chunk_iterations(args.quick)}
+    result["settings"] |= {k: getattr(args, k) for k in ("budget_s", "eval_every_s", "eval_episodes")}
+    result["settings"]["target_return"] = TARGET_RETURN
     enable_compilation_cache("" if args.quick else args.compilation_cache)
     try:
         result["device"] = jax.devices()[0].device_kind
@@ -236,24 +234,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
             precisions, args.budget_s, args.eval_every_s, args.eval_episodes, args.quick, started + args.deadline_s
         )
     except Exception as error:  # e.g. no MuJoCo Playground: the json says so
-        result["device"] = result.get("device")
-        result["runs"] = {}
-        result["error"] = _error(error)
+        result.update(device=result.get("device"), runs={}, error=_error(error))
     result["goal"] = goal(result["runs"])
     result["seconds"] = time.perf_counter() - started
-    nan, budget = float("nan"), result["settings"]["budget_s"]
-    lines = [f"{result['device']}: SAC on {ENV}, {budget:.0f} s of training each"]
-    for precision, run in result["runs"].items():
-        if "curve" not in run:
-            lines.append(f"{precision:6s} {run['error'].splitlines()[0]}")
-            continue
-        to_target = "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:6.1f} s"
-        lines.append(
-            f"{precision:6s} compile {run['compile_s']:6.1f} s  final {run['final_return'] or nan:7.1f}  best "
-            f"{run['best_return'] or nan:7.1f}  to {TARGET_RETURN:.0f}: {to_target}  "
-            f"{run['env_steps_per_s'] or 0:9.0f} env steps/s  {run['updates_per_s'] or 0:7.0f} updates/s"
-            + (f"  stopped: {run['error'].splitlines()[0]}" if "error" in run else "")
-        )
+    keys = ("compile_s", "final_return", "best_return", "time_to_target_s", "env_steps_per_s", "updates_per_s")
+    rows = [
+        [p, *("-" if r[k] is None else r[k] for k in keys), r.get("error", "").split("\n")[0]]
+        if "curve" in r
+        else [p, r["error"].splitlines()[0]]
+        for p, r in result["runs"].items()
+    ]
+    header = ["", "compile s", "final", "best", f"s to {TARGET_RETURN:.0f}", "env steps/s", "updates/s", "stopped"]
+    lines = [f"{result['device']}: SAC on {ENV}, {result['settings']['budget_s']:.0f} s of training each"]
+    lines += format_table(header, rows, ["<6", "9.1f", "7.1f", "7.1f", "8.1f", "11.0f", "9.0f", ""])
     if "error" in result:
         lines.append(f"failed: {result['error'].splitlines()[0]}")
     lines.append(f"goal met: {result['goal']['met']}  ({result['seconds']:.0f} s in all)")
