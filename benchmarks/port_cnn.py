@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 import lpjax
+from benchmarks import common
 from benchmarks.common import figure, port_finish, port_parser
 from experiments import ports
 
@@ -140,19 +141,14 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def format_table(result: dict) -> str:
-    lines = [
-        f"{'variant':<19} {'test acc per seed':<24} {'mean':>6} {'over fp32':>9} {'batch-stat acc':>15} {'skip':>5}"
-    ]
+    rows = []
     for name, row in result["summary"]["test_accuracy"].items():
         runs = result["results"][name]
-        per_seed = ", ".join(f"{v:.3f}" for v in row["per_seed"])
-        batch = np.mean([run["test_accuracy_batch_statistics"] for run in runs])
-        skipped = sum(run["skipped_steps"] for run in runs)
-        lines.append(
-            f"{name:<19} {per_seed:<24} {row['mean']:>6.3f} {row['over_baseline_of_means']:>9.3f} {batch:>15.3f} "
-            f"{skipped:>5d}"
-        )
-    return "\n".join(lines)
+        rows.append([name, ", ".join(f"{v:.3f}" for v in row["per_seed"]), row["mean"], row["over_baseline_of_means"]])
+        rows[-1] += [np.mean([run["test_accuracy_batch_statistics"] for run in runs])]
+        rows[-1] += [sum(run["skipped_steps"] for run in runs)]
+    header = ["variant", "test acc per seed", "mean", "over fp32", "batch-stat acc", "skip"]
+    return "\n".join(common.format_table(header, rows, ["<19", "<24", ">6.3f", ">9.3f", ">15.3f", ">5d"]))
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
