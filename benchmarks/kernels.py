@@ -82,32 +82,29 @@ def describe_lowering(exported: Any) -> dict[str, Any]:
     }
 
 
-def _bytes(x_bytes: int, w_bytes: int, m: int, n: int, bm: int = 64, bn: int = 64) -> dict[str, float]:
+def _bytes(x_bytes: int, w_bytes: int, m: int, k: int, n: int, bm: int = 64, bn: int = 64, scales: int | None = None):
     """Bytes with x ``(M, K)`` and w ``(K, N)`` of these sizes, an fp32 bias and a bf16 output, when ``bm x bn``
-    tiles re-read x once per N block and w once per M block (no L2 reuse)."""
+    tiles re-read x once per N block and w once per M block (no L2 reuse); for 8-bit operands (``scales``: the
+    activation scales), the activation-quantization pass on its own line (bf16 in, codes out)."""
     out, x_reads, w_reads = 2 * m * n + 4 * n, round_up(n, bn) // bn, round_up(m, bm) // bm
-    return {"compulsory": x_bytes + w_bytes + out, "tiled": x_bytes * x_reads + w_bytes * w_reads + out}
+    nbytes = {"compulsory": x_bytes + w_bytes + out, "tiled": x_bytes * x_reads + w_bytes * w_reads + out}
+    return nbytes if scales is None else nbytes | {"activation_quantization_pass": 2 * m * k + m * k + 4 * scales}
 
 
 def _bytes_fp16(m: int, k: int, n: int) -> dict[str, float]:
-    return _bytes(2 * m * k, 2 * k * n, m, n)
-
-
-def _bytes_8bit(x_bytes: int, w_bytes: int, m: int, k: int, n: int, bm: int, bn: int, scales: int) -> dict:
-    """The quantized operands, and the activation-quantization pass on its own line (bf16 in, codes out)."""
-    return _bytes(x_bytes, w_bytes, m, n, bm, bn) | {"activation_quantization_pass": 2 * m * k + m * k + 4 * scales}
+    return _bytes(2 * m * k, 2 * k * n, m, k, n)
 
 
 def _bytes_fp8(m: int, k: int, n: int) -> dict[str, float]:
     """fp8 codes of x and w, fp32 scales (x: one per token per 128 of K; w: one per 128x128 block), bf16 out."""
     groups = round_up(k, FP8_BLOCK) // FP8_BLOCK
     w_bytes = k * n + 4 * groups * (round_up(n, FP8_BLOCK) // FP8_BLOCK)
-    return _bytes_8bit(m * k + 4 * m * groups, w_bytes, m, k, n, 64, FP8_BLOCK, m * groups)
+    return _bytes(m * k + 4 * m * groups, w_bytes, m, k, n, 64, FP8_BLOCK, m * groups)
 
 
 def _bytes_int8(m: int, k: int, n: int) -> dict[str, float]:
     """int8 codes of x and w, fp32 per-token and per-channel scales, bf16 out."""
-    return _bytes_8bit(m * k + 4 * m, k * n + 4 * n, m, k, n, 64, 64, m)
+    return _bytes(m * k + 4 * m, k * n + 4 * n, m, k, n, scales=m)
 
 
 def _kernel(fn: Callable, impl: str, **kw: Any) -> Callable:
