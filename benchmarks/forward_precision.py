@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import run_evidence
-from benchmarks.common import command_line, figure, finish, parser
+from benchmarks.common import command_line, figure, finish, format_table, parser
 
 RESULT_NAME = "forward_precision"
 POLICIES = ("fp32", "mixed_bf16", "fp8")
@@ -109,27 +109,17 @@ def measure_run(run_dir: pathlib.Path, samples: int, seed: int) -> dict:
     }
 
 
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_table(result: dict) -> str:
-    lines = []
+def table(result: dict) -> str:
+    lines, keys = [], ("q_rms_error", "q_error_over_spread", "q_error_over_td_error", "action_grad_cosine", "action_l2")
     for run in result["runs"]:
+        td_error = "-" if run["td_error_rms"] is None else f"{run['td_error_rms']:.3g}"
         lines.append(
             f"{run['run_dir']} (trained {run['trained_policy']}, step {run['step']}, "
-            f"{run['samples']} transitions, TD error rms {_number(run['td_error_rms'], '.3g')})"
+            f"{run['samples']} transitions, TD error rms {td_error})"
         )
-        lines.append(
-            f"  {'policy':<11} {'Q rms error':>11} {'/ Q spread':>10} {'/ TD error':>10} {'grad_a cos':>10} "
-            f"{'action L2':>10}"
-        )
-        for policy, row in run["policies"].items():
-            lines.append(
-                f"  {policy:<11} {row['q_rms_error']:>11.4g} {_number(row['q_error_over_spread'], '.4f'):>10} "
-                f"{_number(row['q_error_over_td_error'], '.4f'):>10} {row['action_grad_cosine']:>10.4f} "
-                f"{row['action_l2']:>10.4f}"
-            )
+        rows = [[policy, *("-" if row[k] is None else row[k] for k in keys)] for policy, row in run["policies"].items()]
+        header = ["policy", "Q rms error", "/ Q spread", "/ TD error", "grad_a cos", "action L2"]
+        lines += format_table(header, rows, ["<11", "11.4g", "10.4f", "10.4f", "10.4f", "10.4f"], "  ")
     return "\n".join(lines)
 
 
@@ -181,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "td_error_rms: sqrt(last logged critic loss / 2), the rms TD error of one Q-network when training ended.",
         ],
     }
-    return finish(args, result, format_table(result), plot)
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":
