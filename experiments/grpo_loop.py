@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from experiments.devices import check_state_layout, learner_mesh
-from experiments.run import RunSpec, check_config, run
+from experiments.run import Learner, RunSpec, check_config, run
 from lpjax.agents.grpo import (
     GRPOConfig,
     check_mesh,
@@ -107,7 +107,7 @@ def greedy_accuracy(model: Any, params: Any, task: Any, prompts: jax.Array, mesh
     return float(jnp.mean(task.rewards(prompts, completions)))
 
 
-class GRPOLearner:
+class GRPOLearner(Learner):
     """GRPO for :func:`experiments.run.run`: ``advance`` runs one iteration (rollout, update, sync).
 
     A new run starts with the supervised warm start and calibrates the fp8 KV scales (if any) on held-out prompts.
@@ -211,9 +211,6 @@ class GRPOLearner:
             "kv_cache_dtype": rollout.kv_cache_dtype,
             "rollout_correction": self.agent.rollout_correction,
         }
-
-    def close(self) -> None:
-        pass
 
 
 def train(

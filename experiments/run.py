@@ -310,7 +310,8 @@ class RunContext:
 
 
 class Learner(Protocol):
-    """The learner-specific parts of a run (see the module docstring)."""
+    """The learner-specific parts of a run (see the module docstring). A learner that holds nothing to release
+    subclasses it for the no-op :meth:`close`."""
 
     def position(self) -> int:
         """Progress so far, in the run's unit."""
@@ -338,7 +339,8 @@ class Learner(Protocol):
         """The learner's entries of the run summary (throughput, counters)."""
 
     def close(self) -> None:
-        """Releases what the learner holds (environments, actors); called however the run ends."""
+        """Releases what the learner holds (environments, actors); called however the run ends. Nothing by
+        default."""
 
 
 def process_log_dir(run_dir: pathlib.Path) -> pathlib.Path:

@@ -75,7 +75,7 @@ from jax.sharding import Mesh
 
 import lpjax.envs
 from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, learner_mesh, mesh_devices, replay_strata
-from experiments.run import Diverged, check_config, check_resumable, run
+from experiments.run import Diverged, Learner, check_config, check_resumable, run
 from experiments.sac_loop import run_spec
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
@@ -516,7 +516,7 @@ def evaluate(loop: LoopState, settings: LoopSettings, episodes: int, seed: int) 
     return {"return": float(np.mean(returns)), "return_std": float(np.std(returns))}
 
 
-class JittedLearner:
+class JittedLearner(Learner):
     """SAC in the jitted loop, for :func:`experiments.run.run`: ``advance`` runs one compiled chunk of
     ``log_every`` environment steps (fewer at the run's end), whatever the limit, and logs its metrics."""
 
@@ -610,9 +610,6 @@ class JittedLearner:
             "devices": self.settings.devices,
             "replay_shards": self.settings.strata,
         }
-
-    def close(self) -> None:
-        pass
 
 
 def train(

@@ -34,7 +34,7 @@ import numpy as np
 import lpjax.envs
 from experiments.configs.sac import _base
 from experiments.devices import REPLAY_SHARDS_METADATA, check_state_layout, learner_mesh, replay_strata
-from experiments.run import Diverged, RunSpec, check_config, check_resumable, run
+from experiments.run import Diverged, Learner, RunSpec, check_config, check_resumable, run
 from lpjax.agents import sac
 from lpjax.checkpoint import Checkpointer
 from lpjax.precision import dtype_of
@@ -186,7 +186,7 @@ def run_spec(config: ml_collections.ConfigDict) -> RunSpec:
     )
 
 
-class HostLearner:
+class HostLearner(Learner):
     """SAC on a host-side dm_control environment, for :func:`experiments.run.run`.
 
     ``advance`` plays until the episode ends or the limit is reached (an episode may span several calls);
@@ -295,9 +295,6 @@ class HostLearner:
 
     def summary(self) -> dict[str, Any]:
         return {}
-
-    def close(self) -> None:
-        pass
 
 
 def train(
