@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import common
 from benchmarks.common import REPO, command_line, figure, finish, machine_info, parser, random_transitions
 from benchmarks.timing import CompileTimer, interleaved
 
@@ -419,14 +420,15 @@ def summarize_steps(rounds: list[dict[int, dict]], quick: bool) -> dict:
 def table(result: dict) -> str:
     lines = ["bytes per device (MB) by component; total and its ratio to (1, 1)"]
     short = {"params": "params", "optimizer": "opt", "targets": "target", "other": "other", "replay": "replay"}
+    header, formats = ["mesh", *short.values(), "batch", "total"], [">6"] + [">9.3f"] * 7 + [""]
     for name, learner in result["bytes_per_device"].items():
         lines.append(f"\n{name} ({learner['param_count']:,} parameters)")
-        lines.append(f"  {'mesh':>6s} " + " ".join(f"{v:>9s}" for v in [*short.values(), "batch", "total"]))
-        for row in learner["meshes"]:
-            cells = [row["components"][c] / 1e6 for c in (*short, "batch")] + [row["total"] / 1e6]
-            mesh = f"{row['data']}x{row['fsdp']}"
-            cells = " ".join(f"{c:9.3f}" for c in cells)
-            lines.append(f"  {mesh:>6s} {cells} ({row['ratio_vs_1x1']['total']:.3f}x)")
+        rows = [
+            [f"{row['data']}x{row['fsdp']}", *(row["components"][c] / 1e6 for c in (*short, "batch"))]
+            + [row["total"] / 1e6, f"({row['ratio_vs_1x1']['total']:.3f}x)"]
+            for row in learner["meshes"]
+        ]
+        lines += common.format_table(header, rows, formats, indent="  ")
     lines.append("\nstep time on this CPU (ms, median; forced host devices share its cores: overhead, not speed-up)")
     for workload, entry in result["step_time"].items():
         cells = [f"{r['devices']} dev {r['median_ms']:8.2f} ({r['ratio_vs_1_device']:.2f}x)" for r in entry["runs"]]
