@@ -28,18 +28,9 @@ from experiments import run_farm
 
 RUNTIMES = ("fp32", "int8")
 TARGET_FRACTION = 0.95
-OVERRIDES = {
-    "env": "env",
-    "seed": None,
-    "total_env_steps": "steps",
-    "num_actors": "actors",
-    "backend": "backend",
-    "eval_every": "eval_every",
-    "eval_episodes": "eval_episodes",
-    "checkpoint_every": "steps",
-    "min_replay_size": "min_replay",
-    "samples_per_insert": "samples_per_insert",
-}
+OVERRIDES = dict(env="env", seed=None, total_env_steps="steps", num_actors="actors", backend="backend")
+OVERRIDES.update(eval_every="eval_every", eval_episodes="eval_episodes", checkpoint_every="steps")
+OVERRIDES.update(min_replay_size="min_replay", samples_per_insert="samples_per_insert")
 """The run config's fields the flags set (config field: flag)."""
 
 
@@ -100,48 +91,36 @@ def aggregate(runs: dict[int, dict[str, dict]]) -> dict[str, Any]:
         target = TARGET_FRACTION * reference
         reached = {rt: time_to_target(run, target) for rt, run in by_runtime.items()}
         fp32_t, int8_t = reached["fp32"]["wall_s"], reached["int8"]["wall_s"]
-        per_seed[seed] = {
-            "fp32_final_return": reference,
-            "target_return": target,
-            "time_to_target": reached,
-            "final_return": {rt: float(np.mean(run["returns"][-2:])) for rt, run in by_runtime.items()},
-            "wall_clock_speedup": fp32_t / int8_t if fp32_t and int8_t else None,
-            "actor_steps_per_s": {
-                rt: [a["steps_per_s"] for a in run["actor_learner"]["actors"]] for rt, run in by_runtime.items()
-            },
-            "actor_inference_s_per_step": {
-                rt: [a["time_split"]["inference"] / max(a["env_steps"], 1) for a in run["actor_learner"]["actors"]]
-                for rt, run in by_runtime.items()
-            },
-            "learner_updates_per_s": {
-                rt: run["actor_learner"]["learner_updates_per_s"] for rt, run in by_runtime.items()
-            },
-            "broadcast_bytes": {rt: run["actor_learner"]["broadcast_bytes"] for rt, run in by_runtime.items()},
-        }
+        each = lambda fn: {rt: fn(run, run["actor_learner"]) for rt, run in by_runtime.items()}
+        per_seed[seed] = {"fp32_final_return": reference, "target_return": target, "time_to_target": reached}
+        per_seed[seed].update(
+            final_return=each(lambda run, _: float(np.mean(run["returns"][-2:]))),
+            wall_clock_speedup=fp32_t / int8_t if fp32_t and int8_t else None,
+            actor_steps_per_s=each(lambda _, al: [a["steps_per_s"] for a in al["actors"]]),
+            actor_inference_s_per_step=each(
+                lambda _, al: [a["time_split"]["inference"] / max(a["env_steps"], 1) for a in al["actors"]]
+            ),
+            learner_updates_per_s=each(lambda _, al: al["learner_updates_per_s"]),
+            broadcast_bytes=each(lambda _, al: al["broadcast_bytes"]),
+        )
     return per_seed
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
     with figure(path, 1, 2, figsize=(11, 4)) as (_, axes):
-        _plot_runs(axes, result)
-
-
-def _plot_runs(axes, result: dict) -> None:
-    for seed, by_runtime in result["runs"].items():
-        for color, (runtime, run) in zip(("C0", "C1"), sorted(by_runtime.items())):
-            label = f"{runtime} actors (seed {seed})"
-            axes[0].plot(run["steps"], run["returns"], color=color, marker="o", ms=3, label=label)
-            axes[1].plot(run["wall_s"], run["returns"], color=color, marker="o", ms=3, label=label)
-        target = result["per_seed"][seed]["target_return"]
-        for ax in axes:
-            ax.axhline(target, color="k", ls=":", lw=1)
-    axes[0].set(
-        xlabel="environment steps",
-        ylabel="evaluation return (learner's fp32 policy)",
-        title=f"D4PG on {result['settings']['env']}: fp32 vs int8 actors",
-    )
-    axes[1].set(xlabel="training wall-clock seconds", title="same runs vs time (dotted: 95% of fp32's final)")
-    axes[0].legend(fontsize=8)
+        for seed, by_runtime in result["runs"].items():
+            for ax, x in zip(axes, ("steps", "wall_s")):
+                for color, (runtime, run) in zip(("C0", "C1"), sorted(by_runtime.items())):
+                    label = f"{runtime} actors (seed {seed})"
+                    ax.plot(run[x], run["returns"], color=color, marker="o", ms=3, label=label)
+                ax.axhline(result["per_seed"][seed]["target_return"], color="k", ls=":", lw=1)
+        axes[0].set(
+            xlabel="environment steps",
+            ylabel="evaluation return (learner's fp32 policy)",
+            title=f"D4PG on {result['settings']['env']}: fp32 vs int8 actors",
+        )
+        axes[1].set(xlabel="training wall-clock seconds", title="same runs vs time (dotted: 95% of fp32's final)")
+        axes[0].legend(fontsize=8)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

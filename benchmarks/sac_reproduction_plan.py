@@ -35,20 +35,11 @@ ROUNDING_CONFIGS = ("fp16_sr_params", "fp16_sr_target")
 """The rounding study, on ``--rounding_task`` only: fp16 with stochastic rounding for one of the two updates and
 the Kahan buffer for the other (parameters / target). Between ``fp16`` (Kahan for both) and ``fp16_sr``
 (stochastic rounding for both) they tell which update's rounding noise costs return."""
-ROUNDING_ROWS = {
-    "fp16": ("kahan", "kahan"),
-    "fp16_sr_target": ("kahan", "stochastic"),
-    "fp16_sr_params": ("stochastic", "kahan"),
-    "fp16_sr": ("stochastic", "stochastic"),
-}
+ROUNDING_ROWS = dict(fp16=("kahan", "kahan"), fp16_sr_target=("kahan", "stochastic"))
+ROUNDING_ROWS.update(fp16_sr_params=("stochastic", "kahan"), fp16_sr=("stochastic", "stochastic"))
 """The rounding study's rows: (parameter update, target update) of each config."""
 ALL_CONFIGS = MAIN_CONFIGS + BEYOND_CONFIGS + ABLATION_CONFIGS + ROUNDING_CONFIGS
-CONFIG_GROUPS = {
-    "main": MAIN_CONFIGS,
-    "beyond": BEYOND_CONFIGS,
-    "ablation": ABLATION_CONFIGS,
-    "rounding": ROUNDING_CONFIGS,
-}
+CONFIG_GROUPS = dict(main=MAIN_CONFIGS, beyond=BEYOND_CONFIGS, ablation=ABLATION_CONFIGS, rounding=ROUNDING_CONFIGS)
 DEFAULT_TASKS = ("cartpole-swingup", "reacher-easy", "walker-walk")
 DEFAULT_ABLATION_TASK = "walker-walk"
 DEFAULT_NUM_SEEDS = 3
@@ -76,12 +67,8 @@ class Scale:
         return tag + (f"_ar{self.action_repeat}" if self.action_repeat else "")
 
     def describe(self) -> dict:
-        return {
-            **dataclasses.asdict(self),
-            "hidden_layers": 2,
-            "replay_capacity": replay_capacity(self.steps),
-            "tag": self.tag,
-        }
+        extra = {"hidden_layers": 2, "replay_capacity": replay_capacity(self.steps), "tag": self.tag}
+        return dataclasses.asdict(self) | extra
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -124,20 +111,11 @@ def config_file(config: str) -> pathlib.Path:
 
 def overrides(spec: RunSpec, scale: Scale) -> dict[str, Any]:
     """The dotted config fields a run sets over its config file's, with their values."""
-    fields: dict[str, Any] = {
-        "env": f"dmc:{spec.task}",
-        "seed": spec.seed,
-        "total_steps": scale.steps,
-        "seed_steps": scale.seed_steps,
-        "replay_capacity": replay_capacity(scale.steps),
-        "eval_every": scale.eval_every,
-        "eval_episodes": scale.eval_episodes,
-        "log_every": min(1000, scale.eval_every),
-        "checkpoint_every": scale.checkpoint_every,
-        "action_repeat": scale.action_repeat,
-        "agent.hidden_dims": (scale.width, scale.width),
-        "agent.batch_size": scale.batch,
-    }
+    fields: dict[str, Any] = dict(env=f"dmc:{spec.task}", seed=spec.seed, total_steps=scale.steps)
+    fields.update(seed_steps=scale.seed_steps, replay_capacity=replay_capacity(scale.steps))
+    fields.update(eval_every=scale.eval_every, eval_episodes=scale.eval_episodes, log_every=min(1000, scale.eval_every))
+    fields.update(checkpoint_every=scale.checkpoint_every, action_repeat=scale.action_repeat)
+    fields.update({"agent.hidden_dims": (scale.width, scale.width), "agent.batch_size": scale.batch})
     method = removed_method(spec.config)
     if method is not None:
         fields[f"agent.methods.{method}"] = False
