@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import hlo_traffic
-from benchmarks.common import command_line, figure, finish, parser, random_transitions, run_environment
+from benchmarks.common import command_line, figure, finish, format_table, parser, random_transitions, run_environment
 from benchmarks.steady_state import CACHE_DIR, enable_compilation_cache, error_record, on_gpu, steady_state
 from benchmarks.timing import interleaved
 
@@ -277,11 +277,8 @@ def tf32_check(size: int = 1024) -> dict[str, Any]:
 
 OBS_DIM, ACTION_DIM = 17, 6
 """cheetah-run from states."""
-TABLE10_SIZES = ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 4096))
-"""(width, batch), as Table 10's columns."""
-QUICK_TABLE10_SIZES = ((32, 32),)
 PAPER_SPEEDUP = {(1024, 1024): 0.96, (1024, 4096): 1.06, (4096, 1024): 2.83, (4096, 4096): 4.43}
-"""Björck et al. Table 10 (V100): fp16 over fp32 per (width, batch)."""
+"""Björck et al. Table 10 (V100): fp16 over fp32 per (width, batch), its columns (the sizes timed)."""
 GOAL_SPEEDUP = {(1024, 1024): 1.0, (1024, 4096): 1.1, (4096, 1024): 3.0, (4096, 4096): 4.5}
 """Issue 29's goals for fp16 (paper methods) over fp32-highest."""
 
@@ -356,7 +353,7 @@ QUICK_SAC_PRECISIONS = ("fp32 highest", "fp16 (paper methods)", "fp8")
 
 
 def part_table10(part: Part) -> None:
-    sizes = QUICK_TABLE10_SIZES if part.quick else TABLE10_SIZES
+    sizes = [(32, 32)] if part.quick else list(PAPER_SPEEDUP)
     labels = list(QUICK_SAC_PRECISIONS if part.quick else SAC_PRECISIONS)
     # What the goals compare first (fp32-highest and fp16 at every size), then the other rows at the corners
     # (1024/1024, 4096/4096), then at the other sizes: items past the budget are skipped in this order.
@@ -545,11 +542,7 @@ def part_jitted_loop(part: Part) -> None:
         )
         return
 
-    part.result["settings"] = {
-        "env": gpu_train.ENV,
-        "loop": gpu_train.QUICK_LOOP if part.quick else gpu_train.LOOP,
-        "agent": gpu_train.QUICK_AGENT if part.quick else gpu_train.AGENT,
-    }
+    part.result["settings"] = gpu_train.settings(part.quick)
     precisions = ("fp16",) if part.quick else LOOP_PRECISIONS
     counts = [1] + ([jax.device_count()] if jax.device_count() > 1 else [])
     for devices in counts:
@@ -646,12 +639,11 @@ def goals(parts: dict) -> list[dict[str, Any]]:
 
     out = []
     for (width, batch), target in GOAL_SPEEDUP.items():
-        row = _get(parts, "table10", "sizes", f"w{width}_b{batch}") or {}
+        row, size = _get(parts, "table10", "sizes", f"w{width}_b{batch}") or {}, f"w{width} b{batch}"
         fp32, fp16 = row.get("fp32 highest", {}), row.get("fp16 (paper methods)", {})
-        size = f"w{width} b{batch}"
         speedup = ratio(fp32.get("gpu_ms_per_step"), fp16.get("gpu_ms_per_step"))
-        paper = PAPER_SPEEDUP[(width, batch)]
-        out.append(goal(f"fp16 (paper methods) over fp32-highest, GPU time, {size}", target, speedup, paper=paper))
+        text = f"fp16 (paper methods) over fp32-highest, GPU time, {size}"
+        out.append(goal(text, target, speedup, paper=PAPER_SPEEDUP[(width, batch)]))
         wall = ratio(fp32.get("wall_ms_per_step"), fp16.get("wall_ms_per_step"))
         out.append(goal(f"fp16 wall time per update no worse than fp32-highest's, {size}", 1.0, wall))
         kernels = ratio(fp16.get("kernels_per_step"), fp32.get("kernels_per_step"))
@@ -709,11 +701,12 @@ def table(result: dict) -> str:
         status = part.get("error") or part.get("skipped") or ""
         lines.append(f"== {name}: {part.get('seconds', 0):.0f} s {status[:100]}")
         lines += [f"   {path:60s} {_summary(leaf)}" for path, leaf in _items(part)]
-    lines.append("== goals")
-    for goal in result["goals"]:
-        value = "unmeasured" if goal["measured"] is None else f"{goal['measured']:.3f}"
-        lines.append(f"   {goal['goal'][:80]:80s} target {goal['target']}  measured {value}  met {goal['met']}")
-    return "\n".join(lines)
+    goals = [
+        [g["goal"][:80], str(g["target"]), "unmeasured" if g["measured"] is None else g["measured"], str(g["met"])]
+        for g in result["goals"]
+    ]
+    header, formats = ["== goals", "target", "measured", "met"], ["<83", ">6", "10.3f", ">5"]
+    return "\n".join(lines + format_table(header, goals, formats))
 
 
 def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) -> None:
@@ -732,13 +725,9 @@ def plot(result: dict, path: Path) -> None:
     labels = [label for label in SAC_PRECISIONS if label != "fp32 highest"]
     timed = "GPU time" if any(_get(r, "fp32 highest", "gpu_ms_per_step") for r in sizes.values()) else "wall time"
     with figure(path, 1, 4, dpi=110, figsize=(20, 4.5)) as (fig, axes):
-        for i, label in enumerate(labels):
-            values = []
-            for row in sizes.values():
-                base, this = (
-                    _get(row, k, "gpu_ms_per_step") or _get(row, k, "wall_ms_per_step") for k in ("fp32 highest", label)
-                )
-                values.append(base / this if base and this else 0.0)
+        ms = lambda row, label: _get(row, label, "gpu_ms_per_step") or _get(row, label, "wall_ms_per_step") or math.nan
+        for i, label in enumerate(labels):  # 0 where either is missing
+            values = [float(np.nan_to_num(ms(row, "fp32 highest") / ms(row, label))) for row in sizes.values()]
             axes[0].bar(np.arange(len(sizes)) + i * 0.8 / len(labels), values, 0.8 / len(labels), label=label)
         axes[0].set_xticks(np.arange(len(sizes)) + 0.4 - 0.4 / len(labels), list(sizes), fontsize=8)
         axes[0].axhline(1.0, color="k", lw=0.8)
