@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import command_line, figure, finish, parser, random_transitions, run_environment
+from benchmarks.common import command_line, figure, finish, format_table, parser, random_transitions, run_environment
 from benchmarks.hlo_traffic import kernel_count
 from benchmarks.timing import interleaved
 from lpjax.agents import sac
@@ -105,14 +105,8 @@ def measure(args) -> dict:
         "command": command_line(f"benchmarks.{RESULT_NAME}", args.argv),
         "environment": run_environment(),
         "backend": jax.default_backend(),
-        "settings": {
-            "width": args.width,
-            "batch": args.batch,
-            "obs_dim": OBS_DIM,
-            "action_dim": ACTION_DIM,
-            "rounds": args.rounds,
-            "updates_per_round": args.updates,
-        },
+        "settings": {"width": args.width, "batch": args.batch, "obs_dim": OBS_DIM, "action_dim": ACTION_DIM}
+        | {"rounds": args.rounds, "updates_per_round": args.updates},
         "machine": machine,
         "precisions": {
             name: f"policy={policy}, methods={dataclasses.asdict(m)}" for name, (policy, m) in PRECISIONS.items()
@@ -135,18 +129,14 @@ def measure(args) -> dict:
     }
 
 
-def format_table(result: dict) -> str:
-    lines = [
-        f"SAC update, width {result['settings']['width']}, batch {result['settings']['batch']}, "
-        f"{result['backend']} (load {result['machine']['load_before']})",
-        f"{'precision':<12} {'kernels per leaf':>17} {'fused':>7} {'ms per leaf':>12} {'fused':>7}",
-    ]
-    for name, row in result["rows"].items():
-        lines.append(
-            f"{name:<12} {row['per_leaf']['kernels']:>17} {row['fused']['kernels']:>7} "
-            f"{row['per_leaf']['ms_per_update']:>12.2f} {row['fused']['ms_per_update']:>7.2f}"
-        )
-    goal = result["goal"]
+def table(result: dict) -> str:
+    settings, goal = result["settings"], result["goal"]
+    head = f"SAC update, width {settings['width']}, batch {settings['batch']}, {result['backend']}"
+    keys = [("per_leaf", "kernels"), ("fused", "kernels"), ("per_leaf", "ms_per_update"), ("fused", "ms_per_update")]
+    rows = [[name, *(row[layout][k] for layout, k in keys)] for name, row in result["rows"].items()]
+    header = ["precision", "kernels per leaf", "fused", "ms per leaf", "fused"]
+    lines = [f"{head} (load {result['machine']['load_before']})"]
+    lines += format_table(header, rows, ["<12", "17d", "7d", "12.2f", "7.2f"])
     lines.append(
         f"fp16 fused / fp32 per leaf: {goal['fp16_fused_over_fp32_per_leaf']:.2f}; / fp32 fused: "
         f"{goal['fp16_fused_over_fp32_fused']:.2f} (goal <= {goal['fp16_over_fp32_kernels_at_most']})"
@@ -155,21 +145,19 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    names = list(result["rows"])
-    x = np.arange(len(names))
-    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (kern, ms)):
-        for offset, layout in ((-0.2, "per_leaf"), (0.2, "fused")):
-            kern.bar(x + offset, [result["rows"][n][layout]["kernels"] for n in names], 0.4, label=layout)
-            ms.bar(x + offset, [result["rows"][n][layout]["ms_per_update"] for n in names], 0.4, label=layout)
-        fp32 = result["rows"]["fp32"]
+    """Kernels (left, with the goal over each fp32 layout) and CPU ms (right) per update, per precision and layout."""
+    names, rows, settings = list(result["rows"]), result["rows"], result["settings"]
+    panels = {"kernels": "kernels per update (XLA:CPU HLO)", "ms_per_update": "ms per update (CPU, median)"}
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, axes):
         for layout, style in (("per_leaf", ":"), ("fused", "--")):
-            kern.axhline(GOAL_RATIO * fp32[layout]["kernels"], color="k", ls=style, lw=1, label=f"1.1 x fp32 {layout}")
-        kern.set_ylabel("kernels per update (XLA:CPU HLO)")
-        ms.set_ylabel("ms per update (CPU, median)")
-        for ax in (kern, ms):
-            ax.set_xticks(x, names, rotation=20)
+            goal = GOAL_RATIO * rows["fp32"][layout]["kernels"]
+            axes[0].axhline(goal, color="k", ls=style, lw=1, label=f"1.1 x fp32 {layout}")
+        for ax, (key, ylabel) in zip(axes, panels.items()):
+            for offset, layout in ((-0.2, "per_leaf"), (0.2, "fused")):
+                ax.bar(np.arange(len(names)) + offset, [rows[n][layout][key] for n in names], 0.4, label=layout)
+            ax.set_xticks(np.arange(len(names)), names, rotation=20)
+            ax.set_ylabel(ylabel)
             ax.legend(fontsize=8)
-        settings = result["settings"]
         fig.suptitle(
             f"One SAC update, width {settings['width']}, batch {settings['batch']}: per-leaf vs fused optimizer"
         )
@@ -179,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     args.argv = argv
     result = measure(args)
-    return finish(args, result, format_table(result), plot)
+    return finish(args, result, table(result), plot)
 
 
 if __name__ == "__main__":
