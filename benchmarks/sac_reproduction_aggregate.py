@@ -157,26 +157,16 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
         for s, r in records.items()
         if not r["final"] and r["status"] != "missing"
     }
-    return {
-        "status": status,
-        "final_return_per_seed": {str(s): finished.get(s) for s in sorted(final)},
-        "mean": mean,
-        "std": std,
-        "seeds_final": len(final),
-        "seeds_finished": len(finished),
-        "seeds_planned": len(planned_seeds),
-        "seeds_diverged": diverged,
-        "seeds_nonfinite": nonfinite,
-        "incomplete_seeds": partial,
-        "seed_status": {str(s): r["status"] for s, r in sorted(records.items())},
-        "diverged_at_step": {str(s): records[s]["step"] for s in diverged},
-        "nonfinite_losses_since": {
-            str(s): r["nonfinite_losses_since"]
-            for s, r in sorted(final.items())
-            if r.get("nonfinite_losses_since") is not None
-        },
-        "evidence": {str(s): r["evidence"] for s, r in sorted(final.items()) if r.get("evidence")},
-    }
+    by_seed = lambda items, value, keep=lambda r: True: {str(s): value(s, r) for s, r in sorted(items) if keep(r)}
+    cell = dict(status=status, final_return_per_seed=by_seed(final.items(), lambda s, _: finished.get(s)))
+    cell.update(mean=mean, std=std, seeds_final=len(final), seeds_finished=len(finished))
+    cell.update(seeds_planned=len(planned_seeds), seeds_diverged=diverged, seeds_nonfinite=nonfinite)
+    cell.update(incomplete_seeds=partial, seed_status=by_seed(records.items(), lambda _, r: r["status"]))
+    cell["diverged_at_step"] = {str(s): records[s]["step"] for s in diverged}
+    since = lambda r: r.get("nonfinite_losses_since") is not None
+    cell["nonfinite_losses_since"] = by_seed(final.items(), lambda _, r: r["nonfinite_losses_since"], since)
+    cell["evidence"] = by_seed(final.items(), lambda _, r: r["evidence"], lambda r: r.get("evidence"))
+    return cell
 
 
 def _pooled(recorded: dict, n: int, table: np.ndarray, steps: list) -> dict:
@@ -235,12 +225,8 @@ def _curves(
         finished = [r for r in finished if "eval_steps" in r]
     if finished:
         table, common = _returns_table(finished)
-        out["finished"] = {
-            "steps": common,
-            "mean": np.nanmean(table, 0).tolist() if common else [],
-            "std": np.nanstd(table, 0).tolist() if common else [],
-            "n": len(finished),
-        }
+        moments = [np.nanmean(table, 0).tolist(), np.nanstd(table, 0).tolist()] if common else [[], []]
+        out["finished"] = {"steps": common, "mean": moments[0], "std": moments[1], "n": len(finished)}
     for s, r in records.items():
         if r.get("recorded") and "eval_steps" not in r:  # an earlier aggregation's curve of this seed
             for kind in ("diverged", "partial"):
@@ -413,13 +399,8 @@ def naive_verdict(naive: dict, fp32: dict, final: bool) -> dict:
     if naive_ratio is not None and naive_ratio < NAIVE_FAR_LOWER:
         reasons.append(f"mean return {naive_ratio:.2f} x fp32's (< {NAIVE_FAR_LOWER})")
     conclusive = bool(reasons) or (cell_done(naive) and final)
-    return dict(
-        naive_mean=naive["mean"],
-        naive_ratio=naive_ratio,
-        naive_status=naive["status"],
-        naive_failed=bool(reasons) if conclusive else None,
-        naive_failure=reasons,
-    )
+    verdict = dict(naive_mean=naive["mean"], naive_ratio=naive_ratio, naive_status=naive["status"])
+    return verdict | dict(naive_failed=bool(reasons) if conclusive else None, naive_failure=reasons)
 
 
 def beyond_rows(cells: dict) -> dict:
@@ -524,42 +505,26 @@ def aggregate(
     statuses = [r["status"] for r in runs.values()]
     remaining = [s for s in plan if not runs[(s.config, s.task, s.seed)]["final"]]
     main_tasks = [t for t in tasks if any(s.task == t and s.config in MAIN_CONFIGS for s in plan)]
-    result = {
-        "benchmark": RESULT_NAME,
-        "command": common.command_line("benchmarks.sac_reproduction", argv),
-        "generated": run_farm.now(),
-        "jax_version": jax.__version__,
-        "complete": not remaining,
-        "scale": {**scale.describe(), "why": SCALE_WHY},
-        "plan": {
-            "tasks": main_tasks,
-            "ablation_tasks": sorted({s.task for s in plan if removed_method(s.config)}),
-            "rounding_tasks": sorted({s.task for s in plan if s.config in ROUNDING_CONFIGS}),
-            "seeds": sorted({s.seed for s in plan}),
-            "configs": list(ALL_CONFIGS),
-            "runs_planned": len(plan),
-            "runs_dir": str(pathlib.Path(runs_dir) / scale.tag),
-        },
-        "progress": {
-            "runs_on_disk": sum(s != "missing" for s in statuses),
-            "runs_final": sum(r["final"] for r in runs.values()),
-            "runs_planned_remaining": len(remaining),
-            "by_status": {s: statuses.count(s) for s in sorted(set(statuses))},
-            **_time_remaining(runs, remaining, scale),
-        },
-        "target_ratio": TARGET_RATIO,
-        "naive_far_lower_threshold": NAIVE_FAR_LOWER,
-        "results": results,
-        "comparison": comparisons,
-        "recommended": recommendation(comparisons, main_tasks),
-        "ablation": ablation,
-        "rounding": rounding,
-        "curves": curves,
-        "runs": [{"run": f"{c}/{t}/seed{s}", **r} for (c, t, s), r in runs.items()],
-        "reference_returns_pytorch_sac_500k_1m": {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS},
-        "notes": NOTES,
-    }
-    return _clean(result)
+    tasks_of = lambda keep: sorted({s.task for s in plan if keep(s.config)})
+    plan_record = dict(tasks=main_tasks, ablation_tasks=tasks_of(removed_method))
+    plan_record.update(rounding_tasks=tasks_of(ROUNDING_CONFIGS.__contains__), seeds=sorted({s.seed for s in plan}))
+    plan_record.update(configs=list(ALL_CONFIGS), runs_planned=len(plan))
+    plan_record["runs_dir"] = str(pathlib.Path(runs_dir) / scale.tag)
+    final = sum(r["final"] for r in runs.values())
+    progress = dict(
+        runs_on_disk=sum(s != "missing" for s in statuses), runs_final=final, runs_planned_remaining=len(remaining)
+    )
+    progress["by_status"] = {s: statuses.count(s) for s in sorted(set(statuses))}
+    result = dict(benchmark=RESULT_NAME, command=common.command_line("benchmarks.sac_reproduction", argv))
+    result.update(generated=run_farm.now(), jax_version=jax.__version__, complete=not remaining)
+    result.update(scale={**scale.describe(), "why": SCALE_WHY}, plan=plan_record)
+    result["progress"] = progress | _time_remaining(runs, remaining, scale)
+    result.update(target_ratio=TARGET_RATIO, naive_far_lower_threshold=NAIVE_FAR_LOWER, results=results)
+    result.update(comparison=comparisons, recommended=recommendation(comparisons, main_tasks), ablation=ablation)
+    result.update(rounding=rounding, curves=curves)
+    result["runs"] = [{"run": f"{c}/{t}/seed{s}", **r} for (c, t, s), r in runs.items()]
+    result["reference_returns_pytorch_sac_500k_1m"] = {t: REFERENCE_RETURNS[t] for t in tasks if t in REFERENCE_RETURNS}
+    return _clean(result | {"notes": NOTES})
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
