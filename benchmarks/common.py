@@ -122,13 +122,10 @@ def write_results(
 def random_transitions(rng: np.random.Generator, rows: int, obs_dim: int, action_dim: int) -> dict[str, np.ndarray]:
     """A batch of ``rows`` random float32 transitions (normal observations, uniform actions in [-1, 1] and rewards
     in [0, 1), discount 1), shaped as the off-policy learners sample them: input for timing an update."""
-    return {
-        "obs": rng.standard_normal((rows, obs_dim), np.float32),
-        "action": rng.uniform(-1, 1, (rows, action_dim)).astype(np.float32),
-        "reward": rng.uniform(0, 1, rows).astype(np.float32),
-        "discount": np.ones(rows, np.float32),
-        "next_obs": rng.standard_normal((rows, obs_dim), np.float32),
-    }
+    batch = dict(obs=rng.standard_normal((rows, obs_dim), np.float32))
+    batch.update(action=rng.uniform(-1, 1, (rows, action_dim)).astype(np.float32))
+    batch.update(reward=rng.uniform(0, 1, rows).astype(np.float32), discount=np.ones(rows, np.float32))
+    return batch | dict(next_obs=rng.standard_normal((rows, obs_dim), np.float32))
 
 
 def package_versions(packages: Sequence[str]) -> dict[str, str | None]:
@@ -185,17 +182,11 @@ def machine_info() -> dict:
     """This machine and JAX's devices: CPU count, affinity and model, platform, libc, Python, backend."""
     import jax
 
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_info("model name") or platform.processor() or None,
-        "libc": " ".join(platform.libc_ver()) or None,
-        "python": platform.python_version(),
-        "jax_backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-    }
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    info = dict(cpu_count=os.cpu_count(), cpu_affinity=affinity, platform=platform.platform())
+    info.update(machine=platform.machine(), cpu_model=cpu_info("model name") or platform.processor() or None)
+    info.update(libc=" ".join(platform.libc_ver()) or None, python=platform.python_version())
+    return info | dict(jax_backend=jax.default_backend(), devices=[str(d) for d in jax.devices()])
 
 
 RUN_PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
@@ -206,12 +197,6 @@ RUN_PACKAGES += ("ml_collections",)
 
 def run_environment() -> dict:
     """Where and with what a benchmark ran, read without initializing JAX's backends."""
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "gpus": nvidia_smi(),
-        "versions": package_versions(RUN_PACKAGES),
-        "lpjax": source_record(),
-    }
+    env = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), python=platform.python_version())
+    env.update(platform=platform.platform(), cpu_count=os.cpu_count(), gpus=nvidia_smi())
+    return env | dict(versions=package_versions(RUN_PACKAGES), lpjax=source_record())
