@@ -90,21 +90,18 @@ def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     """fp32 and fp8 without a correction, seed 0, at ``setting`` (``task:digits:temperature``): final rewards,
     their ratio and the mismatch KL."""
     task, digits, temperature = setting.split(":")
-    trial = argparse.Namespace(
-        **vars(args) | {"task": task, "num_digits": int(digits), "temperature": float(temperature)}
-    )
+    chosen = {"task": task, "num_digits": int(digits), "temperature": float(temperature)}
+    trial = argparse.Namespace(**vars(args) | chosen)
     runs = {name: {0: read_run(train_run(name, 0, trial))} for name in ("fp32", "fp8_no_tis")}
     summary = summarize(runs, list(runs))
-    return {
-        "task": task,
-        "num_digits": int(digits),
-        "temperature": float(temperature),
+    fp32, fp8 = summary["fp32"], summary["fp8_no_tis"]
+    return chosen | {
         "iterations": args.iterations,
-        "fp32_final_reward": summary["fp32"]["final_reward_mean"],
-        "fp8_no_correction_final_reward": summary["fp8_no_tis"]["final_reward_mean"],
-        "ratio": summary["fp8_no_tis"]["ratio_to_fp32"],
-        "fp8_mismatch_kl_mean": summary["fp8_no_tis"]["mismatch_kl_mean"],
-        "fp32_final_eval_accuracy": summary["fp32"]["final_eval_accuracy_mean"],
+        "fp32_final_reward": fp32["final_reward_mean"],
+        "fp8_no_correction_final_reward": fp8["final_reward_mean"],
+        "ratio": fp8["ratio_to_fp32"],
+        "fp8_mismatch_kl_mean": fp8["mismatch_kl_mean"],
+        "fp32_final_eval_accuracy": fp32["final_eval_accuracy_mean"],
     }
 
 
