@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 
 import lpjax.envs
-from benchmarks import timing
+from benchmarks import common, timing
 from benchmarks.common import command_line, figure, finish, package_versions, parser, random_transitions
 from experiments import sac_brax_loop, sac_loop
 from experiments.configs.sac import _base as sac_base
@@ -327,22 +327,13 @@ def run_setting(
 
     environment = brax_environment(setting.env, setting.backend)
     epochs = setting.rounds + 1
+    sizes = dict(num_envs=setting.num_envs, batch_size=setting.batch_size, max_replay_size=setting.replay_size)
+    sizes.update(grad_updates_per_step=setting.updates_per_step, num_timesteps=epochs * epoch_steps)
+    networks = functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden)
+    null = null_env(environment.observation_size, environment.action_size)
     with brax_jax_compat(), timer.section(f"brax/{setting.name}"):
-        brax_sac.train(
-            environment=environment,
-            num_timesteps=epochs * epoch_steps,
-            **MATCHED,
-            wrap_env_fn=brax_wrap,
-            num_envs=setting.num_envs,
-            seed=seed,
-            batch_size=setting.batch_size,
-            num_evals=epochs + 1,
-            max_replay_size=setting.replay_size,
-            grad_updates_per_step=setting.updates_per_step,
-            network_factory=functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden),
-            progress_fn=progress,
-            eval_env=null_env(environment.observation_size, environment.action_size),
-        )
+        kwargs = dict(wrap_env_fn=brax_wrap, seed=seed, num_evals=epochs + 1, network_factory=networks)
+        brax_sac.train(environment=environment, **MATCHED, **sizes, **kwargs, progress_fn=progress, eval_env=null)
     if len(brax_epochs) != epochs:
         raise RuntimeError(f"brax ran {len(brax_epochs)} epochs, expected {epochs}")
 
@@ -350,14 +341,9 @@ def run_setting(
         return dict(sps=sps[1:], **timing.summary(sps[1:]), warmup_sps=sps[0], backend_compile_s=compile_s, **extras)
 
     brax_sps = [e["sps"] for e in brax_epochs]
-    results = {
-        "brax": row(
-            brax_sps,
-            timer.seconds.get(f"brax/{setting.name}", 0.0),
-            first_epoch_overhead_s=brax_epochs[0]["seconds"] - statistics.median(e["seconds"] for e in brax_epochs[1:]),
-            last_critic_loss=brax_epochs[-1]["critic_loss"],
-        )
-    }
+    overhead = brax_epochs[0]["seconds"] - statistics.median(e["seconds"] for e in brax_epochs[1:])
+    brax = row(brax_sps, timer.seconds.get(f"brax/{setting.name}", 0.0), first_epoch_overhead_s=overhead)
+    results = {"brax": brax | {"last_critic_loss": brax_epochs[-1]["critic_loss"]}}
     for v in ours:
         results[v.name] = row(v.sps, timer.seconds.pop(v.name, 0.0), last_critic_loss=v.critic_loss, **v.extras)
     ratios = {v.name: [o / b for o, b in zip(v.sps[1:], brax_sps[1:])] for v in ours}
@@ -365,16 +351,11 @@ def run_setting(
     config = dict(dataclasses.asdict(setting), hidden=list(setting.hidden), env_steps_per_round=epoch_steps)
     config.update(episode_length=EPISODE_LENGTH, learning_rate=LEARNING_RATE, gamma=GAMMA, tau=TAU, seed=seed)
     config["lpjax_agents"] = {v.name: dataclasses.asdict(v.agent) for v in ours}
-    summary = {
-        "name": setting.name,
-        "description": setting.description,
-        "config": config,
-        "results": results,
-        "ratios_per_round": ratios,
-        "ratio": ratio,
-        "ratio_of_medians": results["lpjax_fp32"]["median"] / results["brax"]["median"],
-        "target_met": ratio >= TARGET_RATIO,
-    }
+    summary = {"name": setting.name, "description": setting.description, "config": config, "results": results}
+    ratio_of_medians = results["lpjax_fp32"]["median"] / results["brax"]["median"]
+    summary.update(
+        ratios_per_round=ratios, ratio=ratio, ratio_of_medians=ratio_of_medians, target_met=ratio >= TARGET_RATIO
+    )
     if "lpjax_host_fp32" in results:
         jitted, host = results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"]
         summary["jitted_over_host"] = statistics.median(j / h for j, h in zip(jitted, host))
@@ -530,13 +511,13 @@ def format_table(result: dict) -> str:
             f"{cfg['updates_per_step']} updates per vectorized step, hidden {cfg['hidden']}; {cfg['rounds']} rounds "
             f"of {cfg['env_steps_per_round']} env steps [run {run['date']}, jax {run['versions']['jax']}, load "
             f"{run['machine']['load_average'][0]:.1f}]",
-            f"  {'variant':<16} {'median':>9} {'min':>9} {'max':>9}  (env steps/s)  XLA compile (s)",
         ]
-        lines += [
-            f"  {name:<16} {row['median']:>9,.0f} {row['min']:>9,.0f} {row['max']:>9,.0f}  {'':13}  "
-            f"{row['backend_compile_s']:.1f}"
+        header = ["variant", "median", "min", "max", " (env steps/s)", "XLA compile (s)"]
+        rows = [
+            [name, *(row[k] for k in ("median", "min", "max")), "", row["backend_compile_s"]]
             for name, row in setting["results"].items()
         ]
+        lines += common.format_table(header, rows, ["<16", ">9,.0f", ">9,.0f", ">9,.0f", "<15", ".1f"], indent="  ")
         lines.append(
             f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
             f"{result['target_ratio']}: {'met' if setting['target_met'] else 'NOT met'})"
