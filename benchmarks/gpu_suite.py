@@ -172,7 +172,7 @@ def part_limit_s(name: str, args: argparse.Namespace) -> float:
 def supervise(
     parts: Sequence[str], args: argparse.Namespace, progress: Path, on_update: Callable[[dict], None]
 ) -> dict:
-    """Runs the parts in worker processes (module docstring, "Robustness"); returns the progress state.
+    """Runs the parts in worker processes (module docstring: the supervised worker); returns the progress state.
     ``on_update(state)`` is called after every part (the caller writes the json)."""
     started = time.monotonic()
     remaining = list(parts)
