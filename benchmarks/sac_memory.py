@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lpjax
+from benchmarks import common
 from benchmarks.common import command_line, figure, finish, parser, random_transitions
 from benchmarks.timing import interleaved
 from lpjax.agents import sac
@@ -231,23 +232,16 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
     components = {"state": state_info["total"], "batch": tree_bytes(batch)}
     components.update({f"{name}_residuals": res[name]["residual_bytes"] for name in LOSSES})
     without = sum(r["by_kind"]["constant_broadcast"] for r in res.values())
-    return {
-        "precision": precision,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()},
-        "width": width,
-        "batch_size": batch_size,
-        "hidden_layers": HIDDEN_LAYERS,
-        "obs_dim": obs_dim,
-        "action_dim": action_dim,
-        "components": components,
-        "total_bytes": sum(components.values()),
-        "total_bytes_without_constant_broadcasts": sum(components.values()) - without,
-        "state": state_info,
-        "residuals": res,
-        "batch": {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()},
-        "batch_bytes_if_stored_fp16": tree_bytes(abstract_batch(batch_size, obs_dim, action_dim, jnp.float16)),
-        "gradients_bytes": tree_bytes((state.actor.params, state.critic.params, state.temperature.params)),
-    }
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()}
+    row = dict(precision=precision, config=config, width=width, batch_size=batch_size, hidden_layers=HIDDEN_LAYERS)
+    row.update(obs_dim=obs_dim, action_dim=action_dim, components=components, total_bytes=sum(components.values()))
+    row["total_bytes_without_constant_broadcasts"] = sum(components.values()) - without
+    row.update(
+        state=state_info, residuals=res, batch={k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()}
+    )
+    row["batch_bytes_if_stored_fp16"] = tree_bytes(abstract_batch(batch_size, obs_dim, action_dim, jnp.float16))
+    row["gradients_bytes"] = tree_bytes((state.actor.params, state.critic.params, state.temperature.params))
+    return row
 
 
 def compare(base: dict, low: dict) -> dict:
@@ -265,28 +259,18 @@ def compare(base: dict, low: dict) -> dict:
     # The best any fp16 implementation with these methods could do: its state as it is, all else half of fp32's.
     ceiling = t32 / (low["components"]["state"] + (t32 - base["components"]["state"]) / 2)
     paper = PAPER_TABLE_11_MB.get((base["width"], base["batch_size"]))
-    return {
-        "width": base["width"],
-        "batch_size": base["batch_size"],
-        "total_ratio": total,
-        "total_ratio_without_kahan_buffers": t32 / (t16 - kahan),
-        "total_ratio_without_kahan_buffers_and_bool_masks": (t32 - masks[0]) / (t16 - kahan - masks[1]),
-        "total_ratio_without_constant_broadcasts": (
-            base["total_bytes_without_constant_broadcasts"] / low["total_bytes_without_constant_broadcasts"]
-        ),
-        "component_ratios": comps,
-        "state_part_ratios": parts,
-        "excess_over_half_bytes": excess,
-        "state_excess_over_half_bytes": state_excess,
-        "total_ratio_if_component_halved": {c: t32 / (t16 - excess[c]) for c in base["components"]},
-        "largest_excess": max(excess, key=excess.get),
-        "total_ratio_ceiling_with_kahan_state": ceiling,
-        "target_ratio": TARGET_RATIO,
-        "target_met": bool(total >= TARGET_RATIO),
-        "target_reachable_with_kahan_state": bool(ceiling >= TARGET_RATIO),
-        "total_mb": {BASE: t32 / 1e6, low["precision"]: t16 / 1e6},
-        "paper_table_11_mb": None if paper is None else dict(zip((BASE, LOW), paper)),
-    }
+    out = dict(width=base["width"], batch_size=base["batch_size"], total_ratio=total)
+    out["total_ratio_without_kahan_buffers"] = t32 / (t16 - kahan)
+    out["total_ratio_without_kahan_buffers_and_bool_masks"] = (t32 - masks[0]) / (t16 - kahan - masks[1])
+    without = [row["total_bytes_without_constant_broadcasts"] for row in (base, low)]
+    out.update(total_ratio_without_constant_broadcasts=without[0] / without[1], component_ratios=comps)
+    out.update(state_part_ratios=parts, excess_over_half_bytes=excess, state_excess_over_half_bytes=state_excess)
+    out["total_ratio_if_component_halved"] = {c: t32 / (t16 - excess[c]) for c in base["components"]}
+    out.update(largest_excess=max(excess, key=excess.get), total_ratio_ceiling_with_kahan_state=ceiling)
+    out.update(target_ratio=TARGET_RATIO, target_met=bool(total >= TARGET_RATIO))
+    out["target_reachable_with_kahan_state"] = bool(ceiling >= TARGET_RATIO)
+    out["total_mb"] = {BASE: t32 / 1e6, low["precision"]: t16 / 1e6}
+    return out | {"paper_table_11_mb": None if paper is None else dict(zip((BASE, LOW), paper))}
 
 
 _DTYPE_ABBREV = dict(f16=np.float16, bf16=jnp.bfloat16, f32=np.float32, f64=np.float64, bool=np.bool_)
@@ -378,33 +362,23 @@ def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, acti
         for r in rows
         for loss in LOSSES
     ]
-    return {
-        "benchmark": RESULT_NAME,
-        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "jax_version": jax.__version__,
-        "flax_version": flax.__version__,
-        "lpjax_version": getattr(lpjax, "__version__", None),
-        "python": sys.version.split()[0],
-        "method": METHOD,
-        "precisions": {
-            name: {k: dataclasses.asdict(v) if k == "methods" else v for k, v in spec.items()}
-            for name, spec in PRECISIONS.items()
-        },
-        "obs_dim": obs_dim,
-        "action_dim": action_dim,
-        "hidden_layers": HIDDEN_LAYERS,
-        "env_note": f"obs dim {obs_dim}, action dim {action_dim}: dm_control walker-walk from states",
-        "sizes": [{"width": w, "batch_size": b} for w, b in sizes],
-        "target_ratio": TARGET_RATIO,
-        "paper_table_11_ratio_range": list(PAPER_TABLE_11),
-        "results": rows,
-        "comparisons": comparisons,
-        "target_met": {f"w{c['width']}_b{c['batch_size']}": c["target_met"] for c in comparisons},
-        "beyond": beyond,
-        "beyond_goals_met": {f"{b['precision']}/w{b['width']}_b{b['batch_size']}": b["goal_met"] for b in beyond},
-        "cross_check": {"all_equal": all(c["equal"] for c in checks), "checks": checks},
-        "seconds": time.perf_counter() - start,
+    precisions = {
+        name: {k: dataclasses.asdict(v) if k == "methods" else v for k, v in spec.items()}
+        for name, spec in PRECISIONS.items()
     }
+    result = dict(benchmark=RESULT_NAME, timestamp_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    result.update(jax_version=jax.__version__, flax_version=flax.__version__)
+    result.update(lpjax_version=getattr(lpjax, "__version__", None), python=sys.version.split()[0], method=METHOD)
+    result.update(precisions=precisions, obs_dim=obs_dim, action_dim=action_dim, hidden_layers=HIDDEN_LAYERS)
+    result["env_note"] = f"obs dim {obs_dim}, action dim {action_dim}: dm_control walker-walk from states"
+    result["sizes"] = [{"width": w, "batch_size": b} for w, b in sizes]
+    result.update(target_ratio=TARGET_RATIO, paper_table_11_ratio_range=list(PAPER_TABLE_11), results=rows)
+    result["comparisons"] = comparisons
+    result["target_met"] = {f"w{c['width']}_b{c['batch_size']}": c["target_met"] for c in comparisons}
+    result["beyond"] = beyond
+    result["beyond_goals_met"] = {f"{b['precision']}/w{b['width']}_b{b['batch_size']}": b["goal_met"] for b in beyond}
+    result["cross_check"] = {"all_equal": all(c["equal"] for c in checks), "checks": checks}
+    return result | {"seconds": time.perf_counter() - start}
 
 
 def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
@@ -439,36 +413,29 @@ def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: in
 
 def format_table(result: dict) -> str:
     by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
-    mib = lambda n: f"{n / 2**20:10.2f}"
-    header = (
-        f"{'width':>6} {'batch':>6} {'prec':<12} {'state':>10} {'critic res':>10} {'actor res':>10} "
-        f"{'temp res':>10} {'batch':>10} {'total MiB':>10}"
-    )
-    lines = [header, "-" * len(header)]
+    rows = []
     for comp in result["comparisons"]:
         w, b = comp["width"], comp["batch_size"]
         for precision in PRECISIONS:
             row = by_key[(precision, w, b)]
-            cells = " ".join(mib(v) for v in [*(row["components"][c] for c in COMPONENTS), row["total_bytes"]])
-            lines.append(f"{w:>6} {b:>6} {precision:<12} {cells}")
-        r = comp["component_ratios"]
-        lines.append(
-            f"{'':>6} {'':>6} {'fp32/fp16':<12} "
-            + " ".join(f"{r[c]:>10.3f}" for c in COMPONENTS)
-            + f" {comp['total_ratio']:>10.3f}   (without zero broadcasts: "
-            f"{comp['total_ratio_without_constant_broadcasts']:.3f}; target {TARGET_RATIO}: "
-            f"{'MET' if comp['target_met'] else 'MISSED'}; largest excess: {comp['largest_excess']})"
+            rows.append([w, b, precision, *(row["components"][c] for c in COMPONENTS), row["total_bytes"]])
+            rows[-1][3:] = [n / 2**20 for n in rows[-1][3:]]
+        ratios = [f"{comp['component_ratios'][c]:.3f}" for c in COMPONENTS] + [f"{comp['total_ratio']:.3f}"]
+        note = f"  (without zero broadcasts: {comp['total_ratio_without_constant_broadcasts']:.3f}; target "
+        note += (
+            f"{TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; largest excess: {comp['largest_excess']})"
         )
+        rows.append(["", "", "fp32/fp16", *ratios, note])
         excess = ", ".join(
             f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items()
         )
-        lines.append(
+        rows.append(
             f"{'':>13} fp16 bytes beyond half of fp32 (MiB): {excess}; ratio without the Kahan buffers "
             f"{comp['total_ratio_without_kahan_buffers']:.3f}, and without bool masks "
             f"{comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
         )
         paper = comp["paper_table_11_mb"]
-        lines.append(
+        rows.append(
             f"{'':>13} ceiling with the Kahan state (all else halved): "
             f"{comp['total_ratio_ceiling_with_kahan_state']:.3f}"
             + (
@@ -478,6 +445,8 @@ def format_table(result: dict) -> str:
                 f", paper Table 11 {paper[BASE]} / {paper[LOW]}"
             )
         )
+    header = ["width", "batch", "prec", "state", "critic res", "actor res", "temp res", "batch", "total MiB"]
+    lines = common.format_table(header, rows, [">6", ">6", "<12"] + [">10.2f"] * 6 + [""], rule=True)
     lines += ["", "beyond the paper, fp32 / total (goal):"]
     for b in result["beyond"]:
         r = b["component_ratios"]
