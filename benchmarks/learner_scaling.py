@@ -166,44 +166,29 @@ def abstract_learners() -> dict[str, dict]:
         )
 
     sac_config = sac_fp16_config()
-    learners = dict(
-        sac_fp16=off_policy(
-            sac.init,
-            sac_config,
-            SAC_SIZES["obs_dim"],
-            SAC_SIZES["action_dim"],
-            SAC_SIZES["replay_capacity"],
-            (
-                lambda s: (s.actor.params, s.critic.params, s.temperature.params),
-                lambda s: (s.actor.opt_state, s.critic.opt_state, s.temperature.opt_state),
-                lambda s: (s.target_critic, s.target_compensation),
-                lambda s: (s.step, s.key),
-            ),
-            source="experiments/configs/sac/fp16.py",
-            hidden_dims=list(sac_config.hidden_dims),
-        )
+    sac_parts = (
+        lambda s: (s.actor.params, s.critic.params, s.temperature.params),
+        lambda s: (s.actor.opt_state, s.critic.opt_state, s.temperature.opt_state),
+        lambda s: (s.target_critic, s.target_compensation),
+        lambda s: (s.step, s.key),
     )
+    sizes = [SAC_SIZES[k] for k in ("obs_dim", "action_dim", "replay_capacity")]
+    source, hidden = "experiments/configs/sac/fp16.py", list(sac_config.hidden_dims)
+    learners = dict(sac_fp16=off_policy(sac.init, sac_config, *sizes, sac_parts, source=source, hidden_dims=hidden))
     run_config = d4pg_base.get_config()
     config = d4pg.D4PGConfig.from_mapping(dict(run_config.agent.to_dict(), fused_optimizer=False))  # as SAC's
     if run_config.env not in D4PG_ENV_SIZES:
         raise ValueError(f"D4PG's default env is now {run_config.env!r}: add its sizes to D4PG_ENV_SIZES.")
-    learners["d4pg"] = off_policy(
-        d4pg.init,
-        config,
-        *D4PG_ENV_SIZES[run_config.env],
-        run_config.replay_capacity,
-        (
-            lambda s: (s.actor.params, s.critic.params),
-            lambda s: (s.actor.opt_state, s.critic.opt_state),
-            lambda s: (s.target_actor, s.target_critic, s.target_compensation),
-            lambda s: (s.step, s.key),
-        ),
-        source="experiments/configs/d4pg/_base.py",
-        env=run_config.env,
-        actor_hidden=list(config.actor_hidden),
-        critic_hidden=list(config.critic_hidden),
-        num_atoms=config.num_atoms,
+    d4pg_parts = (
+        lambda s: (s.actor.params, s.critic.params),
+        lambda s: (s.actor.opt_state, s.critic.opt_state),
+        lambda s: (s.target_actor, s.target_critic, s.target_compensation),
+        lambda s: (s.step, s.key),
     )
+    summary = dict(source="experiments/configs/d4pg/_base.py", env=run_config.env)
+    summary.update(actor_hidden=list(config.actor_hidden), critic_hidden=list(config.critic_hidden))
+    sizes = [*D4PG_ENV_SIZES[run_config.env], run_config.replay_capacity]
+    learners["d4pg"] = off_policy(d4pg.init, config, *sizes, d4pg_parts, **summary, num_atoms=config.num_atoms)
     run_config = grpo_fp16.get_config()
     task = make_task(run_config.env.split(":")[1], run_config.num_digits)
     config = GRPOConfig.from_mapping(dict(run_config.agent, max_new_tokens=task.seq_len - task.prompt_len))
@@ -216,12 +201,8 @@ def abstract_learners() -> dict[str, dict]:
         replay=None,
         batch=dict(tokens=sds((rows, length), jnp.int32), mask=sds((rows, length), jnp.float32))
         | dict(logp_rollout=sds((rows, length), jnp.float32), advantages=sds((rows,), jnp.float32)),
-        parts=dict(
-            params=lambda s: s.trainable.params,
-            optimizer=lambda s: s.trainable.opt_state,
-            targets=lambda s: s.ref_params,
-            other=lambda s: s.step,
-        ),
+        parts=dict(params=lambda s: s.trainable.params, optimizer=lambda s: s.trainable.opt_state)
+        | dict(targets=lambda s: s.ref_params, other=lambda s: s.step),
         config=dict(source="experiments/configs/grpo/fp16.py", env=run_config.env, policy=config.policy)
         | dict(methods=methods(config), model=model, batch_size=rows, sequence_length=length),
     )
@@ -305,18 +286,13 @@ def time_steps(step: Callable[[Any], tuple[Any, Any]], state: Any, warmup: int, 
 
     timing = interleaved({"step": call}, reps, warmup=0, per_call=True)["step"]
     state, metrics = held
-    return state, dict(
-        median_ms=1e3 * timing["median_s"],
-        min_ms=1e3 * timing["min_s"],
-        max_ms=1e3 * timing["max_s"],
-        reps=reps,
-        first_call_s=first_call_s,
-        warmup_steps=warmup_steps,
-        compiles_in_warmup=warm_compiles - start_compiles,
-        compiles_while_timing=counter.count - warm_compiles,
-        first_step=first_metrics,
-        last_step_finite=bool(all(np.all(np.isfinite(np.asarray(v))) for v in metrics.values())),
+    record = {f"{stat}_ms": 1e3 * timing[f"{stat}_s"] for stat in ("median", "min", "max")}
+    record.update(reps=reps, first_call_s=first_call_s, warmup_steps=warmup_steps)
+    record.update(
+        compiles_in_warmup=warm_compiles - start_compiles, compiles_while_timing=counter.count - warm_compiles
     )
+    finite = bool(all(np.all(np.isfinite(np.asarray(v))) for v in metrics.values()))
+    return state, record | dict(first_step=first_metrics, last_step_finite=finite)
 
 
 def step_worker(devices: int, quick: bool, warmup: int, reps: int, grpo: bool) -> dict:
@@ -399,18 +375,13 @@ def summarize_steps(rounds: list[dict[int, dict]], quick: bool) -> dict:
             continue
         runs = []
         for devices in STEP_DEVICES:
-            records = [r[devices][workload] for r in rounds]
-            runs.append(
-                dict(
-                    records[0],
-                    median_ms=float(np.median([r["median_ms"] for r in records])),
-                    min_ms=float(min(r["min_ms"] for r in records)),
-                    max_ms=float(max(r["max_ms"] for r in records)),
-                    round_median_ms=[r["median_ms"] for r in records],
-                    compiles_while_timing=int(sum(r["compiles_while_timing"] for r in records)),
-                    last_step_finite=all(r["last_step_finite"] for r in records),
-                )
+            column = lambda key: [r[devices][workload][key] for r in rounds]
+            stats = (("median", np.median), ("min", min), ("max", max))
+            run = rounds[0][devices][workload] | {f"{s}_ms": float(f(column(f"{s}_ms"))) for s, f in stats}
+            run.update(
+                round_median_ms=column("median_ms"), compiles_while_timing=int(sum(column("compiles_while_timing")))
             )
+            runs.append(run | {"last_step_finite": all(column("last_step_finite"))})
         for run in runs:
             run["ratio_vs_1_device"] = run["median_ms"] / runs[0]["median_ms"]
         summary[workload] = dict(meta, runs=runs)
@@ -504,22 +475,14 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     ]
     machine = dict(counted["machine"], load_average_1min_per_worker=[s["load_average_1min"] for s in steps])
     flags = {n: worker_flags(n, args.quick) for n in sorted({FORCED_DEVICES, *STEP_DEVICES})}
-    result = {
-        "benchmark": RESULT_NAME,
-        "command": command_line(MODULE, argv),
-        "note": NOTE.format(cores=machine["cpu_count"]),
-        "notes": NOTES,
-        "quick": args.quick,
-        "machine": machine,
-        "meshes": [list(mesh) for mesh in MESHES],
-        "components": COMPONENTS,
-        "bytes_per_device": counted["bytes_per_device"],
-        "step_time": summarize_steps(rounds, args.quick),
-        "settings": dict(
-            rounds=args.rounds, reps=args.reps, warmup=args.warmup, jobs=args.jobs, worker_xla_flags=flags
-        ),
-        "wall_s": time.perf_counter() - start,
-    }
+    result = dict(
+        benchmark=RESULT_NAME, command=command_line(MODULE, argv), note=NOTE.format(cores=machine["cpu_count"])
+    )
+    result.update(notes=NOTES, quick=args.quick, machine=machine, meshes=[list(mesh) for mesh in MESHES])
+    result.update(components=COMPONENTS, bytes_per_device=counted["bytes_per_device"])
+    result["step_time"] = summarize_steps(rounds, args.quick)
+    settings = dict(rounds=args.rounds, reps=args.reps, warmup=args.warmup, jobs=args.jobs, worker_xla_flags=flags)
+    result.update(settings=settings, wall_s=time.perf_counter() - start)
     return finish(args, result, table(result), plot)
 
 
