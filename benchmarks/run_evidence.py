@@ -72,11 +72,9 @@ def loss_scalers(run_dir: pathlib.Path) -> dict[str, dict] | None:
         return None
     states = list(_scaler_states(tree))
     owners = [".".join(path[: path.index("opt_state")] if "opt_state" in path else path) for path, _ in states]
+    record = lambda state: {"scale": float(state["scale"]), "skipped_steps": int(state["skipped_steps"])}
     return {
-        owner if owners.count(owner) == 1 else ".".join(path): {
-            "scale": float(state["scale"]),
-            "skipped_steps": int(state["skipped_steps"]),
-        }
+        owner if owners.count(owner) == 1 else ".".join(path): record(state)
         for owner, (path, state) in zip(owners, states)
     }
 

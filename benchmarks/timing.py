@@ -55,10 +55,9 @@ def interleaved(
             jax.block_until_ready(variants[name]())
     spans: dict[str, list[list[float]]] = {name: [] for name in names}
     load_before = machine_load()
-    enabled = gc.isenabled()
+    enabled, clock = gc.isenabled(), time.perf_counter
     gc.collect()
     gc.disable()
-    clock = time.perf_counter
     try:
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -85,8 +84,7 @@ def interleaved(
     result: dict[str, dict] = {}
     for name, per_round in spans.items():
         times = [statistics.median(t) for t in per_round]
-        result[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
-        result[name]["rounds_s"] = times
+        result[name] = {f"{stat}_s": value for stat, value in summary(times).items()} | {"rounds_s": times}
         if per_call:
             result[name]["calls_s"] = per_round
     result["machine"] = {"load_before": load_before, "load_after": machine_load()}
