@@ -65,17 +65,10 @@ VARIANTS = (
     Variant("lpjax.hadam", "lpjax.optim.hadam(1e-4)", _HADAM),
     Variant(FULL_CHAIN, "chain(compound_loss_scaling(hadam(1e-4)), kahan_summation())", _method_optimizer()),
 )
+_NO_KAHAN, _NO_SCALING = _method_optimizer(kahan_gradients=False), _method_optimizer(loss_scaling=False)
 ABLATIONS = (  # where the full chain's overhead comes from: the chain less one method
-    Variant(
-        "ablation.cls(hadam)",
-        "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)",
-        _method_optimizer(kahan_gradients=False),
-    ),
-    Variant(
-        "ablation.hadam+kahan",
-        "chain(hadam(1e-4), kahan_summation()) (no loss scaling)",
-        _method_optimizer(loss_scaling=False),
-    ),
+    Variant("ablation.cls(hadam)", "compound_loss_scaling(hadam(1e-4)) alone (no Kahan)", _NO_KAHAN),
+    Variant("ablation.hadam+kahan", "chain(hadam(1e-4), kahan_summation()) (no loss scaling)", _NO_SCALING),
     Variant(
         "ablation.apply_if_finite(hadam)",
         "optax.apply_if_finite(hadam(1e-4)): optax's own skip-on-non-finite",
@@ -188,6 +181,16 @@ class _Case:
         return out
 
 
+GRAD_NOTE = (
+    "every variant gets the same gradients, +-1e-3 * loss_scale * 10**U(-1, 1) (loss-scaled "
+    "magnitude; at 1e-3 unscaled, float16 optax.adam is not finite: (1-b2) g^2 rounds to 0)"
+)
+TIMING_NOTE = (
+    "median/min over rounds of (wall time of `steps` jitted steps incl. dispatch, "
+    "block_until_ready at the end) / steps; params and opt state donated"
+)
+
+
 def run_benchmark(
     sizes: Sizes, steps: int, repeats: int, warmup: int, variants: Sequence[Variant], seed: int = 0, log=print
 ) -> dict:
@@ -226,46 +229,22 @@ def run_benchmark(
         row["ratio_to_adam_median"] = row["median_ms"] / base["median_ms"]
         row["ratio_to_adam_min"] = row["min_ms"] / base["min_ms"]
         row["traffic_ratio_to_adam"] = row["traffic"]["traffic_trees"] / base["traffic"]["traffic_trees"]
-        ratios[row["dtype"]][row["variant"]] = {
-            "median": row["ratio_to_adam_median"],
-            "min": row["ratio_to_adam_min"],
-            "traffic": row["traffic_ratio_to_adam"],
-        }
+        keys = ("ratio_to_adam_median", "ratio_to_adam_min", "traffic_ratio_to_adam")
+        ratios[row["dtype"]][row["variant"]] = dict(zip(("median", "min", "traffic"), map(row.get, keys)))
     target_met = {
         d: None if FULL_CHAIN not in r else bool(r[FULL_CHAIN]["median"] <= TARGET_RATIO) for d, r in ratios.items()
     }
     machine = dict(machine_info(), loadavg_1_5_15_before=timing["machine"]["load_before"])
-    result = {
-        "benchmark": RESULT_NAME,
-        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "jax_version": jax.__version__,
-        "jaxlib_version": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
-        "optax_version": optax.__version__,
-        "lpjax_version": lpjax.__version__,
-        "machine": machine | dict(loadavg_1_5_15_after=timing["machine"]["load_after"]),
-        "config": {
-            "sizes": sizes._asdict(),
-            "steps": steps,
-            "repeats": repeats,
-            "warmup_steps": warmup,
-            "seed": seed,
-            "learning_rate": LEARNING_RATE,
-            "grad_magnitude": GRAD_SCALED,
-            "grad_note": "every variant gets the same gradients, +-1e-3 * loss_scale * 10**U(-1, 1) (loss-scaled "
-            "magnitude; at 1e-3 unscaled, float16 optax.adam is not finite: (1-b2) g^2 rounds to 0)",
-            "loss_scale": LOSS_SCALE,
-            "timing": "median/min over rounds of (wall time of `steps` jitted steps incl. dispatch, "
-            "block_until_ready at the end) / steps; params and opt state donated",
-        },
-        "param_count": param_count,
-        "param_bytes": param_bytes,
-        "baseline": BASELINE,
-        "full_chain": FULL_CHAIN,
-        "target_ratio": TARGET_RATIO,
-        "target_met": target_met,
-        "ratios_to_adam": ratios,
-        "results": rows,
-    }
+    config = dict(sizes=sizes._asdict(), steps=steps, repeats=repeats, warmup_steps=warmup, seed=seed)
+    config.update(learning_rate=LEARNING_RATE, grad_magnitude=GRAD_SCALED, grad_note=GRAD_NOTE, loss_scale=LOSS_SCALE)
+    config["timing"] = TIMING_NOTE
+    result = dict(benchmark=RESULT_NAME, timestamp_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    result["jax_version"] = jax.__version__
+    result["jaxlib_version"] = jax.lib.__version__ if hasattr(jax.lib, "__version__") else None
+    result.update(optax_version=optax.__version__, lpjax_version=lpjax.__version__)
+    result.update(machine=machine | dict(loadavg_1_5_15_after=timing["machine"]["load_after"]), config=config)
+    result.update(param_count=param_count, param_bytes=param_bytes, baseline=BASELINE, full_chain=FULL_CHAIN)
+    result.update(target_ratio=TARGET_RATIO, target_met=target_met, ratios_to_adam=ratios, results=rows)
     result["analysis"] = analysis(result)
     return result
 
