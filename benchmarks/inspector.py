@@ -42,14 +42,8 @@ def load_config(name: str, env: str, width: int):
 def summarize(report) -> dict:
     flagged = report.flagged()
     counts = collections.Counter(row.severity for row in flagged if row.harmless is None)
-    return {
-        "seconds": report.seconds,
-        "equations": report.equations,
-        "rows": len(report.rows),
-        "errors": counts["error"],
-        "warnings": counts["warning"],
-        "harmless": sum(row.harmless is not None for row in flagged),
-    }
+    stats = dict(seconds=report.seconds, equations=report.equations, rows=len(report.rows), errors=counts["error"])
+    return stats | dict(warnings=counts["warning"], harmless=sum(row.harmless is not None for row in flagged))
 
 
 FINDING_FIELDS = ("source", "scope", "primitive", "severity", "overflow_frac", "underflow_frac", "flushed_frac")
@@ -126,15 +120,9 @@ def run(
             if scenario == "fresh":
                 histograms[name] = gradient_histograms(reports["critic"])
     lowered_after, rate_after = overhead(overhead_config, batch, rounds, seconds)
-    return {
-        "results": results,
-        "gradient_exponents": histograms,
-        "zero_cost_when_off": {
-            "lowering_identical": lowered_before == lowered_after,
-            "update_steps_per_s_before": rate_before,
-            "update_steps_per_s_after": rate_after,
-        },
-    }
+    off = dict(lowering_identical=lowered_before == lowered_after, update_steps_per_s_before=rate_before)
+    off["update_steps_per_s_after"] = rate_after
+    return dict(results=results, gradient_exponents=histograms, zero_cost_when_off=off)
 
 
 def table(result: dict) -> str:
@@ -196,15 +184,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"--checkpoint={checkpoint} is not a training run directory (no config.json); pass "
             "--checkpoint=none or train one with python -m benchmarks.sac_reproduction"
         )
-    result = {
-        "command": command_line("benchmarks.inspector", argv),
-        "env": args.env,
-        "width": args.width,
-        "batch": args.batch,
-        "checkpoint": checkpoint,
-        "jax": jax.__version__,
-        **run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds, args.seconds),
-    }
+    result = dict(command=command_line("benchmarks.inspector", argv), env=args.env, width=args.width, batch=args.batch)
+    result.update(checkpoint=checkpoint, jax=jax.__version__)
+    result |= run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds, args.seconds)
     return finish(args, result, table(result), plot)
 
 
