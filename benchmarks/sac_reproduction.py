@@ -111,23 +111,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             lpjax.envs.parse_task(task)
         except ValueError as error:
             parser.error(f"bad task {task!r}: {error}")
-    configs = []
+    configs, valid = [], f"valid: {', '.join(ALL_CONFIGS)} (or {', '.join(CONFIG_GROUPS)})"
     for name in args.configs or []:
-        check(
-            name in ALL_CONFIGS or name in CONFIG_GROUPS,
-            f"unknown config {name!r}; valid: {', '.join(ALL_CONFIGS)} (or {', '.join(CONFIG_GROUPS)})",
-        )
+        check(name in ALL_CONFIGS or name in CONFIG_GROUPS, f"unknown config {name!r}; {valid}")
         configs.extend(CONFIG_GROUPS.get(name, (name,)))
     args.configs = configs or None
-    check(args.num_seeds >= 1, "--num_seeds must be >= 1")
-    check(
-        min(args.width, args.batch, args.steps, args.eval_every, args.eval_episodes, args.checkpoint_every) >= 1,
-        "--width, --batch, --steps, --eval_every, --eval_episodes, --checkpoint_every must be >= 1",
-    )
+    for name in ("num_seeds", "width", "batch", "steps", "eval_every", "eval_episodes", "checkpoint_every", "workers"):
+        check(getattr(args, name) >= 1, f"--{name} must be >= 1")
     check(0 <= args.seed_steps <= args.steps, f"--seed_steps must be in [0, --steps={args.steps}]")
     check(args.batch <= replay_capacity(args.steps), "--batch must be <= --steps (the replay buffer holds the run)")
     check(args.action_repeat >= 0, "--action_repeat must be >= 0")
-    check(args.workers >= 1, "--workers must be >= 1")
     check(args.max_runs is None or args.max_runs >= 0, "--max_runs must be >= 0")
     return args
 
@@ -164,16 +157,9 @@ def jobs(specs: Sequence[RunSpec], scale: Scale, runs_dir: pathlib.Path) -> list
             absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint at INFO
             return sac_loop.train(config, run_dir, resume=resume, progress=progress)
 
-        out.append(
-            run_farm.Job(
-                spec.name,
-                run_dir,
-                steps=scale.steps,
-                train=train,
-                command=functools.partial(command, spec, scale, run_dir),
-                mismatch=functools.partial(config_differences, run_dir, config),
-            )
-        )
+        farm = dict(command=functools.partial(command, spec, scale, run_dir))
+        farm.update(mismatch=functools.partial(config_differences, run_dir, config))
+        out.append(run_farm.Job(spec.name, run_dir, steps=scale.steps, train=train, **farm))
     return out
 
 

@@ -403,30 +403,31 @@ def naive_verdict(naive: dict, fp32: dict, final: bool) -> dict:
     return verdict | dict(naive_failed=bool(reasons) if conclusive else None, naive_failure=reasons)
 
 
+def _against_fp32(cell: dict, fp32: dict, failures: str) -> tuple[float | None, bool, bool | None]:
+    """``cell``'s mean over ``fp32``'s, whether both are final, and (``None`` until then) whether it reaches
+    :data:`TARGET_RATIO` with none of the seeds that the cell's fields ``failures`` list."""
+    final = cell_done(cell) and cell_done(fp32)
+    ratio = _ratio(cell, fp32)
+    meets = ratio is not None and ratio >= TARGET_RATIO and not any(cell[field] for field in failures.split())
+    return ratio, final, meets if final else None
+
+
 def beyond_rows(cells: dict) -> dict:
     """Each config beyond the paper on a task against fp32 and :data:`TARGET_RATIO`."""
     beyond = {}
-    for config in BEYOND_CONFIGS:
-        if config not in cells:
-            continue
-        cell = cells[config]
-        done = cell_done(cell) and cell_done(cells["fp32"])
-        ratio = _ratio(cell, cells["fp32"])
-        meets = bool(ratio is not None and ratio >= TARGET_RATIO and not cell["seeds_diverged"])
-        beyond[config] = {"mean": cell["mean"], "ratio": ratio, **_fields(cell, "seeds_final seeds_planned")}
-        beyond[config].update(final=done, meets_target=meets if done else None)
+    for config in (c for c in BEYOND_CONFIGS if c in cells):
+        ratio, final, meets = _against_fp32(cells[config], cells["fp32"], "seeds_diverged")
+        beyond[config] = {"mean": cells[config]["mean"], "ratio": ratio}
+        beyond[config] |= _fields(cells[config], "seeds_final seeds_planned") | dict(final=final, meets_target=meets)
     return beyond
 
 
 def comparison(cells: dict) -> dict:
     """fp16 (all methods) against fp32 on one task, with naive fp16's verdict and the configs beyond the paper."""
-    fp16 = cells["fp16"]
-    final = cell_done(cells["fp32"]) and cell_done(fp16)
-    ratio = _ratio(fp16, cells["fp32"])
-    meets = ratio is not None and ratio >= TARGET_RATIO
-    meets = meets and not fp16["seeds_diverged"] and not fp16["seeds_nonfinite"] and not fp16["nonfinite_losses_since"]
+    fp16, failures = cells["fp16"], "seeds_diverged seeds_nonfinite nonfinite_losses_since"
+    ratio, final, meets = _against_fp32(fp16, cells["fp32"], failures)
     entry = {"fp32_mean": cells["fp32"]["mean"], "fp16_mean": fp16["mean"], "ratio": ratio}
-    entry.update(target_ratio=TARGET_RATIO, final=final, meets_target=meets if final else None)
+    entry.update(target_ratio=TARGET_RATIO, final=final, meets_target=meets)
     if not final:
         entry["note"] = "provisional: fp32 or fp16 is not complete (ratio of the seeds final so far)"
     if "fp16_naive" in cells:
