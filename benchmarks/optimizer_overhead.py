@@ -269,18 +269,12 @@ def analysis(result: dict) -> dict:
             continue
         adam, chain = rows[(BASELINE, dtype)], rows[(FULL_CHAIN, dtype)]
         kinds = set(adam["traffic"]["by_output"]) | set(chain["traffic"]["by_output"])
-        entry = {
-            "time_ratio": chain["ratio_to_adam_median"],
-            "traffic_ratio": chain["traffic_ratio_to_adam"],
-            "traffic_trees_adam": adam["traffic"]["traffic_trees"],
-            "traffic_trees_chain": chain["traffic"]["traffic_trees"],
-            "extra_traffic_trees_by_pass": {
-                kind: _trees(chain, kind) - _trees(adam, kind)
-                for kind in sorted(kinds)
-                if abs(_trees(chain, kind) - _trees(adam, kind)) >= 0.01
-            },
-            "xla_temp_trees": chain["xla_temp_trees"],
-        }
+        extra = {kind: _trees(chain, kind) - _trees(adam, kind) for kind in sorted(kinds)}
+        entry = dict(time_ratio=chain["ratio_to_adam_median"], traffic_ratio=chain["traffic_ratio_to_adam"])
+        entry.update(traffic_trees_adam=adam["traffic"]["traffic_trees"])
+        entry.update(traffic_trees_chain=chain["traffic"]["traffic_trees"])
+        entry["extra_traffic_trees_by_pass"] = {kind: trees for kind, trees in extra.items() if abs(trees) >= 0.01}
+        entry["xla_temp_trees"] = chain["xla_temp_trees"]
         for variant, part in (("ablation.cls(hadam)", "loss_scaling"), ("ablation.hadam+kahan", "kahan")):
             if (variant, dtype) in rows:
                 entry[f"time_ratio_{part}_alone"] = rows[(variant, dtype)]["ratio_to_adam_median"]
@@ -344,12 +338,9 @@ def plot(result: dict, path: Path) -> None:
             ax.hlines(base, x[j] - 0.42, x[j] + 0.42, colors="k", linestyles="dashed", linewidth=1, label=label)
         ax.set_xticks(x, dtypes)
         ax.set_ylabel("ms per optimizer step (median; bars: min..max)")
-        ax.set_title(
-            f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, "
-            f"jax {result['jax_version']}, {result['machine']['cpu_count']} CPU cores\n"
-            f"labels: median ratio to {BASELINE} in the same dtype",
-            fontsize=9,
-        )
+        title = f"One optimizer step (update + apply_updates), {result['param_count'] / 1e6:.2f}M params, jax "
+        title += f"{result['jax_version']}, {result['machine']['cpu_count']} CPU cores\nlabels: median ratio to "
+        ax.set_title(title + f"{BASELINE} in the same dtype", fontsize=9)
         ax.legend(fontsize=8, loc="upper right")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
         _plot_traffic(traffic_ax, result, variants, dtypes)
