@@ -95,21 +95,20 @@ def abstract_batch(batch_size: int, obs_dim: int, action_dim: int, dtype: Any = 
     return {name: jax.ShapeDtypeStruct((batch_size, *shape), dtype) for name, shape in sizes.items()}
 
 
+_PART_PATTERNS = (
+    (r"\.key$", "scalars"),  # the PRNG keys: the agent's, and stochastic rounding's (optimizers and target)
+    (r"^\.target_compensation", "kahan_momentum_compensation"),
+    (r"^\.target_critic", "target_critic"),
+    (r"\.compensation", "kahan_gradient_compensation"),
+    (r"\.(mu|nu|nu_sqrt)(\[|$)", "adam_moments"),
+    (r"^\.(actor|critic|temperature)\.params", "params"),
+)
+
+
 def state_part(path: str) -> str:
-    """Role of a :class:`SACState` leaf, from its key path (``jax.tree_util.keystr``)."""
-    if path.endswith(".key"):
-        return "scalars"  # the PRNG keys: the agent's, and stochastic rounding's (optimizers and target)
-    if path.startswith(".target_compensation"):
-        return "kahan_momentum_compensation"
-    if path.startswith(".target_critic"):
-        return "target_critic"
-    if ".compensation" in path:
-        return "kahan_gradient_compensation"
-    if re.search(r"\.(mu|nu|nu_sqrt)(\[|$)", path):
-        return "adam_moments"
-    if re.match(r"\.(actor|critic|temperature)\.params", path):
-        return "params"
-    return "scalars"  # step, Adam counts, loss scale and its counters, eps scale
+    """Role of a :class:`SACState` leaf, from its key path (``jax.tree_util.keystr``): the first pattern of
+    :data:`_PART_PATTERNS` it matches; else ``scalars`` (step, Adam counts, loss scale and its counters, eps scale)."""
+    return next((part for pattern, part in _PART_PATTERNS if re.search(pattern, path)), "scalars")
 
 
 def state_breakdown(state: Any) -> dict:
@@ -495,11 +494,10 @@ def plot(result: dict, path: Path) -> None:
                 bottom += vals / 2**20
             for p, total in zip(pos, bottom):
                 ax.annotate(precision.replace("fp16_", ""), (p, total), fontsize=6, rotation=90, **offset)
+        bold = offset | dict(xytext=(0, 12), fontsize=9, weight="bold")
         for xi, c in zip(x, comps):
             top = by_key[(BASE, c["width"], c["batch_size"])]["total_bytes"] / 2**20
-            ax.annotate(
-                f"{c['total_ratio']:.2f}x", (xi, top), fontsize=9, weight="bold", **offset | {"xytext": (0, 12)}
-            )
+            ax.annotate(f"{c['total_ratio']:.2f}x", (xi, top), **bold)
         ax.set_xticks(x, labels)
         ax.set(ylabel="MiB (counted from shapes and dtypes)", ylim=(0, ax.get_ylim()[1] * 1.1))
         title = "SAC training memory: fp32 (plain), fp16 + the paper's methods, fp16 with stochastic rounding (sr) and "
@@ -513,10 +511,8 @@ def plot(result: dict, path: Path) -> None:
         for i, (name, vals, color) in enumerate(series):
             ax_r.bar(x - 0.4 + width * (i + 0.5), vals, width, label=name.replace("_", " "), color=color)
         ceiling = [c["total_ratio_ceiling_with_kahan_state"] for c in comps]
-        label = "total's ceiling with the Kahan state"
-        ax_r.scatter(
-            x - 0.4 + width / 2, ceiling, marker="_", s=400, color="tab:red", linewidths=2, zorder=3, label=label
-        )
+        style = dict(marker="_", s=400, color="tab:red", linewidths=2, zorder=3)
+        ax_r.scatter(x - 0.4 + width / 2, ceiling, **style, label="total's ceiling with the Kahan state")
         for precision, marker in zip(BEYOND_GOALS, ("o", "s", "^")):
             ratios = [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision]
             color = "tab:cyan" if marker == "o" else "tab:pink"
@@ -527,11 +523,8 @@ def plot(result: dict, path: Path) -> None:
         ax_r.axhspan(*PAPER_TABLE_11, color="tab:olive", alpha=0.15, label="paper Table 11 (V100)")
         ax_r.set_xticks(x, labels)
         ax_r.set(ylabel="fp32 bytes / fp16 bytes", ylim=(0, 3.25))
-        ax_r.set_title(
-            f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, "
-            f"{result['hidden_layers']} hidden layers; jax {result['jax_version']}",
-            fontsize=9,
-        )
+        title = f"ratios; obs {result['obs_dim']}, action {result['action_dim']}, {result['hidden_layers']} hidden "
+        ax_r.set_title(title + f"layers; jax {result['jax_version']}", fontsize=9)
         ax_r.legend(fontsize=7, loc="upper center", ncol=3)
 
 
