@@ -157,7 +157,10 @@ def _cell(task: str, config: str, seeds: Sequence[int], planned_seeds: Sequence[
         for s, r in records.items()
         if not r["final"] and r["status"] != "missing"
     }
-    by_seed = lambda items, value, keep=lambda r: True: {str(s): value(s, r) for s, r in sorted(items) if keep(r)}
+
+    def by_seed(items, value, keep=lambda record: True) -> dict:  # {"seed": value(seed, record)}, by seed
+        return {str(s): value(s, r) for s, r in sorted(items) if keep(r)}
+
     cell = dict(status=status, final_return_per_seed=by_seed(final.items(), lambda s, _: finished.get(s)))
     cell.update(mean=mean, std=std, seeds_final=len(final), seeds_finished=len(finished))
     cell.update(seeds_planned=len(planned_seeds), seeds_diverged=diverged, seeds_nonfinite=nonfinite)
