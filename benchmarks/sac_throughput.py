@@ -442,15 +442,10 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
 
     timed = timing.interleaved({name: functools.partial(run, name) for name in variants}, rounds)
     times = {name: [1e3 * t / updates for t in timed[name]["rounds_s"]] for name in variants}
-    return {
-        "setting": setting.name,
-        "batch_size": batch,
-        "hidden": list(setting.hidden),
-        "updates": updates,
-        "rounds": rounds,
-        "results": {n: {**work[n], "ms_per_update": timing.summary(times[n]), "ms": times[n]} for n in variants},
-        "brax_time_over_lpjax_time": statistics.median(b / o for o, b in zip(times["lpjax_fp32"], times["brax"])),
-    }
+    profile = dict(setting=setting.name, batch_size=batch, hidden=list(setting.hidden), updates=updates, rounds=rounds)
+    profile["results"] = {n: {**work[n], "ms_per_update": timing.summary(times[n]), "ms": times[n]} for n in variants}
+    ratios = (b / o for o, b in zip(times["lpjax_fp32"], times["brax"]))
+    return profile | {"brax_time_over_lpjax_time": statistics.median(ratios)}
 
 
 def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
@@ -465,13 +460,9 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[
         profile = profile_updates(args.chosen[0], updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
     machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count())
     machine.update(devices=[str(d) for d in jax.devices()], load_average=list(os.getloadavg()))
-    run = {
-        "command": command_line("benchmarks.sac_throughput", argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "versions": package_versions(PACKAGES),
-        "machine": machine,
-        "quick": bool(args.quick),
-    }
+    run = dict(command=command_line("benchmarks.sac_throughput", argv))
+    run["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    run.update(versions=package_versions(PACKAGES), machine=machine, quick=bool(args.quick))
     for measured in [*settings, profile]:
         if measured is not None:
             measured["run"] = run
@@ -480,14 +471,9 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[
 
 def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
     """The json: the settings' results (each with its run) and the update profile, with medians and targets."""
-    return {
-        "notes": NOTES,
-        "target_ratio": TARGET_RATIO,
-        "settings": settings,
-        "medians": {s["name"]: {name: row["median"] for name, row in s["results"].items()} for s in settings},
-        "target_met": {s["name"]: s["target_met"] for s in settings},
-        "update_profile": profile,
-    }
+    medians = {s["name"]: {name: row["median"] for name, row in s["results"].items()} for s in settings}
+    result = dict(notes=NOTES, target_ratio=TARGET_RATIO, settings=settings, medians=medians)
+    return result | dict(target_met={s["name"]: s["target_met"] for s in settings}, update_profile=profile)
 
 
 def with_earlier_results(result: dict, earlier: dict) -> dict:
@@ -559,11 +545,9 @@ def plot(result: dict, path: Path) -> None:
             axes.set_xticks(range(len(names)), labels, fontsize=8)
             axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
             cfg, run = setting["config"], setting["run"]
-            title = (
-                f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
-                f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
-                f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}"
-            )
+            title = f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
+            title += f"{cfg['updates_per_step']} upd/step\n(jax {run['versions']['jax']}, load "
+            title += f"{run['machine']['load_average'][0]:.1f}) lpjax fp32 / brax = {setting['ratio']:.2f}"
             if "jitted_over_host" in setting:
                 title += f"; jitted / host ({cfg['host_env']}) = {setting['jitted_over_host']:.2f}"
             axes.set_title(title, fontsize=8)
