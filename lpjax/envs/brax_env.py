@@ -15,9 +15,9 @@ the accessors are :class:`lpjax.envs.jitted.JittedEnv`'s (see its module for the
 ``action_repeat=1``), and brax's own SAC drops truncated transitions from the critic loss instead of
 bootstrapping through them.
 
-The default backend is ``spring``, the fastest on CPU (docs/guide.md, "Training SAC in low precision"). The backends are different
-physics: ``spring`` and ``positional`` halfcheetah use a smaller timestep (16 substeps) and different gears than
-``generalized``/``mjx``, so returns are not comparable across backends.
+The default backend is ``spring``, the fastest on CPU (docs/guide.md, "Training SAC in low precision"). The
+backends are different physics: ``spring`` and ``positional`` halfcheetah use a smaller timestep (16 substeps)
+and different gears than ``generalized``/``mjx``, so returns are not comparable across backends.
 """
 
 from __future__ import annotations

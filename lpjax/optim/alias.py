@@ -95,8 +95,8 @@ def low_precision_adam(
     ``optax.adam(learning_rate, b1, b2, eps)``. ``moment_dtype`` is the moments' dtype (``None``: the
     parameters'; ``int8`` or an fp8 dtype: blockwise-quantized in blocks of ``moment_block_size``).
     ``rounding_seed`` seeds the stochastic rounding's key (give each network its own; ``None``: 0). The optional
-    arguments default to ``None``, not a number, so that optax's ``inject_hyperparams`` leaves them static. The other numeric arguments
-    may be injected: ``lpjax.optim.inject_hyperparams(low_precision_adam)(learning_rate=1e-4)``.
+    arguments default to ``None``, not a number, so that optax's ``inject_hyperparams`` leaves them static. The
+    other numeric arguments may be injected: ``lpjax.optim.inject_hyperparams(low_precision_adam)(1e-4)``.
     """
     require_wide("low_precision_adam", "learning_rate", learning_rate)
     moment_dtype = None if moment_dtype is None else np.dtype(moment_dtype)
