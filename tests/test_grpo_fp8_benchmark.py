@@ -15,6 +15,7 @@ def test_byte_model():
     assert w["fp8"] == 256 * 200 + 4 * 2 * 2
 
 
+@pytest.mark.slow
 def test_toy_run_records_every_config_and_the_summary(tmp_path):
     names = ["fp32", "fp8_no_tis", "fp8_mis"]
     result = bench.main(

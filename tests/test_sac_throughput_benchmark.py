@@ -49,6 +49,7 @@ def recorded(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_quick_run_records_matched_settings_and_consistent_throughput(recorded):
     assert set(recorded) == {"notes", "target_ratio", "settings", "medians", "target_met", "update_profile"}
     assert recorded["target_ratio"] == 1.0 and any("XLA:CPU" in note for note in recorded["notes"])

@@ -67,6 +67,7 @@ def test_configs_load():
     assert grpo_loop.validate(fp8_tis.get_config())[0].rollout == RolloutConfig("fp8", "fp8")
 
 
+@pytest.mark.slow
 def test_short_fp16_run_with_ppo_epochs_stays_finite(tmp_path):
     config = fp16.get_config()
     config.update(iterations=10, warm_start_steps=100, eval_every=10, log_every=5, checkpoint_every=10, eval_prompts=64)
@@ -82,7 +83,9 @@ def test_short_fp16_run_with_ppo_epochs_stays_finite(tmp_path):
     assert np.all(metrics["train/loss_scale"][rows] >= 1)
 
 
-@pytest.mark.parametrize("name", ["fp8_tis", "fp8_kv", "bf16"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("fp8_tis", marks=pytest.mark.slow), pytest.param("fp8_kv", marks=pytest.mark.slow), "bf16"]
+)
 def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(name, tmp_path, monkeypatch):
     """Interrupted after a checkpoint (by its length, or by SIGTERM for bf16) and resumed, the run logs the same
     metrics and ends in the same state, fp8 KV scales included (they were calibrated on the last iteration's rollout

@@ -230,6 +230,7 @@ print(json.dumps(dict(
     assert result["clean_step_moves"]
 
 
+@pytest.mark.slow
 def test_checkpoint_from_one_mesh_restores_onto_others(prelude):
     """Saved on (1, 4) after 2 iterations, restored onto (2, 2) and onto one device: every leaf (the GRPO state and
     the fp8 KV scales) bit-identical, laid out for the new mesh; both resumed runs then run iteration 3 alike. (First,

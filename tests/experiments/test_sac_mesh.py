@@ -152,6 +152,7 @@ print(json.dumps({
     assert result["clean_step_moves"], result  # the same step without the inf changes the critic
 
 
+@pytest.mark.slow
 def test_a_checkpoint_restores_onto_other_mesh_shapes():
     result = run_on_devices(
         PRELUDE
@@ -202,6 +203,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_two_processes_of_two_devices_train_checkpoint_and_resume_like_one_process_of_four(tmp_path):
     one = run_on_devices(MULTIPROCESS, devices=4, timeout=600, env={"RUN_DIR": str(tmp_path / "one")})
     both = run_processes(MULTIPROCESS, 2, devices_per_process=2, timeout=600, env={"RUN_DIR": str(tmp_path / "two")})

@@ -72,6 +72,7 @@ def _train(moment_dtype, block_size, steps=60, seed=0):
     return run_steps(tx, params, grads)[0]
 
 
+@pytest.mark.slow
 def test_hadam_with_8bit_moments_converges_to_hadam_as_blocks_get_finer():
     reference = _train(jnp.float32, 1)
     for code_dtype in CODES:
