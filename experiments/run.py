@@ -215,7 +215,8 @@ def open_checkpoints(
 
 
 def restore_latest_good(learner: Learner, checkpointer: Checkpointer, context: RunContext) -> int:
-    """Restores the learner from the newest checkpoint that reads back whole; returns its step.
+    """Restores the learner from the newest checkpoint that reads back whole
+    (:meth:`lpjax.checkpoint.Checkpointer.restore_latest_good`); returns its step.
 
     A corrupt checkpoint (:class:`lpjax.checkpoint.CorruptCheckpoint`: a truncated or missing data file, unreadable
     metadata) is reported with a warning naming its step and file, and the previous one is tried. The corrupt
@@ -223,16 +224,16 @@ def restore_latest_good(learner: Learner, checkpointer: Checkpointer, context: R
     line when no checkpoint is good.
     """
     steps = checkpointer.all_steps()
-    for step in reversed(steps):
-        try:
-            learner.restore(checkpointer, step)
-        except CorruptCheckpoint as error:
-            context.warn(f"{error}; falling back to the previous checkpoint")
-            continue
-        if step != steps[-1]:
-            checkpointer.delete_after(step)
-        return step
-    raise ValueError(f"--resume: every checkpoint in {checkpointer.directory} is corrupt (steps {steps}).")
+    try:
+        step, _, _ = checkpointer.restore_latest_good(
+            on_corrupt=lambda step, error: context.warn(f"{error}; falling back to the previous checkpoint"),
+            restore=lambda step: (learner.restore(checkpointer, step), {}),
+        )
+    except CorruptCheckpoint:
+        raise ValueError(
+            f"--resume: every checkpoint in {checkpointer.directory} is corrupt (steps {steps})."
+        ) from None
+    return step
 
 
 def passed_multiple(before: int | None, after: int, every: int) -> bool:

@@ -575,7 +575,10 @@ class Checkpointer:
         return CorruptCheckpoint(f"checkpoint {step} in {self.directory} is corrupt: {problem}", step=step)
 
     def restore_latest_good(
-        self, target: Any = None, on_corrupt: Callable[[int, CorruptCheckpoint], None] | None = None
+        self,
+        target: Any = None,
+        on_corrupt: Callable[[int, CorruptCheckpoint], None] | None = None,
+        restore: Callable[[int], tuple[Any, dict]] | None = None,
     ) -> tuple[int, Any, dict]:
         """Restores the newest readable checkpoint, skipping (and then deleting) newer corrupt ones.
 
@@ -588,6 +591,9 @@ class Checkpointer:
         Args:
           target: as for :meth:`restore`.
           on_corrupt: called with each corrupt step and its :class:`CorruptCheckpoint` before falling back.
+          restore: ``restore(step) -> (state, metadata)`` in place of ``self.restore(step, target=target)``, e.g. a
+            learner that restores itself from this checkpointer; it signals damage by raising
+            :class:`CorruptCheckpoint`.
 
         Returns:
           ``(step, state, metadata)`` of the restored checkpoint.
@@ -603,9 +609,10 @@ class Checkpointer:
         if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}.")
         on_corrupt = on_corrupt or _warn_corrupt
+        restore = restore or (lambda step: self.restore(step, target=target))
         for step in reversed(steps):
             try:
-                state, metadata = self.restore(step, target=target)
+                state, metadata = restore(step)
             except CorruptCheckpoint as error:
                 on_corrupt(step, error)
                 continue

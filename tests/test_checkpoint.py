@@ -459,6 +459,16 @@ def test_restore_latest_good_skips_every_corrupt_step_and_fails_when_none_is_rea
         assert "\n" not in message and raised.value.step is None
         assert message.startswith(f"no readable checkpoint in {tmp_path}: steps [3, 2, 1] are all corrupt")
         assert ckpt.all_steps() == [1, 2, 3]  # nothing is deleted when nothing restores
+
+        def restore(step):  # a caller's own restore (a learner's): its damage falls back the same way
+            tried.append(step)
+            if step == 3:
+                raise CorruptCheckpoint(f"checkpoint {step} is corrupt: by the caller", step=step)
+            return f"state {step}", {"step": step}
+
+        tried = []
+        assert ckpt.restore_latest_good(on_corrupt=lambda s, e: None, restore=restore) == (2, "state 2", {"step": 2})
+        assert tried == [3, 2] and ckpt.all_steps() == [1, 2]
     assert "Traceback" not in capfd.readouterr().err
 
 
