@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from lpjax.optim import low_precision_adam
+from lpjax.optim.quantized_moments import DEFAULT_BLOCK_SIZE
 from lpjax.precision import dtype_of
 
 
@@ -74,7 +75,7 @@ class PrecisionMethods:
     softplus_fix: bool = False
     normal_fix: bool = False
     moment_dtype: str | None = None
-    moment_block_size: int = 256
+    moment_block_size: int = DEFAULT_BLOCK_SIZE
     stochastic_rounding: bool = False
 
     def __post_init__(self):

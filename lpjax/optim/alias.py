@@ -21,7 +21,7 @@ from lpjax.optim.hadam import descend, scale_by_hadam
 from lpjax.optim.hadam import hadam as _hadam
 from lpjax.optim.kahan import kahan_summation
 from lpjax.optim.loss_scaling import compound_loss_scaling
-from lpjax.optim.quantized_moments import is_quantized_dtype
+from lpjax.optim.quantized_moments import DEFAULT_BLOCK_SIZE, is_quantized_dtype
 from lpjax.optim.stochastic_rounding import stochastic_rounding as stochastic_rounding_transform
 
 _STATIC_ARGUMENTS = (
@@ -71,7 +71,7 @@ def low_precision_adam(
     init_scale: float = 1e4,
     growth_interval: int = 10_000,
     moment_dtype: Any = None,
-    moment_block_size: int = 256,
+    moment_block_size: int = DEFAULT_BLOCK_SIZE,
     weight_decay: float | None = None,
     max_grad_norm: float | None = None,
     rounding_seed: int | None = None,
