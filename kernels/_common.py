@@ -208,28 +208,24 @@ def bias_operand(bias: jax.Array, n: int, block_n: int) -> tuple[jax.Array, pl.B
 
 def scaled_gemm_call(
     kernel: Callable[..., None],
-    a: jax.Array,
-    a_scales: jax.Array,
-    w: jax.Array,
-    w_scales: jax.Array,
-    *,
+    a: tuple[jax.Array, jax.Array],
+    w: tuple[jax.Array, jax.Array],
     bias: jax.Array | None,
-    size: tuple[int, int],
-    out_dtype: Any,
-    block_m: int,
-    block_n: int,
+    out: jax.ShapeDtypeStruct,
+    blocks: tuple[int, int],
     interpret: bool,
-    name: str,
 ) -> jax.Array:
-    """The ``pallas_call`` of an 8-bit GEMM ``(a, a_scales) @ (w, w_scales)`` over a grid of ``(block_m,
-    block_n)`` output tiles, cut back to the output's ``size = (m, n)``.
+    """The ``pallas_call`` of an 8-bit GEMM ``a @ w`` of ``(codes, scales)`` pairs over a grid of ``blocks = (block_m,
+    block_n)`` output tiles, cut back to ``out`` (the unpadded ``(m, n)`` shape and the output dtype).
 
-    ``a`` ``(Mp, Kp)`` and ``w`` ``(Kp, Np)`` are padded codes; ``a_scales`` has one row per row of ``a`` and
-    ``w_scales`` its columns spread evenly over ``w``'s. Program ``(i, j)`` gets row tile ``i`` of ``a`` and its
+    ``a``'s codes ``(Mp, Kp)`` and ``w``'s ``(Kp, Np)`` are padded; ``a``'s scales have one row per row of its codes
+    and ``w``'s scale columns spread evenly over its codes'. Program ``(i, j)`` gets row tile ``i`` of ``a`` and its
     scales, column tile ``j`` of ``w`` and its scales (and of a ``bias`` ``(n,)``, the last operand:
     :func:`bias_operand`; ``kernel`` is called with ``has_bias``), writes output tile ``(i, j)`` and loops over K
-    itself: Triton programs run in parallel, so a reduction cannot be spread over grid steps.
+    itself: Triton programs run in parallel, so a reduction cannot be spread over grid steps. The call is named
+    after ``kernel``'s module (``functools.partial`` of a kernel body), as profilers show it.
     """
+    (a, a_scales), (w, w_scales), (block_m, block_n) = a, w, blocks
     (rows, k), cols = a.shape, w.shape[1]
     w_scale_block = (w_scales.shape[0], w_scales.shape[1] * block_n // cols)
     operands = [a, a_scales, w, w_scales]
@@ -240,20 +236,19 @@ def scaled_gemm_call(
         pl.BlockSpec(w_scale_block, lambda i, j: (0, j)),
     ]
     if bias is not None:
-        row, spec = bias_operand(bias, size[1], block_n)
+        row, spec = bias_operand(bias, out.shape[1], block_n)
         operands.append(row)
         in_specs.append(spec)
-    out = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(kernel, has_bias=bias is not None),
-        out_shape=jax.ShapeDtypeStruct((rows, cols), out_dtype),
+        out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
         grid=(rows // block_m, cols // block_n),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         interpret=interpret,
         compiler_params=compiler_params(interpret),
-        name=name,
-    )(*operands)
-    return out[: size[0], : size[1]]
+        name=kernel.func.__module__.rsplit(".", 1)[-1],
+    )(*operands)[: out.shape[0], : out.shape[1]]
 
 
 def abstract_gpu(arch: str) -> contextlib.AbstractContextManager[Any]:

@@ -80,26 +80,35 @@ def interpret_params(interpret: bool, *, kernel: str, transposed_operands: bool)
 def launch(
     body: Callable[..., None],
     operands: Sequence[jax.Array],
-    *,
-    out_types: Sequence[jax.ShapeDtypeStruct],
+    out_dtypes: Sequence[Any],
     scratch_types: Sequence[Any],
-    grid: tuple[int, int],
-    interpret: Any,
-    name: str,
+    padded: tuple[int, int],
+    blocks: tuple[int, int],
+    size: tuple[int, int],
+    interpret: bool,
+    *,
+    transposed_operands: bool,
 ) -> list[jax.Array]:
-    """Runs ``body(*operand_refs, *out_refs, *scratch_refs)`` once per output tile, on a ``grid = (M tiles,
-    N tiles)`` named ``("m", "n")``, one warpgroup per tile, with warpgroup lowering semantics."""
+    """Runs ``body(*operand_refs, *out_refs, *scratch_refs)`` once per ``blocks = (block_m, block_n)`` tile of the
+    ``padded = (Mp, Np)`` outputs (one per ``out_dtypes``), on a grid named ``("m", "n")``, one warpgroup per tile,
+    with warpgroup lowering semantics, and returns the outputs cut back to ``size = (m, n)``.
+
+    ``body`` is a ``functools.partial`` of a kernel body; the kernel is named after its module (without
+    ``_mosaic_gpu``), as profilers show it. ``interpret`` runs Mosaic GPU's interpreter
+    (:func:`interpret_params`, which refuses ``transposed_operands`` where that interpreter cannot read them).
+    """
+    name = body.func.__module__.rsplit(".", 1)[-1].removesuffix("_mosaic_gpu")
     kernel = plgpu.kernel(
         body,
-        out_type=tuple(out_types),
+        out_type=tuple(jax.ShapeDtypeStruct(padded, dtype) for dtype in out_dtypes),
         scratch_types=tuple(scratch_types),
-        grid=grid,
+        grid=(padded[0] // blocks[0], padded[1] // blocks[1]),
         grid_names=("m", "n"),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=interpret,
+        interpret=interpret_params(interpret, kernel=name, transposed_operands=transposed_operands),
         kernel_name=name,
     )
-    return list(kernel(*operands))
+    return [out[: size[0], : size[1]] for out in kernel(*operands)]
 
 
 def tile_slices(block_m: int, block_n: int) -> tuple[pl.Slice, pl.Slice]:

@@ -35,7 +35,6 @@ from lpjax.kernels._mosaic_gpu import (
     accumulate,
     broadcast_columns,
     check_block_n,
-    interpret_params,
     launch,
     store_tile,
     tile_slices,
@@ -99,20 +98,11 @@ def matmul(
     if b is not None:
         operands.append(pad_to(b.astype(jnp.float32), (bn,)))
         scratch = [plgpu.SMEM((bn,), jnp.float32), plgpu.Barrier()]
-    out_types = [jax.ShapeDtypeStruct((mp, np_), out_dtype)]
-    if save_preact:
-        out_types.append(jax.ShapeDtypeStruct((mp, np_), jnp.float32))
+    out_dtypes = [out_dtype, jnp.float32] if save_preact else [out_dtype]
     body = functools.partial(
         _kernel, has_bias=b is not None, save_preact=save_preact, act=act, block_m=bm, block_n=bn, block_k=bk
     )
     outs = launch(
-        body,
-        operands,
-        out_types=out_types,
-        scratch_types=scratch,
-        grid=(mp // bm, np_ // bn),
-        interpret=interpret_params(interpret, kernel="fp16_matmul", transposed_operands=False),
-        name="fp16_matmul",
+        body, operands, out_dtypes, scratch, (mp, np_), (bm, bn), (m, n), interpret, transposed_operands=False
     )
-    outs = [o[:m, :n] for o in outs]
     return tuple(outs) if save_preact else outs[0]

@@ -231,20 +231,9 @@ def _triton(qa, sa, qw, bias, out_dtype, interpret, block_m):
     qa = pad_to(qa, (block_m, BLOCK))
     sa = pad_to(sa, (block_m, 1))
     codes = pad_to(qw.codes, (BLOCK, BLOCK))
-    return scaled_gemm_call(
-        functools.partial(_kernel, num_slices=qa.shape[1] // BLOCK),
-        qa,
-        sa,
-        codes,
-        qw.scales,
-        bias=bias,
-        size=(m, n),
-        out_dtype=out_dtype,
-        block_m=block_m,
-        block_n=BLOCK,
-        interpret=interpret,
-        name="fp8_blockwise_matmul",
-    )
+    kernel = functools.partial(_kernel, num_slices=qa.shape[1] // BLOCK)
+    out = jax.ShapeDtypeStruct((m, n), out_dtype)
+    return scaled_gemm_call(kernel, (qa, sa), (codes, qw.scales), bias, out, (block_m, BLOCK), interpret)
 
 
 __all__ = ["BLOCK", "INPUT_DTYPES", "OUT_DTYPES", "fp8_blockwise_matmul"]

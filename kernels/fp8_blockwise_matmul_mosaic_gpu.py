@@ -40,7 +40,6 @@ from lpjax.kernels._mosaic_gpu import (
     WGMMA_M,
     broadcast_columns,
     broadcast_rows,
-    interpret_params,
     launch,
     store_tile,
     swizzled,
@@ -122,12 +121,6 @@ def matmul(
     scratch.append(plgpu.Barrier())
     body = functools.partial(_kernel, has_bias=bias is not None, block_m=bm, num_slices=kp // BLOCK)
     [out] = launch(
-        body,
-        operands,
-        out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)],
-        scratch_types=scratch,
-        grid=(mp // bm, np_ // BLOCK),
-        interpret=interpret_params(interpret, kernel="fp8_blockwise_matmul", transposed_operands=True),
-        name="fp8_blockwise_matmul",
+        body, operands, [out_dtype], scratch, (mp, np_), (bm, BLOCK), (m, n), interpret, transposed_operands=True
     )
-    return out[:m, :n]
+    return out

@@ -213,21 +213,9 @@ def _triton(qx, sx, qw, sw, bias, out_dtype, interpret, blocks):
     sx = pad_to(sx, (block_m, 1))
     qw = pad_to(qw, (block_k, block_n))
     sw = pad_to(sw.reshape(1, n), (1, block_n))
-    kp = qx.shape[1]
-    return scaled_gemm_call(
-        functools.partial(_kernel, block_k=block_k, num_slices=kp // block_k),
-        qx,
-        sx,
-        qw,
-        sw,
-        bias=bias,
-        size=(m, n),
-        out_dtype=out_dtype,
-        block_m=block_m,
-        block_n=block_n,
-        interpret=interpret,
-        name="int8_matmul",
-    )
+    kernel = functools.partial(_kernel, block_k=block_k, num_slices=qx.shape[1] // block_k)
+    out = jax.ShapeDtypeStruct((m, n), out_dtype)
+    return scaled_gemm_call(kernel, (qx, sx), (qw, sw), bias, out, (block_m, block_n), interpret)
 
 
 __all__ = ["INPUT_DTYPES", "MAX_K", "OUT_DTYPES", "int8_matmul"]

@@ -32,7 +32,6 @@ from lpjax.kernels._mosaic_gpu import (
     broadcast_columns,
     broadcast_rows,
     check_block_n,
-    interpret_params,
     launch,
     store_tile,
     tile_slices,
@@ -95,12 +94,6 @@ def matmul(
     mp, np_ = qx.shape[0], qw_t.shape[0]
     body = functools.partial(_kernel, has_bias=bias is not None, epilogue=epilogue, block_m=bm, block_n=bn, block_k=bk)
     [out] = launch(
-        body,
-        operands,
-        out_types=[jax.ShapeDtypeStruct((mp, np_), out_dtype)],
-        scratch_types=scratch,
-        grid=(mp // bm, np_ // bn),
-        interpret=interpret_params(interpret, kernel="int8_matmul", transposed_operands=True),
-        name="int8_matmul",
+        body, operands, [out_dtype], scratch, (mp, np_), (bm, bn), (m, n), interpret, transposed_operands=True
     )
-    return out[:m, :n]
+    return out

@@ -27,6 +27,7 @@ Conventions, the same for both:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -136,26 +137,17 @@ class JittedEnv:
         """One agent step: ``action`` (``(action_size,)``, clipped to [-1, 1]) repeated ``action_repeat`` times."""
         return self.env.step(state, jnp.clip(action, -1.0, 1.0))
 
-    # Accessors: work on single or batched states.
-    @staticmethod
-    def obs(state) -> jax.Array:
-        """Observation to act on (after an episode end: the next episode's first one)."""
-        return state.obs
+    # Accessors, on single or batched states: ``obs`` is the observation to act on (after an episode end, the next
+    # episode's first), ``reward`` the last step's summed over the action repeat, ``done`` 1.0 if the last step ended
+    # the episode (termination or time limit).
+    obs = staticmethod(operator.attrgetter("obs"))
+    reward = staticmethod(operator.attrgetter("reward"))
+    done = staticmethod(operator.attrgetter("done"))
 
     @staticmethod
     def final_obs(state) -> jax.Array:
         """The observation the step reached: ``obs`` except at an episode end, where it is the ended episode's last."""
         return state.info["final_obs"]
-
-    @staticmethod
-    def reward(state) -> jax.Array:
-        """Reward of the last step, summed over the action repeat."""
-        return state.reward
-
-    @staticmethod
-    def done(state) -> jax.Array:
-        """1.0 if the last step ended the episode (termination or time limit)."""
-        return state.done
 
     @staticmethod
     def truncation(state) -> jax.Array:
