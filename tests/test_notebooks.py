@@ -12,6 +12,8 @@ Default tier (nothing is executed in a kernel):
   cell that makes one, executed top to bottom from the current sources (``metadata.lpjax.code_sha256``) at the
   normal size, no local paths, under 1 MB.
 
+* every call a notebook makes into lpjax, experiments or benchmarks by an imported name binds to the signature it
+  calls (a static check of the sources).
 ``notebooks`` marker (``make test-notebooks``): a fresh virtualenv (``python -m venv`` plus ipykernel and nbclient,
 what a Colab runtime brings) is built once per session; every notebook runs in it, reduced, from a directory outside
 the checkout, and its install cell installs lpjax from ``LPJAX_SOURCE`` = a copy of this checkout (lpjax and
@@ -23,8 +25,11 @@ serially (no ``-n``): each notebook installs into the one virtualenv.
 
 from __future__ import annotations
 
+import ast
 import configparser
+import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -479,6 +484,88 @@ def test_notebook_runs_in_a_fresh_runtime(path, colab_runtime, tmp_path):
         if _makes_a_figure(cell) and not any("image/png" in output.get("data", {}) for output in cell.outputs)
     ]
     assert not missing, f"code cells {missing} make a figure but show none"
+
+
+# --- the calls into lpjax, experiments and benchmarks ------------------------------------------------------------
+
+FIRST_PARTY = ("lpjax", "experiments", "benchmarks")
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """The names a notebook binds to first-party modules or objects: ``{name: "package.module[.attribute]"}``."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in FIRST_PARTY:
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FIRST_PARTY:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _resolve(dotted: str):
+    """The module or object a dotted first-party path names (importing modules on the way)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as error:
+            if error.name.split(".")[0] in FIRST_PARTY:
+                continue
+            pytest.skip(f"{dotted} needs {error.name}, not installed here")
+        for attribute in parts[cut:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise AttributeError(dotted)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_call_into_lpjax_matches_the_signature_it_calls(path):
+    """Every call a notebook makes to a first-party function or class by its imported name (``grpo_fp8.table(r)``,
+    ``lpjax.optim.hadam(1e-4)``) names something that exists and binds to its signature: an API change breaks a
+    notebook here, in the default tier, not only when ``make test-notebooks`` runs it."""
+    cells = _code_cells(nbformat.read(path, as_version=4))
+    source = "\n".join(
+        line for cell in cells for line in cell.source.splitlines() if not line.lstrip().startswith(("!", "%"))
+    )
+    tree = ast.parse(source)
+    names = _imported_names(tree)
+    problems, checked = [], 0
+    for node in ast.walk(tree):
+        dotted = _dotted(node.func) if isinstance(node, ast.Call) else None
+        if dotted is None or dotted.split(".")[0] not in names:
+            continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            continue
+        target = names[dotted.split(".")[0]] + dotted[len(dotted.split(".")[0]) :]
+        try:
+            function = _resolve(target)
+        except AttributeError:
+            problems.append(f"{dotted}: {target} does not exist")
+            continue
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):
+            continue
+        try:
+            signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+        except TypeError as error:
+            problems.append(f"{ast.unparse(node)[:80]}: {error}")
+        checked += 1
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+    assert checked or not names, f"{path.name}: imports {sorted(names)} but no call was checked"
 
 
 # --- the numerics demo ------------------------------------------------------------------------------------------
