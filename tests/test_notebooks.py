@@ -10,10 +10,10 @@ Default tier (nothing is executed in a kernel):
   ``sys.path`` after site-packages, and which jax plugin an accelerator gets;
 * the committed outputs (the notebooks are committed executed, by ``colab/execute.py``): no errors, a figure for each
   cell that makes one, executed top to bottom from the current sources (``metadata.lpjax.code_sha256``) at the
-  normal size, no local paths, under 1 MB.
-
+  normal size, no local paths, under 1 MB;
 * every call a notebook makes into lpjax, experiments or benchmarks by an imported name binds to the signature it
   calls (a static check of the sources).
+
 ``notebooks`` marker (``make test-notebooks``): a fresh virtualenv (``python -m venv`` plus ipykernel and nbclient,
 what a Colab runtime brings) is built once per session; every notebook runs in it, reduced, from a directory outside
 the checkout, and its install cell installs lpjax from ``LPJAX_SOURCE`` = a copy of this checkout (lpjax and
