@@ -171,7 +171,10 @@ def experiment_main(experiment: ExperimentFlags, train_for: Callable[[Any], Call
         except Interrupted as interrupted:
             print(interrupted, file=sys.stderr, flush=True)
             raise SystemExit(interrupted.exit_code) from None
-        ignore_stop_signals()  # the run is over: a signal now would only cut the summary short
+        finally:
+            # The run is over: a signal now would only cut the exit short. Ignored, not handled: at exit Python resets
+            # the signals it handles to the default action, and a second Ctrl-C would then kill the process.
+            ignore_stop_signals()
         print(json.dumps(summary, indent=2))
 
     return main
