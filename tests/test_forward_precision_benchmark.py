@@ -32,6 +32,7 @@ def test_each_lower_precision_forward_pass_moves_q_and_its_action_gradient_furth
     assert fp8["q_error_over_spread"] == pytest.approx(fp8["q_rms_error"] / fp8["q_spread"])
 
 
+@pytest.mark.slow
 def test_a_short_fp8_run_is_measured_on_its_own_replay(tmp_path):
     config = fp8_config.get_config()
     config.env = "dmc:cartpole-swingup"

@@ -44,6 +44,7 @@ def test_the_budget_shrinks_equally_to_fit_the_deadline():
     assert gpu_train.affordable_budget(100.0, -5.0, 2, 0.5, 5.0) == 0.0
 
 
+@pytest.mark.slow
 def test_quick_race_and_jitted_loop_part_on_mjx(tmp_path):
     pytest.importorskip("mujoco_playground")
     gpu_suite.main(["--quick", "--in_process", "--parts", "b", "--out_dir", str(tmp_path)])

@@ -8,6 +8,7 @@ import pytest
 from benchmarks import update_cost
 
 
+@pytest.mark.slow
 def test_quick_run_records_kernels_and_times_per_layout(tmp_path):
     result = update_cost.main(["--quick", "--precisions", "fp32,fp16", "--out_dir", str(tmp_path)])
     assert set(result["rows"]) == {"fp32", "fp16"}

@@ -75,8 +75,11 @@ def test_stochastic_rounding_and_8bit_moments_are_the_identity_in_float64():
     [
         PrecisionMethods.paper(init_scale=2.0**14, growth_interval=3),
         PrecisionMethods.paper(kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True),
-        PrecisionMethods.paper(
-            kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="int8"
+        pytest.param(
+            PrecisionMethods.paper(
+                kahan_gradients=False, kahan_momentum=False, stochastic_rounding=True, moment_dtype="int8"
+            ),
+            marks=pytest.mark.slow,  # tests/optim/test_flat.py covers the 8-bit moments' fused bits
         ),
     ],
     ids=["paper", "stochastic_rounding", "8bit_moments"],

@@ -78,6 +78,7 @@ def test_registry_matches_brax():
     assert set(envs.BRAX_ENVS) == set(brax_envs._envs) - {"fast"}
 
 
+@pytest.mark.slow
 def test_halfcheetah_rollout_under_jit_vmap_scan():
     env = envs.make("brax:halfcheetah", seed=0, episode_length=3)
     assert env.backend == envs.DEFAULT_BRAX_BACKEND == "spring"

@@ -132,6 +132,7 @@ def test_a_run_directory_in_use_or_damaged_is_refused_before_anything_is_written
     assert_refusals(grpo_loop.train, _tiny(), tmp_path, lambda config: _tiny(iterations=40))
 
 
+@pytest.mark.slow
 def test_short_fp8_tis_run_resumes_to_the_same_result(tmp_path):
     full = grpo_loop.train(_tiny(), tmp_path / "full", progress=False)
     metrics = read_metrics(tmp_path / "full")

@@ -55,6 +55,7 @@ def seed_rows(loop):
 """
 
 
+@pytest.mark.slow
 def test_four_devices_match_one_and_a_checkpoint_resumes_bit_identically_on_the_mesh():
     result = run_on_devices(
         PRELUDE

@@ -227,6 +227,7 @@ def test_a_run_directory_in_use_or_damaged_is_refused_before_anything_is_written
     ), result.stderr
 
 
+@pytest.mark.slow
 def test_short_pixels_run_renders_trains_and_evaluates(tmp_path):
     from experiments.configs.sac import pixels
 
@@ -258,6 +259,7 @@ def test_naive_fp16_diverges_cleanly_and_still_plots(tmp_path):
     assert np.isnan(last["train/actor_loss"]) and np.isnan(last["train/alpha"])
 
 
+@pytest.mark.slow
 def test_a_float16_replay_trains_the_fp16_learner_identically(tmp_path):
     """The fp16 networks cast their inputs to float16 first: storing the transitions in float16 changes the
     replay's bytes, not one loss of the run."""
