@@ -186,6 +186,13 @@ def fit_block(block: int, size: int, minimum: int) -> int:
     return min(block, max(minimum, 1 << max(size - 1, 0).bit_length()))
 
 
+def kernel_name(body: functools.partial) -> str:
+    """The name a kernel is launched under, as profilers show it: the module of ``body`` (a ``functools.partial``
+    of a kernel body), e.g. ``int8_matmul`` for ``kernels/int8_matmul.py`` and for its Mosaic GPU twin
+    ``kernels/int8_matmul_mosaic_gpu.py``."""
+    return body.func.__module__.rsplit(".", 1)[-1].removesuffix("_mosaic_gpu")
+
+
 def round_up(n: int, multiple: int) -> int:
     """The smallest multiple of ``multiple`` that is >= ``n``."""
     return -(-n // multiple) * multiple
@@ -223,7 +230,7 @@ def scaled_gemm_call(
     scales, column tile ``j`` of ``w`` and its scales (and of a ``bias`` ``(n,)``, the last operand:
     :func:`bias_operand`; ``kernel`` is called with ``has_bias``), writes output tile ``(i, j)`` and loops over K
     itself: Triton programs run in parallel, so a reduction cannot be spread over grid steps. The call is named
-    after ``kernel``'s module (``functools.partial`` of a kernel body), as profilers show it.
+    by :func:`kernel_name`.
     """
     (a, a_scales), (w, w_scales), (block_m, block_n) = a, w, blocks
     (rows, k), cols = a.shape, w.shape[1]
@@ -247,7 +254,7 @@ def scaled_gemm_call(
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         interpret=interpret,
         compiler_params=compiler_params(interpret),
-        name=kernel.func.__module__.rsplit(".", 1)[-1],
+        name=kernel_name(kernel),
     )(*operands)[: out.shape[0], : out.shape[1]]
 
 

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from lpjax.kernels._common import kernel_name
+
 try:
     from jax.experimental.pallas.mosaic_gpu import InterpretGPUParams
 except ImportError:  # jax < 0.11.1 has Mosaic GPU's interpreter but does not export its parameters
@@ -93,11 +95,11 @@ def launch(
     ``padded = (Mp, Np)`` outputs (one per ``out_dtypes``), on a grid named ``("m", "n")``, one warpgroup per tile,
     with warpgroup lowering semantics, and returns the outputs cut back to ``size = (m, n)``.
 
-    ``body`` is a ``functools.partial`` of a kernel body; the kernel is named after its module (without
-    ``_mosaic_gpu``), as profilers show it. ``interpret`` runs Mosaic GPU's interpreter
-    (:func:`interpret_params`, which refuses ``transposed_operands`` where that interpreter cannot read them).
+    ``body`` is a ``functools.partial`` of a kernel body, named by :func:`kernel_name`. ``interpret`` runs Mosaic
+    GPU's interpreter (:func:`interpret_params`, which refuses ``transposed_operands`` where that interpreter cannot
+    read them).
     """
-    name = body.func.__module__.rsplit(".", 1)[-1].removesuffix("_mosaic_gpu")
+    name = kernel_name(body)
     kernel = plgpu.kernel(
         body,
         out_type=tuple(jax.ShapeDtypeStruct(padded, dtype) for dtype in out_dtypes),
