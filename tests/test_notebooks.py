@@ -497,10 +497,9 @@ def _imported_names(tree: ast.Module) -> dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] in FIRST_PARTY:
-                    names[alias.asname or alias.name.split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0]
-                    )
+                package = alias.name.split(".")[0]
+                if package in FIRST_PARTY:  # ``import a.b`` binds ``a``; ``import a.b as c`` binds ``c`` to ``a.b``
+                    names[alias.asname or package] = alias.name if alias.asname else package
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FIRST_PARTY:
             for alias in node.names:
                 names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -545,11 +544,12 @@ def test_every_call_into_lpjax_matches_the_signature_it_calls(path):
     problems, checked = [], 0
     for node in ast.walk(tree):
         dotted = _dotted(node.func) if isinstance(node, ast.Call) else None
-        if dotted is None or dotted.split(".")[0] not in names:
+        name, _, attributes = (dotted or "").partition(".")
+        if name not in names:
             continue
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             continue
-        target = names[dotted.split(".")[0]] + dotted[len(dotted.split(".")[0]) :]
+        target = ".".join(filter(None, (names[name], attributes)))
         try:
             function = _resolve(target)
         except AttributeError:
