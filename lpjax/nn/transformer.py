@@ -150,25 +150,31 @@ def _from_cache(entries: jax.Array, scale: jax.Array) -> jax.Array:
     return x
 
 
-def _write_rows(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-    """``cache[b, index[b]:index[b] + T] = new[b]`` for every row ``b``."""
-    return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (i, 0, 0)))(cache, new, index)
+def _write_rows(cache: jax.Array, layer: int, new: jax.Array, index: jax.Array) -> jax.Array:
+    """``cache[layer, b, index[b]:index[b] + T] = new[b]`` for every row ``b`` of the stacked ``(num_layers, B, S,
+    H, D)`` cache; slots past ``S`` are dropped (their logits are NaN).
 
-
-class _LayerCache(NamedTuple):
-    k: jax.Array
-    v: jax.Array
-    k_scale: jax.Array
-    v_scale: jax.Array
-    index: jax.Array
+    One scatter of the ``T`` new entries, which XLA does in place: every read of the cache's previous value (the
+    attention of earlier layers) is an ancestor of ``new``, so a decode loop moves the new entries, not the cache.
+    An fp8 cache is scattered as its bit patterns (``uint8``): XLA:CPU emulates float8 and would otherwise convert
+    the whole cache to float16 and back around the scatter.
+    """
+    b, t = new.shape[:2]
+    slots = index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    if cache.dtype != _FP8:
+        return cache.at[layer, jnp.arange(b)[:, None], slots].set(new, mode="drop")
+    codes = jax.lax.bitcast_convert_type(cache, jnp.uint8).at[layer, jnp.arange(b)[:, None], slots]
+    codes = codes.set(jax.lax.bitcast_convert_type(new, jnp.uint8), mode="drop")
+    return jax.lax.bitcast_convert_type(codes, cache.dtype)
 
 
 class SelfAttention(nn.Module):
     """Causal multi-head self-attention; q/k/v/o are :class:`lpjax.nn.Dense`, the attention core is float32.
 
-    ``__call__(x (B, T, D), positions (B, T), cache: _LayerCache | None) -> (y (B, T, D), cache)``: without a cache
-    the keys are the ``T`` inputs themselves; with one, the new keys/values are written at ``cache.index`` and
-    the attention reads the whole cache, masked to slots ``j <= position``.
+    ``__call__(x (B, T, D), positions (B, T), cache: KVCache | None, layer: int) -> (y (B, T, D), cache)``: without
+    a cache the keys are the ``T`` inputs themselves; with one, the new keys/values are written into layer
+    ``layer`` of the stacked cache at ``cache.index`` and the attention reads that layer, masked to slots
+    ``j <= position``.
     """
 
     num_heads: int
@@ -176,7 +182,7 @@ class SelfAttention(nn.Module):
     matmul_impl: str = "auto"
 
     @nn.compact
-    def __call__(self, x: jax.Array, positions: jax.Array, cache: _LayerCache | None):
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: KVCache | None, layer: int):
         policy = get_policy(self.policy)
         b, t, d = x.shape
         h = self.num_heads
@@ -187,10 +193,12 @@ class SelfAttention(nn.Module):
         if cache is None:
             keys, values = k.astype(jnp.float32), v.astype(jnp.float32)
         else:
-            ck = _write_rows(cache.k, _to_cache(k, cache.k_scale, cache.k.dtype), cache.index)
-            cv = _write_rows(cache.v, _to_cache(v, cache.v_scale, cache.v.dtype), cache.index)
-            cache = cache._replace(k=ck, v=cv)
-            keys, values = _from_cache(ck, cache.k_scale), _from_cache(cv, cache.v_scale)
+            k_scale, v_scale = cache.k_scale[layer], cache.v_scale[layer]
+            cache = cache._replace(
+                k=_write_rows(cache.k, layer, _to_cache(k, k_scale, cache.dtype), cache.index),
+                v=_write_rows(cache.v, layer, _to_cache(v, v_scale, cache.dtype), cache.index),
+            )
+            keys, values = _from_cache(cache.k[layer], k_scale), _from_cache(cache.v[layer], v_scale)
         mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # (B, T, S)
         scores = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), keys) / math.sqrt(d // h)
         scores = jnp.where(mask[:, None], scores, _MASKED)
@@ -209,11 +217,11 @@ class Block(nn.Module):
     activation: str = "gelu"
 
     @nn.compact
-    def __call__(self, x: jax.Array, positions: jax.Array, cache: _LayerCache | None):
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: KVCache | None, layer: int):
         policy = get_policy(self.policy)
         ln = lambda name: nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name=name)
         y, cache = SelfAttention(self.num_heads, policy, self.matmul_impl, name="attn")(
-            ln("ln_attn")(x), positions, cache
+            ln("ln_attn")(x), positions, cache, layer
         )
         x = x + y.astype(jnp.float32)
         y = ln("ln_mlp")(x)
@@ -354,21 +362,10 @@ class TransformerLM(nn.Module):
         )
         pos_embed = self.param("pos_embed", nn.initializers.normal(0.02), (self.max_len, self.d_model), jnp.float32)
         x = embed(tokens) + jnp.take(pos_embed, jnp.minimum(positions, self.max_len - 1), axis=0)
-        new_k, new_v = [], []
         for layer in range(self.num_layers):
-            layer_cache = (
-                None
-                if cache is None
-                else _LayerCache(
-                    cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer], cache.index
-                )
-            )
-            x, layer_cache = Block(
+            x, cache = Block(
                 self.num_heads, self.d_ff, self.policy, self.matmul_impl, self.activation, name=f"block_{layer}"
-            )(x, positions, layer_cache)
-            if layer_cache is not None:
-                new_k.append(layer_cache.k)
-                new_v.append(layer_cache.v)
+            )(x, positions, cache, layer)
         x = nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name="ln_final")(x)
         logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32, name="lm_head")(
             x
@@ -377,7 +374,7 @@ class TransformerLM(nn.Module):
             return logits, None
         logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
         advance = t if lengths is None else jnp.asarray(lengths, jnp.int32)
-        cache = cache._replace(k=jnp.stack(new_k), v=jnp.stack(new_v), index=cache.index + advance)
+        cache = cache._replace(index=cache.index + advance)
         return logits, cache
 
 

@@ -15,12 +15,14 @@ Tolerances (logits are O(1) at these random initializations, max |logit| ~ 3):
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lpjax import rollout
 from lpjax.nn import (
     CausalLM,
     KVCache,
@@ -88,6 +90,41 @@ def test_kv_cache_decoding_equals_full_recomputation(policy, kv_cache_dtype):
     inc, cache = decode(lm, params, toks, kv_cache_dtype)
     assert cache.k.dtype == jnp.dtype(kv_cache_dtype) and cache.k.shape == (L, 3, MAX, H, D // H)
     np.testing.assert_allclose(inc, full, atol=1e-5, rtol=0)
+
+
+def materialized_producers(hlo: str, shape: str) -> list[str]:
+    """``name opcode`` of every instruction of the compiled ``hlo`` that yields an array of ``shape`` (any element
+    type) into a buffer: instructions inside fused computations are left out, they write nothing."""
+    fused = set(re.findall(r"calls=(%[\w.-]+)", hlo))
+    found, inside_fusion = [], False
+    for line in hlo.splitlines():
+        header = re.match(r"(?:ENTRY )?(%[\w.-]+) .*\{$", line.rstrip())
+        if header:
+            inside_fusion = header.group(1) in fused
+        elif not inside_fusion:
+            found += [" ".join(m) for m in re.findall(rf"(%[\w.-]+) = \w+{re.escape(shape)}\S* ([\w-]+)\(", line)]
+    return found
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_decode_loop_writes_the_new_entries_in_place(kv_cache_dtype):
+    """In a compiled decode loop (:func:`lpjax.rollout.sample`) the stacked cache is updated by scatters of each
+    step's new entries, which XLA does in place: nothing concatenates the layers' caches per token (that copy of
+    every layer's cache per token made decoding memory-bound on the copy). A float32 cache is not copied or
+    converted at all; narrower ones may be, by XLA:CPU's emulation of float8 (and, before jax 0.12, bfloat16)."""
+    lm = make("mixed_bf16")
+    params, toks = float32_params(), tokens()
+    model = transformer_causal_lm(lm, kv_cache_dtype=kv_cache_dtype)
+    scales = model.calibrate_kv(params, toks)
+    settings = rollout.SamplingSettings(max_new_tokens=MAX - toks.shape[1], eos_id=-1)
+    sample = jax.jit(lambda p, prompts, key: rollout.sample(model, p, prompts, key, settings, scales))
+    hlo = sample.lower(params, toks, jax.random.key(0)).compile().as_text()
+    producers = materialized_producers(hlo, f"[{L},{toks.shape[0]},{MAX},{H},{D // H}]")
+    assert any("scatter" in p for p in producers), producers
+    assert not [p for p in producers if "concatenate" in p], producers
+    if kv_cache_dtype == "float32":
+        moved = [p for p in producers if "convert" in p or p.endswith(" copy")]
+        assert len(moved) <= 2, producers  # k's and v's initial zeros, before the loop
 
 
 def test_fp8_kv_cache_within_tolerance():
