@@ -446,7 +446,8 @@ def _decode_traffic(compiled: Any) -> dict[str, Any]:
     return {
         "step_traffic_gb": sum(p.read + p.written for p in passes) / 1e9,
         "heaviest_passes": [f"{p.opcode} {p.name}: {(p.read + p.written) / 1e9:.3f} GB" for p in heaviest],
-        "traffic_note": "operand plus result bytes of each pass of the loop body; a slice counts its whole operand",
+        "traffic_note": "operand plus result bytes of each pass of the loop body (benchmarks.hlo_traffic): a slice "
+        "counts its whole operand, an in-place scatter its update",
     }
 
 

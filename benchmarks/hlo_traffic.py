@@ -2,9 +2,11 @@
 
 Every top-level instruction of the ENTRY computation (a fusion, a copy, a reduction) is one pass over memory: it
 reads its operands and writes its result. Summing those bytes gives the traffic when nothing stays in cache between
-passes, the regime of a tree of parameters much larger than the cache. A model, not a measurement: it counts bytes,
-not time, and nothing for a ``conditional``, which passes its operands by reference (lpjax's conditionals are the
-rare paths: an exact finiteness re-check, a growth check).
+passes, the regime of a tree of parameters much larger than the cache. An in-place update (a ``scatter`` or
+``dynamic-update-slice``, or a fusion whose root is one) writes into its first operand's buffer: it moves its
+other operands and writes as many bytes as its largest one (the update), not the buffer. A model, not a
+measurement: it counts bytes, not time, and nothing for a ``conditional``, which passes its operands by reference
+(lpjax's conditionals are the rare paths: an exact finiteness re-check, a growth check).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ _ITEMSIZE = {
 }
 _NO_KERNEL = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all"}
 _NO_TRAFFIC = _NO_KERNEL | {"conditional"}
+_IN_PLACE = {"scatter", "dynamic-update-slice"}
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 
 
@@ -52,9 +55,21 @@ def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
     for name, shape, opcode, rest in computations[computation or entry]:
         sizes[name] = shape_bytes(shape)
         if opcode not in _NO_TRAFFIC:
-            operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
-            out.append(Pass(name, opcode, sum(sizes.get(o, 0) for o in operands), sizes[name]))
+            operands = [sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", rest.split("), ")[0])]
+            if _in_place(opcode, rest, computations) and len(operands) > 1:
+                out.append(Pass(name, opcode, sum(operands[1:]), max(operands[1:])))
+            else:
+                out.append(Pass(name, opcode, sum(operands), sizes[name]))
     return out
+
+
+def _in_place(opcode: str, rest: str, computations: dict[str, list[tuple[str, ...]]]) -> bool:
+    """Whether an instruction updates its first operand in place: a scatter or dynamic-update-slice, or a fusion
+    whose fused computation ends in one."""
+    if opcode == "fusion":
+        fused = computations.get(_called(rest, "calls"), [])
+        return bool(fused) and fused[-1][2] in _IN_PLACE
+    return opcode in _IN_PLACE
 
 
 _COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")

@@ -21,6 +21,17 @@ def test_one_elementwise_pass_reads_its_inputs_and_writes_its_output():
     assert summary["copies"] == 0
 
 
+def test_an_in_place_update_moves_the_update_not_the_buffer():
+    """A scatter into a donated buffer (a KV-cache write) moves its update and indices, not the 4 MB buffer."""
+    buffer, update = jnp.zeros((1024, 1024), jnp.float32), jnp.ones((4, 1024), jnp.float32)
+    write = jax.jit(lambda c, u, i: c.at[i + jnp.arange(4)].set(u), donate_argnums=0)
+    text = write.lower(buffer, update, jnp.int32(7)).compile().as_text()
+    found = hlo_traffic.passes(text)
+    (scatter,) = [p for p in found if "scatter" in p.name]
+    assert scatter.written == update.nbytes and update.nbytes <= scatter.read < 2 * update.nbytes
+    assert sum(p.read + p.written for p in found) < 3 * update.nbytes < buffer.nbytes
+
+
 def test_by_output_names_each_output_and_the_temporaries():
     x = jnp.ones((1000,), jnp.float32)
 
