@@ -109,10 +109,12 @@ test-notebooks: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) colab/execute.py
 
-# On a GPU machine, with a Python whose jax has the CUDA plugin and lpjax installed in it (`pip install -e .`):
-# every kernel test compiled on the GPU instead of interpreted, and the full-size ones (marker gpu).
-test-gpu:
-	$(PY_GPU) -m pytest -m "not slow" tests/kernels $(PYTEST_ARGS)
+# On a GPU machine (PY_GPU's jax has the CUDA plugin): every kernel test compiled on the GPU instead of interpreted,
+# and the full-size ones (marker gpu), run like bench-gpu below from $(GPU_SITE), where gpu-lpjax installs lpjax
+# with its kernels; 8 workers that allocate GPU memory as they go (about 2 minutes on an H100).
+test-gpu: gpu-lpjax
+	cd $(GPU_SITE) && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(GPU_SITE):$(CURDIR) $(PY_GPU) -m pytest \
+	    -p no:cacheprovider -n 8 -m "not slow" $(CURDIR)/tests/kernels $(PYTEST_ARGS)
 
 # The GPU suite and the fp32-vs-fp16 training race, on the GPU machine (its python3 has jax with CUDA, flax, optax,
 # orbax and chex, and no network): run `make gpu-wheels` here first and carry gpu-wheels/ there. Both install the
