@@ -160,10 +160,10 @@ def _write_rows(cache: jax.Array, layer: int, new: jax.Array, index: jax.Array) 
     the whole cache to float16 and back around the scatter.
     """
     b, t = new.shape[:2]
-    slots = index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    where = (layer, jnp.arange(b)[:, None], index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :])
     if cache.dtype != _FP8:
-        return cache.at[layer, jnp.arange(b)[:, None], slots].set(new, mode="drop")
-    codes = jax.lax.bitcast_convert_type(cache, jnp.uint8).at[layer, jnp.arange(b)[:, None], slots]
+        return cache.at[where].set(new, mode="drop")
+    codes = jax.lax.bitcast_convert_type(cache, jnp.uint8).at[where]
     codes = codes.set(jax.lax.bitcast_convert_type(new, jnp.uint8), mode="drop")
     return jax.lax.bitcast_convert_type(codes, cache.dtype)
 
