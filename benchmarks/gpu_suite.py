@@ -63,8 +63,10 @@ BUDGET_DERIVATION = (
     "Budgets from the seconds each item took on an H100 (benchmarks/results/gpu_suite.json, jax 0.11.2), ~15 s "
     "for the worker's start: ceilings 27 s; matmul 46 s; table10 30 s per fp32-highest item (27 s of it "
     "compiling) and 11 s per fp16 one, so its budget holds the first two rows at all four sizes; optimizer 14 s; "
-    "fp8_rollout ~27 s per variant at 256 new tokens (17 s compiling); jitted_loop 48 s for its first item. A "
-    "part starts no item past its budget, so it can overrun by one item: about 455 s in the worst case."
+    "fp8_rollout 10-65 s for bf16 and 12 s for the fp8 KV cache, each W8A8 variant over 160 s of compiling, so "
+    "the default budget measures the first two and `--parts fp8_rollout --budget_scale 3` the rest; jitted_loop "
+    "48 s for its first item. A part starts no item past its budget, so it can overrun by one item: about 455 s "
+    "in the worst case."
 )
 """How :data:`BUDGET_S` and :data:`DEADLINE_S` fit the 8 minutes (the json's ``estimate``)."""
 
@@ -426,12 +428,14 @@ QUICK_LM = {"vocab_size": 64, "num_layers": 2, "num_heads": 2, "d_model": 32, "d
 QUICK_ROLLOUT = {"batch": 2, "prompt": 4, "new_tokens": 8}
 ROLLOUT_VARIANTS = {
     "bf16": ("bf16", "bfloat16"),
-    "fp8 W8A8 + fp8 KV cache": ("fp8", "float8_e4m3fn"),
     "fp8 KV cache": ("bf16", "float8_e4m3fn"),
+    "fp8 W8A8 + fp8 KV cache": ("fp8", "float8_e4m3fn"),
     "fp8 W8A8": ("fp8", "bfloat16"),
 }
 """(policy of the q/k/v/o and MLP layers, KV-cache dtype); embeddings, norms, attention core and lm_head are
-float32 in all (:mod:`lpjax.nn.transformer`)."""
+float32 in all (:mod:`lpjax.nn.transformer`). The W8A8 variants come last: each compiles for minutes."""
+QUICK_ROLLOUT_VARIANTS = ("bf16", "fp8 W8A8 + fp8 KV cache")
+"""The CPU tier's variants: both fp8 paths (Pallas matmuls and the fp8 KV cache) in one."""
 
 
 def _decode_traffic(compiled: Any) -> dict[str, Any]:
@@ -490,7 +494,7 @@ def part_fp8_rollout(part: Part) -> None:
     part.result.update(model=QUICK_LM if part.quick else LM, rollout=QUICK_ROLLOUT if part.quick else ROLLOUT)
     part.result["timing"] = "one sample() call (prefill + new_tokens decode steps in one lax.scan) is a step"
     shared: dict = {}
-    for label in list(ROLLOUT_VARIANTS)[:2] if part.quick else ROLLOUT_VARIANTS:  # quick: bf16 and both fp8 paths
+    for label in QUICK_ROLLOUT_VARIANTS if part.quick else ROLLOUT_VARIANTS:
         part.item(["variants", label], rollout_item, label, part.quick, shared)
     shared.clear()
 
