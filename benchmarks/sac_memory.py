@@ -103,30 +103,21 @@ _PART_PATTERNS = (
     (r"\.(mu|nu|nu_sqrt)(\[|$)", "adam_moments"),
     (r"^\.(actor|critic|temperature)\.params", "params"),
 )
-
-
-def state_part(path: str) -> str:
-    """Role of a :class:`SACState` leaf, from its key path (``jax.tree_util.keystr``): the first pattern of
-    :data:`_PART_PATTERNS` it matches; else ``scalars`` (step, Adam counts, loss scale and its counters, eps scale)."""
-    return next((part for pattern, part in _PART_PATTERNS if re.search(pattern, path)), "scalars")
+"""A :class:`SACState` leaf's role is the first of these its key path (``jax.tree_util.keystr``) matches; else
+``scalars`` (step, Adam counts, loss scale and its counters, eps scale)."""
 
 
 def state_breakdown(state: Any) -> dict:
-    """Bytes of the state by role (:data:`STATE_PARTS`), by dtype, and per network."""
+    """Bytes of the state by role (:data:`STATE_PARTS`, from :data:`_PART_PATTERNS`), by dtype, and per network."""
     parts, by_dtype, by_network = dict.fromkeys(STATE_PARTS, 0), collections.Counter(), collections.Counter()
     for path, leaf in jax.tree_util.tree_leaves_with_path(state):
         name = jax.tree_util.keystr(path)
-        parts[state_part(name)] += nbytes(leaf)
+        parts[next((part for pattern, part in _PART_PATTERNS if re.search(pattern, name)), "scalars")] += nbytes(leaf)
         by_dtype[np.dtype(leaf.dtype).name] += nbytes(leaf)
         by_network[name[1:].split(".")[0].split("[")[0]] += nbytes(leaf)
     count = lambda net: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(getattr(state, net).params))
-    return {
-        "total": tree_bytes(state),
-        "parts": parts,
-        "by_dtype": dict(by_dtype),
-        "by_field": dict(by_network),
-        "param_count": {net: count(net) for net in ("actor", "critic")},
-    }
+    out = dict(total=tree_bytes(state), parts=parts, by_dtype=dict(by_dtype), by_field=dict(by_network))
+    return out | {"param_count": {net: count(net) for net in ("actor", "critic")}}
 
 
 def loss_of(loss: str, state: sac.SACState, batch: dict) -> tuple[Callable, Any]:
@@ -161,33 +152,26 @@ def _is_constant(atom, producers: dict, constvars: set) -> bool:
     if isinstance(atom, jex.Literal) or atom in constvars:
         return True
     eqn = producers.get(atom)
-    return (
-        eqn is not None
-        and eqn.primitive.name in ("broadcast_in_dim", "convert_element_type", "reshape")
-        and all(_is_constant(x, producers, constvars) for x in eqn.invars)
-    )
+    if eqn is None or eqn.primitive.name not in ("broadcast_in_dim", "convert_element_type", "reshape"):
+        return False
+    return all(_is_constant(x, producers, constvars) for x in eqn.invars)
 
 
-def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
-    """Bytes of the residuals held by ``vjp_of(state, batch)`` (abstract inputs: nothing is allocated):
-    ``residual_leaf_bytes``, every leaf of the vjp function; ``residual_bytes``, the distinct ones that are not
-    inputs; each classified (:data:`KINDS`) by ``jax.make_jaxpr`` of the same function."""
-    leaves = jax.tree.leaves(jax.eval_shape(vjp_of, state, batch))
-    in_tree = jax.tree.structure((state, batch))
-    flat = lambda *in_leaves: jax.tree.leaves(vjp_of(*jax.tree.unflatten(in_tree, in_leaves)))
-    jaxpr = jax.make_jaxpr(flat)(*jax.tree.leaves((state, batch))).jaxpr
-    if len(jaxpr.outvars) != len(leaves):
-        raise AssertionError(f"make_jaxpr found {len(jaxpr.outvars)} residuals, eval_shape {len(leaves)}")
+def residuals(loss: str, state: Any, batch: dict) -> dict:
+    """Bytes of the residuals held by the backward function of ``loss`` (:data:`VJPS`; abstract inputs: nothing is
+    allocated): ``residual_leaf_bytes``, every leaf of it; ``residual_bytes``, the distinct ones that are not inputs;
+    each classified (:data:`KINDS`) by ``jax.make_jaxpr`` of the same function; and its :func:`cross_check`."""
+    leaves = jax.tree.leaves(jax.eval_shape(VJPS[loss], state, batch))
+    jaxpr = jax.make_jaxpr(VJPS[loss])(state, batch).jaxpr
     producers = {var: eqn for eqn in jaxpr.eqns for var in eqn.outvars}
     in_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path((state, batch))]
     invar_path = dict(zip(jaxpr.invars, in_paths))
     kinds, counts, by_dtype = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0), collections.Counter()
-    inputs, seen, duplicates, constvars = [], set(), 0, set(jaxpr.constvars)
+    inputs, seen, constvars = [], set(), set(jaxpr.constvars)
     for var in jaxpr.outvars:
         aval, literal = var.aval, isinstance(var, jex.Literal)
         if not literal and var in seen:
-            duplicates += 1
-            continue
+            continue  # a duplicate leaf
         seen.add(None if literal else var)
         if literal:
             kind = "literal"
@@ -205,29 +189,21 @@ def residuals(vjp_of: Callable, state: Any, batch: dict) -> dict:
         if kind != "input":
             by_dtype[np.dtype(aval.dtype).name] += nbytes(aval)
     new = sum(size for kind, size in kinds.items() if kind != "input")
-    return {
-        "residual_leaf_bytes": sum(nbytes(leaf) for leaf in leaves),
-        "residual_leaves": len(leaves),
-        "duplicate_leaves": duplicates,
-        "residual_bytes": new,
-        "residual_bytes_without_constant_broadcasts": new - kinds["constant_broadcast"],
-        "by_kind": kinds,
-        "count_by_kind": counts,
-        "by_dtype": dict(by_dtype),
-        "inputs_saved": inputs,
-    }
+    out = dict(residual_leaf_bytes=tree_bytes(leaves), residual_leaves=len(leaves))
+    out.update(duplicate_leaves=len(leaves) - sum(counts.values()), residual_bytes=new)
+    out.update(residual_bytes_without_constant_broadcasts=new - kinds["constant_broadcast"], by_kind=kinds)
+    out.update(count_by_kind=counts, by_dtype=dict(by_dtype), inputs_saved=inputs)
+    return out | {"print_saved_residuals": cross_check(loss, state, batch, out)}
 
 
 def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
     """Every component's bytes for one configuration, from abstract values only."""
+    print(f"tracing {precision} width {width} batch {batch_size} ...")
     config = make_config(precision, width, batch_size)
     observation = np.zeros((obs_dim,), np.float32)
     state = jax.eval_shape(lambda key: sac.init(key, observation, action_dim, config), jax.random.PRNGKey(0))
     batch = abstract_batch(batch_size, obs_dim, action_dim, REPLAY_DTYPES.get(precision, jnp.float32))
-    state_info = state_breakdown(state)
-    res = {name: residuals(VJPS[name], state, batch) for name in LOSSES}
-    for name in LOSSES:
-        res[name]["print_saved_residuals"] = cross_check(name, state, batch, res[name])
+    state_info, res = state_breakdown(state), {name: residuals(name, state, batch) for name in LOSSES}
     components = {"state": state_info["total"], "batch": tree_bytes(batch)}
     components.update({f"{name}_residuals": res[name]["residual_bytes"] for name in LOSSES})
     without = sum(r["by_kind"]["constant_broadcast"] for r in res.values())
@@ -235,22 +211,20 @@ def measure(precision: str, width: int, batch_size: int, obs_dim: int, action_di
     row = dict(precision=precision, config=config, width=width, batch_size=batch_size, hidden_layers=HIDDEN_LAYERS)
     row.update(obs_dim=obs_dim, action_dim=action_dim, components=components, total_bytes=sum(components.values()))
     row["total_bytes_without_constant_broadcasts"] = sum(components.values()) - without
-    row.update(
-        state=state_info, residuals=res, batch={k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()}
-    )
+    row.update(state=state_info, residuals=res)
+    row["batch"] = {k: f"{np.dtype(v.dtype).name}{list(v.shape)}" for k, v in batch.items()}
     row["batch_bytes_if_stored_fp16"] = tree_bytes(abstract_batch(batch_size, obs_dim, action_dim, jnp.float16))
     row["gradients_bytes"] = tree_bytes((state.actor.params, state.critic.params, state.temperature.params))
     return row
 
 
 def compare(base: dict, low: dict) -> dict:
-    """fp32/fp16 ratios of every component and of the totals, each component's ``excess_over_half``, and
-    counterfactuals showing what keeps the ratio below 2 (not configurations that exist)."""
-    ratio = lambda a, b: (a / b) if a and b else None
-    comps = {c: ratio(base["components"][c], low["components"][c]) for c in base["components"]}
-    parts = {p: ratio(base["state"]["parts"][p], low["state"]["parts"][p]) for p in STATE_PARTS}
-    excess = {c: low["components"][c] - base["components"][c] / 2 for c in base["components"]}
-    state_excess = {p: low["state"]["parts"][p] - base["state"]["parts"][p] / 2 for p in STATE_PARTS}
+    """fp32/fp16 ratios of the totals, the components and the state parts, fp16's bytes beyond half of fp32's
+    (``excess_over_half``), and counterfactuals of what keeps the ratio below 2 (not configurations that exist)."""
+    ratio, half = (lambda a, b: (a / b) if a and b else None), (lambda a, b: b - a / 2)
+    each = lambda f, get: {k: f(get(base)[k], get(low)[k]) for k in get(base)}
+    comps, parts = (lambda row: row["components"]), (lambda row: row["state"]["parts"])
+    excess = each(half, comps)
     t32, t16 = base["total_bytes"], low["total_bytes"]
     total = t32 / t16
     kahan = low["state"]["parts"]["kahan_gradient_compensation"] + low["state"]["parts"]["kahan_momentum_compensation"]
@@ -262,9 +236,10 @@ def compare(base: dict, low: dict) -> dict:
     out["total_ratio_without_kahan_buffers"] = t32 / (t16 - kahan)
     out["total_ratio_without_kahan_buffers_and_bool_masks"] = (t32 - masks[0]) / (t16 - kahan - masks[1])
     without = [row["total_bytes_without_constant_broadcasts"] for row in (base, low)]
-    out.update(total_ratio_without_constant_broadcasts=without[0] / without[1], component_ratios=comps)
-    out.update(state_part_ratios=parts, excess_over_half_bytes=excess, state_excess_over_half_bytes=state_excess)
-    out["total_ratio_if_component_halved"] = {c: t32 / (t16 - excess[c]) for c in base["components"]}
+    out.update(total_ratio_without_constant_broadcasts=without[0] / without[1], component_ratios=each(ratio, comps))
+    out.update(state_part_ratios=each(ratio, parts), excess_over_half_bytes=excess)
+    out.update(state_excess_over_half_bytes=each(half, parts))
+    out["total_ratio_if_component_halved"] = {c: t32 / (t16 - excess[c]) for c in excess}
     out.update(largest_excess=max(excess, key=excess.get), total_ratio_ceiling_with_kahan_state=ceiling)
     out.update(target_ratio=TARGET_RATIO, target_met=bool(total >= TARGET_RATIO))
     out["target_reachable_with_kahan_state"] = bool(ceiling >= TARGET_RATIO)
@@ -284,8 +259,8 @@ def parse_saved_residuals(text: str) -> list[tuple[int, str]]:
         if match is None:
             raise ValueError(f"unparsed print_saved_residuals line: {line!r}")
         dtype, dims, description = match.groups()
-        shape = [int(d) for d in dims.split(",") if d]
-        rows.append((int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPE_ABBREV[dtype]).itemsize, description))
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        rows.append((nbytes(jax.ShapeDtypeStruct(shape, _DTYPE_ABBREV[dtype])), description))
     return rows
 
 
@@ -293,26 +268,17 @@ def cross_check(loss: str, state: Any, batch: dict, ours: dict) -> dict:
     """:func:`residuals`' raw count of one loss against ``print_saved_residuals`` of that loss as a function of its
     parameters alone (the rest closed over: it differentiates every argument it is given), under
     ``jax.eval_shape``."""
-    out = io.StringIO()
-
-    def run(state, batch):
-        with contextlib.redirect_stdout(out):
-            jax.ad_checkpoint.print_saved_residuals(*loss_of(loss, state, batch))
-        return 0
-
-    jax.eval_shape(run, state, batch)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        jax.eval_shape(lambda s, b: jax.ad_checkpoint.print_saved_residuals(*loss_of(loss, s, b)), state, batch)
     rows = parse_saved_residuals(out.getvalue())
     groups = collections.Counter()
     for size, description in rows:
         prefixes = ("from the argument", "from a constant", "from a literal", "output of")
         groups[next((k for k in prefixes if description.startswith(k)), "other")] += size
     total = sum(size for size, _ in rows)
-    return {
-        "print_saved_residuals_bytes": total,
-        "print_saved_residuals_lines": len(rows),
-        "print_saved_residuals_by_description": dict(groups),
-        "equal": ours["residual_leaf_bytes"] == total and ours["residual_leaves"] == len(rows),
-    }
+    check = dict(print_saved_residuals_bytes=total, print_saved_residuals_lines=len(rows))
+    equal = ours["residual_leaf_bytes"] == total and ours["residual_leaves"] == len(rows)
+    return check | dict(print_saved_residuals_by_description=dict(groups), equal=equal)
 
 
 METHOD = {
@@ -337,15 +303,12 @@ METHOD = {
 """How each figure of the json is counted (the json's ``method``)."""
 
 
-def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, action_dim: int = ACTION_DIM) -> dict:
+def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int, action_dim: int) -> dict:
     start = time.perf_counter()
     rows, comparisons, beyond = [], [], []
     for width, batch_size in sizes:
-        pair = {}
-        for precision in PRECISIONS:
-            print(f"tracing {precision} width {width} batch {batch_size} ...")
-            pair[precision] = measure(precision, width, batch_size, obs_dim, action_dim)
-            rows.append(pair[precision])
+        pair = {precision: measure(precision, width, batch_size, obs_dim, action_dim) for precision in PRECISIONS}
+        rows += pair.values()
         comparisons.append(compare(pair[BASE], pair[LOW]))
         for precision, goal in BEYOND_GOALS.items():
             entry = compare(pair[BASE], pair[precision])
@@ -380,13 +343,14 @@ def run_benchmark(sizes: Sequence[tuple[int, int]], obs_dim: int = OBS_DIM, acti
     return result | {"seconds": time.perf_counter() - start}
 
 
-def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int) -> dict:
+def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: int, rounds: int = 5) -> dict:
     """Milliseconds per compiled ``sac.update`` of ``fp16_sr_8bit`` with and without ``rematerialize``, medians of
     interleaved rounds, states donated."""
     batch = random_transitions(np.random.default_rng(0), batch_size, obs_dim, action_dim)
     batch = jax.tree.map(lambda x: jnp.asarray(x, jnp.float16), batch)
+    plain, remat = names = ("fp16_sr_8bit", "fp16_sr_8bit_remat")
     states, steps = {}, {}
-    for name in ("fp16_sr_8bit", "fp16_sr_8bit_remat"):
+    for name in names:
         states[name] = sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, make_config(name, width, batch_size))
         steps[name] = sac.update.lower(states[name], batch).compile()
 
@@ -394,56 +358,42 @@ def rematerialize_time(width: int, batch_size: int, obs_dim: int, action_dim: in
         states[name], metrics = steps[name](states[name], batch)
         return metrics
 
-    rounds = 5
-    timing = interleaved({name: functools.partial(update, name) for name in states}, rounds)
-    ms = {name: 1e3 * timing[name]["median_s"] for name in states}
-    return {
-        "width": width,
-        "batch_size": batch_size,
-        "backend": jax.default_backend(),
-        "ms_per_update": ms,
-        "time_ratio": ms["fp16_sr_8bit_remat"] / ms["fp16_sr_8bit"],
-        "rounds": rounds,
-        "machine": timing["machine"],
-        "note": "float16 is emulated on a CPU: the ratio, not the milliseconds, is the figure; on a GPU the "
-        "recomputed forward passes cost about a third of a backward pass each",
-    }
+    timing = interleaved({name: functools.partial(update, name) for name in names}, rounds)
+    ms = {name: 1e3 * timing[name]["median_s"] for name in names}
+    out = dict(width=width, batch_size=batch_size, backend=jax.default_backend(), ms_per_update=ms)
+    out.update(time_ratio=ms[remat] / ms[plain], rounds=rounds, machine=timing["machine"])
+    note = "float16 is emulated on a CPU: the ratio, not the milliseconds, is the figure; on a GPU the recomputed "
+    return out | {"note": note + "forward passes cost about a third of a backward pass each"}
+
+
+def _by_size(result: dict) -> dict:
+    """The rows of ``result`` by ``(precision, width, batch size)``."""
+    return {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
 
 
 def format_table(result: dict) -> str:
-    by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
-    rows = []
-    for comp in result["comparisons"]:
-        w, b = comp["width"], comp["batch_size"]
+    by_key, rows, mib = _by_size(result), [], lambda n: n / 2**20
+    verdict, pad = (lambda met: "MET" if met else "MISSED"), " " * 13
+    for c in result["comparisons"]:
         for precision in PRECISIONS:
-            row = by_key[(precision, w, b)]
-            rows.append([w, b, precision, *(row["components"][c] for c in COMPONENTS), row["total_bytes"]])
-            rows[-1][3:] = [n / 2**20 for n in rows[-1][3:]]
-        ratios = [f"{comp['component_ratios'][c]:.3f}" for c in COMPONENTS] + [f"{comp['total_ratio']:.3f}"]
-        note = f"  (without zero broadcasts: {comp['total_ratio_without_constant_broadcasts']:.3f}; target "
-        note += (
-            f"{TARGET_RATIO}: {'MET' if comp['target_met'] else 'MISSED'}; largest excess: {comp['largest_excess']})"
-        )
+            row = by_key[(precision, c["width"], c["batch_size"])]
+            values = [mib(row["components"][k]) for k in COMPONENTS] + [mib(row["total_bytes"])]
+            rows.append([c["width"], c["batch_size"], precision, *values])
+        ratios = [f"{c['component_ratios'][k]:.3f}" for k in COMPONENTS] + [f"{c['total_ratio']:.3f}"]
+        note = f"  (without zero broadcasts: {c['total_ratio_without_constant_broadcasts']:.3f}; target "
+        note += f"{TARGET_RATIO}: {verdict(c['target_met'])}; largest excess: {c['largest_excess']})"
         rows.append(["", "", "fp32/fp16", *ratios, note])
-        excess = ", ".join(
-            f"{k.replace('_residuals', ' res')} {v / 2**20:.2f}" for k, v in comp["excess_over_half_bytes"].items()
-        )
+        excess = c["excess_over_half_bytes"].items()
+        excess = ", ".join(f"{k.replace('_residuals', ' res')} {mib(v):.2f}" for k, v in excess)
         rows.append(
-            f"{'':>13} fp16 bytes beyond half of fp32 (MiB): {excess}; ratio without the Kahan buffers "
-            f"{comp['total_ratio_without_kahan_buffers']:.3f}, and without bool masks "
-            f"{comp['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
+            f"{pad} fp16 bytes beyond half of fp32 (MiB): {excess}; ratio without the Kahan buffers "
+            f"{c['total_ratio_without_kahan_buffers']:.3f}, and without bool masks "
+            f"{c['total_ratio_without_kahan_buffers_and_bool_masks']:.3f}"
         )
-        paper = comp["paper_table_11_mb"]
-        rows.append(
-            f"{'':>13} ceiling with the Kahan state (all else halved): "
-            f"{comp['total_ratio_ceiling_with_kahan_state']:.3f}"
-            + (
-                ""
-                if paper is None
-                else f"; MB here {comp['total_mb'][BASE]:.0f} / {comp['total_mb'][LOW]:.0f}"
-                f", paper Table 11 {paper[BASE]} / {paper[LOW]}"
-            )
-        )
+        ceiling, paper, mb = c["total_ratio_ceiling_with_kahan_state"], c["paper_table_11_mb"], c["total_mb"]
+        rows.append(f"{pad} ceiling with the Kahan state (all else halved): {ceiling:.3f}")
+        if paper is not None:
+            rows[-1] += f"; MB here {mb[BASE]:.0f} / {mb[LOW]:.0f}, paper Table 11 {paper[BASE]} / {paper[LOW]}"
     header = ["width", "batch", "prec", "state", "critic res", "actor res", "temp res", "batch", "total MiB"]
     lines = common.format_table(header, rows, [">6", ">6", "<12"] + [">10.2f"] * 6 + [""], rule=True)
     lines += ["", "beyond the paper, fp32 / total (goal):"]
@@ -451,31 +401,25 @@ def format_table(result: dict) -> str:
         r = b["component_ratios"]
         lines.append(
             f"  {b['precision']:<13} w{b['width']:<5} b{b['batch_size']:<5} {b['total_ratio']:.3f}x "
-            f"(goal {b['goal']}: {'MET' if b['goal_met'] else 'MISSED'}; state {r['state']:.3f}, critic res "
+            f"(goal {b['goal']}: {verdict(b['goal_met'])}; state {r['state']:.3f}, critic res "
             f"{r['critic_residuals']:.3f}, actor res {r['actor_residuals']:.3f}, batch {r['batch']:.3f})"
         )
     parts = result["comparisons"][0]["state_part_ratios"].items()
-    lines += [
-        "",
-        "state by role, fp32/fp16 ratio:  " + ", ".join(f"{p} {v:.2f}" if v else f"{p} (fp16 only)" for p, v in parts),
-    ]
+    parts = ", ".join(f"{p} {v:.2f}" if v else f"{p} (fp16 only)" for p, v in parts)
+    lines += ["", f"state by role, fp32/fp16 ratio:  {parts}"]
     if "rematerialize_time" in result:
-        t = result["rematerialize_time"]
+        t, ms = result["rematerialize_time"], result["rematerialize_time"]["ms_per_update"]
         lines.append(
             f"rematerialize, time per update at w{t['width']} b{t['batch_size']} ({t['backend']}): "
-            f"{t['ms_per_update']['fp16_sr_8bit']:.1f} -> {t['ms_per_update']['fp16_sr_8bit_remat']:.1f} ms "
-            f"({t['time_ratio']:.2f}x)"
+            f"{ms['fp16_sr_8bit']:.1f} -> {ms['fp16_sr_8bit_remat']:.1f} ms ({t['time_ratio']:.2f}x)"
         )
-    equal = "all equal" if result["cross_check"]["all_equal"] else "DIFFERENT"
-    lines.append(
-        f"raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: {equal}"
-    )
-    return "\n".join(lines)
+    check = "raw residual bytes vs jax.ad_checkpoint.print_saved_residuals, every configuration and loss: "
+    return "\n".join([*lines, check + ("all equal" if result["cross_check"]["all_equal"] else "DIFFERENT")])
 
 
 def plot(result: dict, path: Path) -> None:
     """Left: each precision's MiB by component per size (fp32 plain, the others hatched); right: the ratios."""
-    by_key = {(r["precision"], r["width"], r["batch_size"]): r for r in result["results"]}
+    by_key = _by_size(result)
     comps = result["comparisons"]
     labels = [f"w{c['width']}\nb{c['batch_size']}" for c in comps]
     x = np.arange(len(comps))
@@ -513,10 +457,9 @@ def plot(result: dict, path: Path) -> None:
         ceiling = [c["total_ratio_ceiling_with_kahan_state"] for c in comps]
         style = dict(marker="_", s=400, color="tab:red", linewidths=2, zorder=3)
         ax_r.scatter(x - 0.4 + width / 2, ceiling, **style, label="total's ceiling with the Kahan state")
-        for precision, marker in zip(BEYOND_GOALS, ("o", "s", "^")):
+        for (precision, goal), marker, color in zip(BEYOND_GOALS.items(), "os^", ("tab:cyan", "tab:pink", "tab:pink")):
             ratios = [b["total_ratio"] for b in result["beyond"] if b["precision"] == precision]
-            color = "tab:cyan" if marker == "o" else "tab:pink"
-            label = f"total, {precision} (goal {BEYOND_GOALS[precision]}x)"
+            label = f"total, {precision} (goal {goal}x)"
             ax_r.scatter(x, ratios, marker=marker, color=color, edgecolors="black", zorder=4, label=label)
         ax_r.axhline(2.0, color="k", linewidth=0.8, linestyle=":", label="2x (everything halved)")
         ax_r.axhline(TARGET_RATIO, color="tab:red", linewidth=1, linestyle="--", label=f"target {TARGET_RATIO}x")
