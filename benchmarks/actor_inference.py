@@ -26,35 +26,33 @@ if __name__ == "__main__" and "jax" not in sys.modules:  # must precede the firs
         os.environ["XLA_FLAGS"] = f"{_flags} {SINGLE_THREAD_XLA_FLAGS}".strip()
 
 import argparse
+import collections
 import importlib.metadata
 import importlib.util
 import itertools
 import json
 import logging
-import platform
 import subprocess
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import RESULTS, command_line, cpu_info, figure, finish, machine_info, package_versions, parser
 from benchmarks.timing import interleaved
 from lpjax.inference import Fp32MLP, Int8MLP, u8s8_saturates
 from lpjax.inference.mlp_params import mlp_layers
-from lpjax.inference.ort_int8 import Layer
 from lpjax.nn import MLP
 from lpjax.quant import quantize_int8_per_token
 
 RESULT_NAME = "actor_inference"
-DEFAULT_OUT_DIR = RESULTS
+DEFAULT_OUT_DIR = common.RESULTS
 OURS = "ort_int8"
 JAX_FP32 = "jax_fp32"
 TORCH_INT8 = "torch_int8_quantize_dynamic"
@@ -64,6 +62,7 @@ SLOW_CALL_FRACTION = 20  # the slow XLA int8 variants are timed on calls // 20 c
 FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
 OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
 SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
+CPU_FEATURES = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
 OPTIONS = {  # name: (full default, --quick default, minimum, help); passed on to --with_python runs with --seed
     "rounds": (10, 2, 1, "interleaved rounds"),
     "calls": (200, 5, 1, "timed calls per variant per round"),
@@ -90,13 +89,7 @@ ORT_ACTIVATIONS = (
 )
 
 
-class Sizes(NamedTuple):
-    obs_dim: int
-    hidden: int
-    layers: int
-    act_dim: int
-
-
+Sizes = collections.namedtuple("Sizes", "obs_dim hidden layers act_dim")
 FULL_SIZES = Sizes(obs_dim=24, hidden=OPTIONS["hidden"][0], layers=3, act_dim=6)
 QUICK_SIZES = Sizes(obs_dim=24, hidden=OPTIONS["hidden"][1], layers=2, act_dim=6)
 Runtime = tuple[str, int, Callable[[np.ndarray], np.ndarray]]
@@ -113,10 +106,7 @@ def _batched(call: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], np.nda
     return run
 
 
-def _widened_matmul(q, codes):
-    return jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
-
-
+_widened_matmul = lambda q, codes: jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
 XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of (q (B, K) int8, codes (K, N)))
     "xla_int8_dot_general": (
         "jnp.dot(int8, int8, preferred_element_type=int32) (kernels.int8_matmul impl='reference')",
@@ -141,77 +131,71 @@ XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of 
 }
 
 
-def xla_int8_forward(layers: Sequence[Layer], name: str, output_activation: str) -> Callable[[np.ndarray], np.ndarray]:
+def xla_int8_runtime(ours: Int8MLP, name: str, output_activation: str) -> Runtime:
     """lpjax's int8 maths in XLA, jitted: per-token int8 activations, ``XLA_INT8[name]``'s int32 accumulation, then
     ``float32(acc) * s_x * s_w + bias`` (``lpjax.kernels.int8_matmul``'s epilogue)."""
-    _, dtype, accumulate = XLA_INT8[name]
-    weights = [(jnp.asarray(c, dtype), jnp.asarray(s), jnp.asarray(b)) for c, s, b in layers]
+    description, dtype, accumulate = XLA_INT8[name]
+    weights = [(jnp.asarray(c, dtype), jnp.asarray(s), jnp.asarray(b)) for c, s, b in ours.layers]
 
     @jax.jit
-    def forward(weights, x):
-        h = x.reshape(-1, x.shape[-1])
+    def forward(weights, h):
         for i, (codes, w_scale, bias) in enumerate(weights):
             q, x_scale = quantize_int8_per_token(h)
             h = accumulate(q, codes).astype(jnp.float32) * x_scale * w_scale + bias
             h = jax.nn.relu(h) if i < len(weights) - 1 else h
-        h = jnp.tanh(h) if output_activation == "tanh" else h
-        return h.reshape(x.shape[:-1] + h.shape[-1:])
+        return jnp.tanh(h) if output_activation == "tanh" else h
 
-    return lambda obs: np.asarray(forward(weights, np.asarray(obs, np.float32)))
-
-
-def onnx_fp32_model(params: dict, output_activation: str):
-    """The fp32 policy as an ONNX ``ModelProto``: ``MatMul``, ``Add`` and ``Relu`` per layer, ``Tanh`` last."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    layers = mlp_layers(params)
-    nodes, weights, x = [], [], "obs"
-    for i, (kernel, bias) in enumerate(layers):
-        weights += [numpy_helper.from_array(kernel, f"kernel_{i}"), numpy_helper.from_array(bias, f"bias_{i}")]
-        nodes.append(helper.make_node("MatMul", [x, f"kernel_{i}"], [f"matmul_{i}"]))
-        nodes.append(helper.make_node("Add", [f"matmul_{i}", f"bias_{i}"], [f"linear_{i}"]))
-        x = f"linear_{i}"
-        if i < len(layers) - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"relu_{i}"]))
-            x = f"relu_{i}"
-    if output_activation == "tanh":
-        nodes.append(helper.make_node("Tanh", [x], ["tanh"]))
-        x = "tanh"
-    io = [
-        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", d])
-        for n, d in (("obs", layers[0][0].shape[0]), (x, layers[-1][0].shape[1]))
-    ]
-    graph = helper.make_graph(nodes, "fp32_mlp", io[:1], io[1:], weights)
-    return helper.make_model(graph, ir_version=7, opset_imports=[helper.make_opsetid("", 13)])
+    nbytes = int(sum(x.nbytes for x in jax.tree.leaves(weights)))
+    description = f"XLA int8, per-token activations: {description}, jitted"
+    return description, nbytes, _batched(lambda x: forward(weights, x))
 
 
-def ort_quantize_dynamic_model(model):
-    """``onnxruntime.quantization.quantize_dynamic(model, per_channel=True, weight_type=QInt8)``."""
+def ort_runtimes(params: dict, output_activation: str) -> dict[str, Runtime]:
+    """The fp32 policy as an ONNX graph (``MatMul``, ``Add``, ``Relu`` per layer, ``Tanh`` last) and its
+    ``quantize_dynamic(per_channel=True, QInt8)``, in one-thread sessions (default graph optimizations) weighed by
+    their initializers."""
     import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    layers, nodes, weights, x = mlp_layers(params), [], [], "obs"
+
+    def node(op: str, inputs: list[str], output: str) -> str:
+        nodes.append(helper.make_node(op, inputs, [output]))
+        return output
+
+    for i, (kernel, bias) in enumerate(layers):
+        weights += [numpy_helper.from_array(kernel, f"kernel_{i}"), numpy_helper.from_array(bias, f"bias_{i}")]
+        x = node("Add", [node("MatMul", [x, f"kernel_{i}"], f"matmul_{i}"), f"bias_{i}"], f"linear_{i}")
+        x = node("Relu", [x], f"relu_{i}") if i < len(layers) - 1 else x
+    x = node("Tanh", [x], "tanh") if output_activation == "tanh" else x
+    obs = helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", layers[0][0].shape[0]])
+    mean = helper.make_tensor_value_info(x, TensorProto.FLOAT, ["B", layers[-1][0].shape[1]])
+    graph = helper.make_graph(nodes, "fp32_mlp", [obs], [mean], weights)
+    fp32 = helper.make_model(graph, ir_version=7, opset_imports=[helper.make_opsetid("", 13)])
     logging.disable(logging.WARNING)  # its advice to pre-process the model (shape inference) is for convolutions
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            onnx.save(model, f"{tmp}/fp32.onnx")
-            quantize_dynamic(f"{tmp}/fp32.onnx", f"{tmp}/int8.onnx", per_channel=True, weight_type=QuantType.QInt8)
-            return onnx.load(f"{tmp}/int8.onnx")
+            quantize_dynamic(fp32, f"{tmp}/int8.onnx", per_channel=True, weight_type=QuantType.QInt8)
+            int8 = onnx.load(f"{tmp}/int8.onnx")
     finally:
         logging.disable(logging.NOTSET)
-
-
-def ort_runtime(description: str, model) -> Runtime:
-    """A one-thread ONNX Runtime session of ``model`` (default graph optimizations), weighed by its initializers."""
-    import onnxruntime as ort
-    from onnx import numpy_helper
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    output = session.get_outputs()[0].name
-    nbytes = int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
-    return description, nbytes, _batched(lambda x: session.run([output], {"obs": x})[0])
+
+    def runtime(description: str, model) -> Runtime:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        output = session.get_outputs()[0].name
+        nbytes = int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
+        return description, nbytes, _batched(lambda x: session.run([output], {"obs": x})[0])
+
+    dynamic = "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph"
+    return {
+        "ort_fp32": runtime("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", fp32),
+        "ort_quantize_dynamic": runtime(dynamic, int8),
+    }
 
 
 def torch_available() -> bool:
@@ -223,6 +207,7 @@ def torch_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[
     bit, as per-channel ``qint8`` fbgemm weights (``quantized::linear_relu_dynamic``, 8-bit activations)."""
     import torch
 
+    torch.set_num_threads(1)
     float_layers, modules, packed = mlp_layers(params), [], []
     for i, (kernel, bias) in enumerate(float_layers):
         modules.append(torch.nn.Linear(*kernel.shape))
@@ -248,11 +233,7 @@ def torch_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[
         return torch.tanh(h) if output_activation == "tanh" else h
 
     def run(fn):
-        def call(x):
-            with torch.inference_mode():
-                return fn(torch.from_numpy(x)).numpy()
-
-        return _batched(call)
+        return _batched(torch.inference_mode()(lambda x: fn(torch.from_numpy(x)).numpy()))
 
     quantized = [m for m in int8.modules() if hasattr(m, "_packed_params") and hasattr(m, "weight")]
     fp32_bytes = int(sum(p.numel() * p.element_size() for p in fp32.parameters()))
@@ -273,52 +254,22 @@ def make_runtimes(params: dict, ours: Int8MLP, output_activation: str) -> dict[s
     if output_activation != ours.output_activation:
         ours = Int8MLP.from_quantized(ours.layers, output_activation, gemm=ours.gemm)
     u8u8 = Int8MLP.from_quantized(ours.layers, output_activation, gemm="u8u8")
-    int32_bytes = ours.nbytes + 3 * sum(c.nbytes for c, _, _ in ours.layers)
-    onnx_fp32 = onnx_fp32_model(params, output_activation)
     runtimes = {JAX_FP32: ("lpjax.inference.Fp32MLP: jax.jit fp32 forward", fp32.nbytes, fp32)}
-    for name, (description, dtype, _) in XLA_INT8.items():
-        runtimes[name] = (
-            f"XLA int8, per-token activations: {description}, jitted",
-            int32_bytes if dtype == jnp.int32 else ours.nbytes,
-            xla_int8_forward(ours.layers, name, output_activation),
-        )
+    runtimes |= {name: xla_int8_runtime(ours, name, output_activation) for name in XLA_INT8}
     description = "lpjax.inference.Int8MLP: lpjax int8 weights on ONNX Runtime DynamicQuantizeMatMul"
     runtimes[OURS] = (f"{description} (gemm={ours.gemm!r})", ours.nbytes, ours)
     runtimes["ort_int8_u8u8"] = ("lpjax.inference.Int8MLP(gemm='u8u8'): the non-saturating kernel", u8u8.nbytes, u8u8)
-    runtimes["ort_fp32"] = ort_runtime("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", onnx_fp32)
-    runtimes["ort_quantize_dynamic"] = ort_runtime(
-        "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph",
-        ort_quantize_dynamic_model(onnx_fp32),
-    )
+    runtimes |= ort_runtimes(params, output_activation)
     return runtimes | (torch_runtimes(params, ours, output_activation) if torch_available() else {})
 
 
-def time_variants(runtimes: dict[str, Runtime], pool: np.ndarray, rounds: int, calls: int, warmup: int, log=print):
-    """Per-call latencies (ms) of every variant in interleaved rounds (the XLA int8 ones on fewer calls), each
-    call on the next observation of ``pool``; and the machine's load before and after."""
-    slow_calls = max(1, calls // SLOW_CALL_FRACTION)
-    log(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
-    observations = {name: itertools.cycle(pool) for name in runtimes}
-    timing = interleaved(
-        {name: (lambda fn=fn, obs=observations[name]: fn(next(obs))) for name, (_, _, fn) in runtimes.items()},
-        rounds,
-        calls={name: slow_calls if name in XLA_INT8 else calls for name in runtimes},
-        warmup=warmup,
-        per_call=True,
-    )
-    out = {}
-    for name in runtimes:
-        per_round = [1e3 * np.asarray(t) for t in timing[name]["calls_s"]]
-        flat = np.concatenate(per_round)
-        out[name] = {
-            "median_ms": float(np.median(flat)),
-            "p90_ms": float(np.percentile(flat, 90)),
-            "mean_ms": float(flat.mean()),
-            "min_ms": float(flat.min()),
-            "calls": int(flat.size),
-            "round_medians_ms": [float(np.median(t)) for t in per_round],
-        }
-    return out, timing["machine"]
+def latencies(calls_s: list[list[float]]) -> dict[str, Any]:
+    """Statistics (ms) of one variant's per-call seconds, given round by round."""
+    per_round = [1e3 * np.asarray(t) for t in calls_s]
+    flat = np.concatenate(per_round)
+    stats = [np.median(flat), np.percentile(flat, 90), flat.mean(), flat.min()]
+    out = {f"{name}_ms": float(v) for name, v in zip(("median", "p90", "mean", "min"), stats)}
+    return out | {"calls": int(flat.size), "round_medians_ms": [float(np.median(t)) for t in per_round]}
 
 
 def _forward64(layers, x):
@@ -332,19 +283,14 @@ def _forward64(layers, x):
 def like_for_like(variant: str) -> str:
     """The accuracy reference that isolates ``variant``'s own rounding: the fp32 forward for the float32 variants and
     for those that quantize with their own weights, the dequantized lpjax int8 forward for the rest."""
-    if variant in FP32_VARIANTS or variant in OWN_WEIGHTS_VARIANTS:
-        return "vs_fp32_float64"
-    return "vs_dequantized_int8_float64"
+    return "vs_fp32_float64" if variant in FP32_VARIANTS + OWN_WEIGHTS_VARIANTS else "vs_dequantized_int8_float64"
 
 
 def accuracy(params: dict, ours: Int8MLP, obs: np.ndarray) -> dict:
     """Errors of the pre-tanh mean (and of the tanh action) against float64 forwards, batch 1 and batch 8."""
     references = {"vs_dequantized_int8_float64": ours.dequantized_layers(), "vs_fp32_float64": mlp_layers(params)}
-    runtimes = {  # the XLA int8 variants are one maths
-        name: fn
-        for name, (_, _, fn) in make_runtimes(params, ours, "none").items()
-        if name not in XLA_INT8 or name == "xla_int8_dot_general"
-    }
+    skipped = list(XLA_INT8)[1:]  # the XLA int8 variants are one maths
+    runtimes = {name: fn for name, (_, _, fn) in make_runtimes(params, ours, "none").items() if name not in skipped}
     batches = {"batch_1": obs[:, None, :], "batch_8": obs[: len(obs) // 8 * 8].reshape(-1, 8, obs.shape[-1])}
     out: dict[str, Any] = {}
     for batch_name, xs in batches.items():
@@ -379,44 +325,45 @@ def environment_key() -> str:
 def installed_mb() -> dict[str, float]:
     """Disk size (MB) of each installed distribution of :data:`SIZED_PACKAGES`, from its file list."""
     sizes = {}
-    for name in SIZED_PACKAGES:
-        try:
-            files = importlib.metadata.distribution(name).files or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        paths = (Path(f.locate()) for f in files)
-        sizes[name] = round(sum(p.stat().st_size for p in paths if p.is_file()) / 1e6, 1)
+    for name, version in common.package_versions(SIZED_PACKAGES).items():
+        if version is not None:
+            paths = (Path(f.locate()) for f in importlib.metadata.files(name) or [])
+            sizes[name] = round(sum(p.stat().st_size for p in paths if p.is_file()) / 1e6, 1)
     return sizes
 
 
-def run_benchmark(
-    sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int = 0, log=print
-) -> dict:
-    """One environment's run: timings, accuracy, configuration, versions and machine."""
-    if torch_available():
-        import torch
-
-        torch.set_num_threads(1)
+def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int) -> dict:
+    """One environment's run: per-call latencies of every variant in interleaved rounds (the XLA int8 ones on fewer
+    calls, each call on the next observation of a pool), accuracy, configuration, versions and machine."""
     mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)  # initialized by Flax
     params = jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
     hidden = " -> ".join([str(sizes.hidden)] * sizes.layers)
-    log(f"{environment_key()}: policy {sizes.obs_dim} -> {hidden} -> {sizes.act_dim}: {param_count:,} parameters")
+    print(f"{environment_key()}: policy {sizes.obs_dim} -> {hidden} -> {sizes.act_dim}: {param_count:,} parameters")
     ours = Int8MLP.from_params(params, "tanh", threads=1)
     runtimes = make_runtimes(params, ours, "tanh")
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
-    timings, load = time_variants(runtimes, pool, rounds, calls, warmup, log)
-    log("accuracy ...")
+    slow_calls = max(1, calls // SLOW_CALL_FRACTION)
+    print(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
+    cycles = {name: itertools.cycle(pool) for name in runtimes}
+    timing = interleaved(
+        {name: (lambda fn=fn, obs=cycles[name]: fn(next(obs))) for name, (_, _, fn) in runtimes.items()},
+        rounds,
+        calls={name: slow_calls if name in XLA_INT8 else calls for name in runtimes},
+        warmup=warmup,
+        per_call=True,
+    )
+    print("accuracy ...")
     observations = np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
-    flags, info = (cpu_info("flags") or "").split(), machine_info()
-    features = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+    flags, info = (common.cpu_info("flags") or "").split(), common.machine_info()
     machine = {key: info[key] for key in ("cpu_model", "cpu_count", "cpu_affinity")}
-    machine |= {"cpu_flags": [f for f in features if f in flags], "platform": info["platform"]}
-    machine |= {f"loadavg_1_5_15_{when}": load[f"load_{when}"] for when in ("before", "after")}
-    versions = package_versions(("jax", "numpy", "onnxruntime", "onnx", "torch"))
+    machine |= {"cpu_flags": [f for f in CPU_FEATURES if f in flags], "platform": info["platform"]}
+    machine |= {f"loadavg_1_5_15_{when}": timing["machine"][f"load_{when}"] for when in ("before", "after")}
+    versions = common.package_versions(("jax", "numpy", "onnxruntime", "onnx", "torch"))
+    xla_flags = os.environ.get("XLA_FLAGS", "")
     return {
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": {"python": platform.python_version()} | {k: v for k, v in versions.items() if v},
+        "versions": {"python": info["python"]} | {k: v for k, v in versions.items() if v},
         "installed_mb": installed_mb(),
         "machine": machine,
         "config": {
@@ -424,13 +371,13 @@ def run_benchmark(
             "param_count": param_count,
             "rounds": rounds,
             "calls_per_round": calls,
-            "slow_calls_per_round": max(1, calls // SLOW_CALL_FRACTION),
+            "slow_calls_per_round": slow_calls,
             "warmup_calls": warmup,
             "seed": seed,
             "batch": 1,
             "output_activation": "tanh",
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "xla_single_threaded": SINGLE_THREAD_XLA_FLAGS in os.environ.get("XLA_FLAGS", ""),
+            "xla_flags": xla_flags,
+            "xla_single_threaded": SINGLE_THREAD_XLA_FLAGS in xla_flags,
             "ort_intra_op_threads": 1,
             "u8s8_saturates": u8s8_saturates(),
             "ours_gemm": ours.gemm,
@@ -438,7 +385,7 @@ def run_benchmark(
             "included); rounds interleaved with the variant order rotated; gc disabled",
         },
         "results": [
-            {"variant": name, "description": description, "weight_bytes": nbytes, **timings[name]}
+            {"variant": name, "description": description, "weight_bytes": nbytes, **latencies(timing[name]["calls_s"])}
             for name, (description, nbytes, _) in runtimes.items()
         ],
         "accuracy": accuracy(params, ours, observations),
@@ -449,10 +396,10 @@ def summarize(environments: dict[str, dict]) -> dict:
     """Every run's medians with their ratios to ``jax_fp32`` (same run) and to torch ``quantize_dynamic`` (the same
     run, or the first environment that has it), and the targets of ``ort_int8`` in each run."""
     medians = {env: {row["variant"]: row["median_ms"] for row in run["results"]} for env, run in environments.items()}
-    torch_envs = [env for env, m in medians.items() if TORCH_INT8 in m]
+    first_torch_env = next((env for env, m in medians.items() if TORCH_INT8 in m), None)
     rows, targets = [], {}
     for env, m in medians.items():
-        torch_env = env if TORCH_INT8 in m else (torch_envs[0] if torch_envs else None)
+        torch_env = env if TORCH_INT8 in m else first_torch_env
         torch_ms = medians[torch_env][TORCH_INT8] if torch_env else None
         for variant, ms in m.items():
             row = {"environment": env, "variant": variant, "median_ms": ms, "ratio_to_jax_fp32": ms / m[JAX_FP32]}
@@ -460,12 +407,12 @@ def summarize(environments: dict[str, dict]) -> dict:
             rows.append(row | {"torch_environment": torch_env})
         speedup = m[JAX_FP32] / m[OURS]
         target = f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)"
-        met = bool(speedup >= TARGET_SPEEDUP_VS_JAX_FP32)
+        met = speedup >= TARGET_SPEEDUP_VS_JAX_FP32
         targets[env] = {"speedup_vs_jax_fp32": {"target": target, "median": speedup, "met": met}}
         if torch_ms is not None:
             ratio = m[OURS] / torch_ms
             target = f"< {TARGET_RATIO_VS_TORCH_INT8} ({OURS} median / {TORCH_INT8} median of {torch_env})"
-            met = bool(ratio < TARGET_RATIO_VS_TORCH_INT8)
+            met = ratio < TARGET_RATIO_VS_TORCH_INT8
             targets[env]["ratio_vs_torch_int8"] = {"target": target, "median": ratio, "met": met}
             targets[env]["ratio_vs_torch_int8"]["torch_environment"] = torch_env
     return {"rows": rows, "targets": targets}
@@ -491,49 +438,36 @@ def table(result: dict, env: str) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Median (bar) and p90 (whisker) ms of every variant, one bar per environment, ours outlined."""
-    envs, runs = list(result["environments"]), result["environments"]
+    runs = result["environments"]
     variants = list(dict.fromkeys(row["variant"] for row in result["summary"]["rows"]))
     rows = {(env, row["variant"]): row for env, run in runs.items() for row in run["results"]}
-    with figure(path, figsize=(10.0, 0.3 * len(variants) * len(envs) + 1.8)) as (fig, ax):
-        height, y0 = 0.8 / len(envs), np.arange(len(variants))[::-1]
-        for j, env in enumerate(envs):
-            loads = [runs[env]["machine"].get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
+    with common.figure(path, figsize=(10.0, 0.3 * len(variants) * len(runs) + 1.8)) as (fig, ax):
+        height, y0 = 0.8 / len(runs), np.arange(len(variants))[::-1]
+        for j, (env, run) in enumerate(runs.items()):
+            loads = [run["machine"].get(f"loadavg_1_5_15_{when}", [None])[0] for when in ("before", "after")]
             label = env if None in loads else f"{env} (1-min load {loads[0]:.1f} -> {loads[1]:.1f})"
             for yi, variant in zip(y0, variants):
-                if (row := rows.get((env, variant))) is None:
-                    continue
-                y, ms, ours = yi + 0.4 - height * (j + 0.5), row["median_ms"], variant == OURS
-                bar = dict(
-                    color=f"C{j}", label=label if ours else None, capsize=2, edgecolor="black" if ours else "none"
-                )
-                ax.barh(y, ms, height=height, xerr=[[0.0], [row["p90_ms"] - ms]], **bar)
-                text = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
-                ax.annotate(f"{ms:.3f} ms", (row["p90_ms"], y), **text)
+                if (row := rows.get((env, variant))) is not None:
+                    y, ms, ours = yi + 0.4 - height * (j + 0.5), row["median_ms"], variant == OURS
+                    edge = "black" if ours else "none"
+                    bar = dict(color=f"C{j}", label=label if ours else None, capsize=2, edgecolor=edge)
+                    ax.barh(y, ms, height=height, xerr=[[0.0], [row["p90_ms"] - ms]], **bar)
+                    text = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+                    ax.annotate(f"{ms:.3f} ms", (row["p90_ms"], y), **text)
         ax.set_yticks(y0, variants)
         ax.set_xscale("log")
         ax.set_xlim(min(r["median_ms"] for r in rows.values()) / 2, max(r["p90_ms"] for r in rows.values()) * 4)
         ax.legend(loc="lower right", fontsize=8)
         first = next(iter(runs.values()))
         s = first["config"]["sizes"]
-        speedups = ", ".join(
-            f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in result["summary"]["targets"].items()
-        )
+        targets = result["summary"]["targets"]
+        speedups = ", ".join(f"{env}: {t['speedup_vs_jax_fp32']['median']:.1f}x" for env, t in targets.items())
         ax.set_xlabel("ms per batch-1 forward, one thread (bar: median, whisker: p90; log scale)")
         ax.set_title(
             f"Actor policy {s['obs_dim']}->{s['hidden']}x{s['layers']}->{s['act_dim']} on "
             f"{first['machine']['cpu_model']}\n{OURS} (lpjax Int8MLP) faster than jax_fp32 by {speedups}",
             fontsize=9,
         )
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    cli = parser(RESULT_NAME, __doc__, quick="tiny policy, few calls: a smoke test, not a measurement")
-    for name, (full, quick, _, text) in OPTIONS.items():
-        cli.add_argument(f"--{name}", type=int, default=None, help=f"{text} (default {full}; quick: {quick})")
-    cli.add_argument("--seed", type=int, default=0)
-    with_help = "also run this benchmark, same settings, with another virtualenv's interpreter first (repeatable)"
-    cli.add_argument("--with_python", type=Path, action="append", default=[], metavar="PYTHON", help=with_help)
-    return cli.parse_args(argv)
 
 
 def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
@@ -543,12 +477,18 @@ def run_with(python: Path, args: argparse.Namespace) -> dict[str, dict]:
         for name in (*OPTIONS, "seed"):
             if getattr(args, name) is not None:
                 command += [f"--{name}", str(getattr(args, name))]
-        subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=RESULTS.parents[1])
+        subprocess.run(command + (["--quick"] if args.quick else []), check=True, cwd=common.REPO)
         return json.loads((Path(tmp) / f"{RESULT_NAME}.json").read_text())["environments"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
+    cli = common.parser(RESULT_NAME, __doc__, quick="tiny policy, few calls: a smoke test, not a measurement")
+    for name, (full, quick, _, text) in OPTIONS.items():
+        cli.add_argument(f"--{name}", type=int, default=None, help=f"{text} (default {full}; quick: {quick})")
+    cli.add_argument("--seed", type=int, default=0)
+    with_help = "also run this benchmark, same settings, with another virtualenv's interpreter first (repeatable)"
+    cli.add_argument("--with_python", type=Path, action="append", default=[], metavar="PYTHON", help=with_help)
+    args = cli.parse_args(argv)
     settings = {k: v[args.quick] if getattr(args, k) is None else getattr(args, k) for k, v in OPTIONS.items()}
     for name, value in settings.items():
         if value < OPTIONS[name][2]:
@@ -561,14 +501,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if env in runs:
             raise ValueError(f"--with_python {python} runs this benchmark's own environment ({env}).")
     run = run_benchmark(sizes, **settings, seed=args.seed)
-    run["command"] = command_line("benchmarks.actor_inference", argv)
-    run["quick"] = bool(args.quick)
+    run |= {"command": common.command_line("benchmarks.actor_inference", argv), "quick": bool(args.quick)}
     json_path = args.out_dir / f"{args.name}.json"
     previous = json.loads(json_path.read_text()) if json_path.exists() else {}  # its other environments are kept
     environments = dict(sorted({**previous.get("environments", {}), **runs, env: run}.items()))
     result = {"benchmark": RESULT_NAME, "caveats": CAVEATS, "ort_activation_quantization": ORT_ACTIVATIONS}
     result |= {"environments": environments, "summary": summarize(environments)}
-    return finish(args, result, table(result, env), plot)
+    return common.finish(args, result, table(result, env), plot)
 
 
 if __name__ == "__main__":
