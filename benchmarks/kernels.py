@@ -30,16 +30,8 @@ import numpy as np
 from benchmarks.common import command_line, figure, finish, format_table, parser, random_transitions
 from benchmarks.timing import interleaved
 from lpjax import quant
-from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul
-from lpjax.kernels._common import (
-    GPU_TARGETS,
-    TRITON_AVAILABLE,
-    TRITON_CUSTOM_CALL,
-    is_hopper,
-    lower_for_cuda,
-    round_up,
-    target_device_kind,
-)
+from lpjax.kernels import fp8_blockwise_matmul, fp16_matmul, int8_matmul, lower_for_cuda
+from lpjax.kernels._common import GPU_TARGETS, TRITON_AVAILABLE, TRITON_CUSTOM_CALL, is_hopper, target_device_kind
 from lpjax.methods import PrecisionMethods
 
 SHAPES = {"sac": (1024, 1024, 1024), "llm_prefill": (4096, 4096, 4096), "llm_decode": (16, 4096, 4096)}
@@ -82,43 +74,17 @@ def describe_lowering(exported: Any) -> dict[str, Any]:
     }
 
 
-def _bytes(x_bytes: int, w_bytes: int, m: int, k: int, n: int, bm: int = 64, bn: int = 64, scales: int | None = None):
-    """Bytes with x ``(M, K)`` and w ``(K, N)`` of these sizes, an fp32 bias and a bf16 output, when ``bm x bn``
-    tiles re-read x once per N block and w once per M block (no L2 reuse); for 8-bit operands (``scales``: the
-    activation scales), the activation-quantization pass on its own line (bf16 in, codes out)."""
-    out, x_reads, w_reads = 2 * m * n + 4 * n, round_up(n, bn) // bn, round_up(m, bm) // bm
-    nbytes = {"compulsory": x_bytes + w_bytes + out, "tiled": x_bytes * x_reads + w_bytes * w_reads + out}
-    return nbytes if scales is None else nbytes | {"activation_quantization_pass": 2 * m * k + m * k + 4 * scales}
-
-
-def _bytes_fp16(m: int, k: int, n: int) -> dict[str, float]:
-    return _bytes(2 * m * k, 2 * k * n, m, k, n)
-
-
-def _bytes_fp8(m: int, k: int, n: int) -> dict[str, float]:
-    """fp8 codes of x and w, fp32 scales (x: one per token per 128 of K; w: one per 128x128 block), bf16 out."""
-    groups = round_up(k, FP8_BLOCK) // FP8_BLOCK
-    w_bytes = k * n + 4 * groups * (round_up(n, FP8_BLOCK) // FP8_BLOCK)
-    return _bytes(m * k + 4 * m * groups, w_bytes, m, k, n, 64, FP8_BLOCK, m * groups)
-
-
-def _bytes_int8(m: int, k: int, n: int) -> dict[str, float]:
-    """int8 codes of x and w, fp32 per-token and per-channel scales, bf16 out."""
-    return _bytes(m * k + 4 * m, k * n + 4 * n, m, k, n, scales=m)
-
-
-def _kernel(fn: Callable, impl: str, **kw: Any) -> Callable:
-    return functools.partial(fn, out_dtype=jnp.bfloat16, impl=impl, **kw)
-
-
 KERNELS: dict[str, dict[str, Any]] = {
-    "fp16_matmul[bf16]": dict(bytes=_bytes_fp16, peak="bf16_tflops", fn=functools.partial(_kernel, fp16_matmul)),
-    "fp8_blockwise_matmul": dict(
-        bytes=_bytes_fp8, peak="fp8_tflops", fn=functools.partial(_kernel, fp8_blockwise_matmul)
-    ),
-    "int8_matmul": dict(bytes=_bytes_int8, peak="int8_tops", fn=functools.partial(_kernel, int8_matmul)),
+    "fp16_matmul[bf16]": dict(fn=fp16_matmul, peak="bf16_tflops"),
+    "fp8_blockwise_matmul": dict(fn=fp8_blockwise_matmul, peak="fp8_tflops"),
+    "int8_matmul": dict(fn=int8_matmul, peak="int8_tops"),
 }
-"""Per kernel: its byte model, the peak it is held to and ``fn(impl, **blocks)``, the kernel on bf16 operands."""
+"""Per kernel: its function and the peak of :data:`GPUS` it is held to."""
+
+
+def kernel(name: str, impl: str, **kw: Any) -> Callable:
+    """Kernel ``name`` by the backend ``impl`` (with options ``kw``) on bf16 operands, with a bf16 output."""
+    return functools.partial(KERNELS[name]["fn"], out_dtype=jnp.bfloat16, impl=impl, **kw)
 
 
 def roofline(flops: float, nbytes: float, peak_tflops: float, hbm_tb_s: float) -> dict[str, float | str]:
@@ -134,30 +100,42 @@ def roofline(flops: float, nbytes: float, peak_tflops: float, hbm_tb_s: float) -
 
 
 def model_entry(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
-    """FLOPs, bytes, intensity and H100/H200 rooflines of one kernel at one shape (no compute)."""
-    spec, (m, k, n) = KERNELS[name], shape
-    flops = 2.0 * m * n * k
-    nbytes = spec["bytes"](m, k, n)
-    return {"M": m, "K": k, "N": n, "flops": flops, "bytes": nbytes} | {
-        "intensity_compulsory": flops / nbytes["compulsory"],
-        "intensity_tiled": flops / nbytes["tiled"],
-        "roofline": {
-            gpu: {
-                kind: roofline(flops, nbytes[kind], peaks[spec["peak"]], peaks["hbm_tb_s"])
-                for kind in ("compulsory", "tiled")
-            }
-            for gpu, peaks in GPUS.items()
-        },
+    """FLOPs, bytes moved from HBM, intensity and H100/H200 rooflines of one kernel at one shape (no compute).
+    x ``(M, K)``, w ``(K, N)``, an fp32 bias and a bf16 output: ``compulsory`` bytes move each once, ``tiled`` ones
+    re-read x once per N block and w once per M block of ``64 x bn`` tiles (no L2 reuse). The operands are bf16, or
+    8-bit codes with fp32 scales (int8: per token and per channel; fp8: x per token per 128 of K, w per 128x128
+    block), which add the activation-quantization pass on its own line (bf16 in, codes and scales out)."""
+    (m, k, n), peak, kinds = shape, KERNELS[name]["peak"], ("compulsory", "tiled")
+    groups, n_groups = math.ceil(k / FP8_BLOCK), math.ceil(n / FP8_BLOCK)
+    x_bytes, w_bytes, scales, bn = {
+        "fp16_matmul[bf16]": (2 * m * k, 2 * k * n, None, 64),
+        "fp8_blockwise_matmul": (m * k + 4 * m * groups, k * n + 4 * groups * n_groups, m * groups, FP8_BLOCK),
+        "int8_matmul": (m * k + 4 * m, k * n + 4 * n, m, 64),
+    }[name]
+    flops, out = 2.0 * m * n * k, 2 * m * n + 4 * n
+    tiled = x_bytes * math.ceil(n / bn) + w_bytes * math.ceil(m / 64) + out
+    nbytes = {"compulsory": x_bytes + w_bytes + out, "tiled": tiled}
+    if scales is not None:
+        nbytes["activation_quantization_pass"] = 2 * m * k + m * k + 4 * scales
+    roofs = {
+        gpu: {kind: roofline(flops, nbytes[kind], peaks[peak], peaks["hbm_tb_s"]) for kind in kinds}
+        for gpu, peaks in GPUS.items()
     }
+    intensity = {f"intensity_{kind}": flops / nbytes[kind] for kind in kinds}
+    return {"M": m, "K": k, "N": n, "flops": flops, "bytes": nbytes} | intensity | {"roofline": roofs}
+
+
+def per_kernel_and_shape(fn: Callable[[str, tuple[int, int, int]], Any]) -> dict[str, dict[str, Any]]:
+    """``fn(name, shape)`` for every kernel and shape (:data:`KERNELS`, :data:`SHAPES`), by kernel and shape name."""
+    return {name: {s: fn(name, shape) for s, shape in SHAPES.items()} for name in KERNELS}
 
 
 def lowers_for_cuda(name: str, shape: tuple[int, int, int], backend: str, arch: str) -> dict[str, Any]:
-    """Whether the kernel's ``backend`` lowers for CUDA on the abstract GPU ``arch`` at this shape, and what the
-    lowered module runs (:func:`describe_lowering`)."""
+    """Whether kernel ``name`` by ``backend`` lowers for CUDA on the abstract GPU ``arch``, and what it runs."""
     m, k, n = shape
     x, w = jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16)
     try:
-        exported = lower_for_cuda(KERNELS[name]["fn"](backend, interpret=False), x, w, arch=arch)
+        exported = lower_for_cuda(kernel(name, backend, interpret=False), x, w, arch=arch)
     except Exception as error:  # recorded, not raised: the json says which kernel fails to lower and why
         return {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
     return {"ok": True, **describe_lowering(exported), "mlir_chars": len(exported.mlir_module())}
@@ -187,30 +165,24 @@ def lowering_triples(lowered: dict[str, dict[str, dict[str, Any]]]) -> list[dict
     return rows
 
 
-def _random(key: jax.Array, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp.bfloat16)
-
-
 def _operands(key: jax.Array, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array]:
+    """bf16 ``x (M, K)`` of unit variance and ``w (K, N)`` of variance ``1 / K``."""
     kx, kw = jax.random.split(key)
-    return _random(kx, (m, k)), _random(kw, (k, n), 1 / math.sqrt(k))
+    w = jax.random.normal(kw, (k, n), jnp.float32) * (1 / math.sqrt(k))
+    return jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16), w.astype(jnp.bfloat16)
 
 
 def cpu_reference_latency(shape: tuple[int, int, int], repeats: int) -> dict[str, float]:
-    """Milliseconds per call on this CPU of the XLA-compiled references next to an fp32 ``jnp.dot`` (interleaved
-    rounds, :func:`benchmarks.timing.interleaved`)."""
+    """Milliseconds per call on this CPU of the XLA-compiled references and ``jnp.dot`` (interleaved rounds)."""
     x, w = (a.astype(jnp.float32) for a in _operands(jax.random.key(0), *shape))
+    cast = lambda f, dtype: jax.jit(lambda x, w: f(x.astype(dtype), w.astype(dtype)))
     calls = {
         "jnp_dot_fp32": jax.jit(jnp.dot),
-        "jnp_dot_bf16": jax.jit(
-            lambda x, w: jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-        ),
+        "jnp_dot_bf16": cast(functools.partial(jnp.dot, preferred_element_type=jnp.float32), jnp.bfloat16),
     }
-    for name, spec in KERNELS.items():
-        cast = jnp.bfloat16 if name.startswith("fp16") else jnp.float32
-        calls[f"{name}[reference]"] = jax.jit(
-            lambda x, w, f=spec["fn"]("reference"), c=cast: f(x.astype(c), w.astype(c))  # noqa: B008
-        )
+    for name in KERNELS:
+        dtype = jnp.bfloat16 if name.startswith("fp16") else jnp.float32
+        calls[f"{name}[reference]"] = cast(kernel(name, "reference"), dtype)
     timing = interleaved({label: functools.partial(f, x, w) for label, f in calls.items()}, repeats)
     return {label: 1e3 * timing[label]["median_s"] for label in calls}
 
@@ -224,16 +196,11 @@ def model_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
         "jax": jax.__version__,
         "gpus_modelled": GPUS,
         "shapes": SHAPES,
-        "model": {name: {s: model_entry(name, shape) for s, shape in SHAPES.items()} for name in KERNELS},
+        "model": per_kernel_and_shape(model_entry),
     }
     if not args.no_export:
-        result["lowers_for_cuda"] = {
-            name: {
-                s: {f"{b}@{a}": lowers_for_cuda(name, shape, b, a) for b, a in LOWERING_TARGETS}
-                for s, shape in SHAPES.items()
-            }
-            for name in KERNELS
-        }
+        targets = lambda name, shape: {f"{b}@{a}": lowers_for_cuda(name, shape, b, a) for b, a in LOWERING_TARGETS}
+        result["lowers_for_cuda"] = per_kernel_and_shape(targets)
         result["lowering_triples"] = lowering_triples(result["lowers_for_cuda"])
         result["lowering_notes"] = list(LOWERING_NOTES)
     result["gpu_timings"] = GPU_TIMINGS
@@ -298,8 +265,6 @@ BLOCK_SWEEP: dict[str, list[dict[str, int]]] = {
     "int8_matmul": [dict(zip(_MNK, b)) for b in ((64, 64, 64), (128, 128, 128), (128, 256, 128), (256, 128, 128))],
 }
 """Block sizes tried per kernel at the LLM prefill shape (the first entry is each kernel's default)."""
-
-
 SAC_SETTINGS: dict[str, dict[str, Any]] = {
     "fp32": dict(policy="fp32", methods=PrecisionMethods(), matmul_impl="xla"),
     "bf16": dict(policy="bf16", methods=PrecisionMethods(), matmul_impl="xla"),
@@ -355,14 +320,9 @@ def measure(fn: Callable[..., Any], args: Sequence[Any], iterations: int) -> dic
         return {"error": f"{type(error).__name__}: {error}"[:400]}
 
 
-def _per_set(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` applied to each of a list of input sets: one call, ``len(sets)`` independent products."""
-    return lambda sets: [fn(*s) for s in sets]
-
-
-def _inputs(name: str, m: int, k: int, n: int, count: int, seed: int = 0, xla: str | None = None) -> list:
-    """``count`` input sets ``(x, w)``: for kernel ``name`` bf16 activations and the weight as a layer holds it;
-    for XLA's dot ``xla``, bf16 operands or pre-quantized 8-bit codes with one scale per tensor."""
+def _inputs(name: str, shape: tuple[int, int, int], seed: int = 0, xla: str | None = None) -> list:
+    """:func:`num_sets` input sets ``(x, w)`` of bf16 operands (2 bytes each): for kernel ``name`` bf16 activations
+    and the weight as a layer holds it; for XLA's dot ``xla``, bf16 operands or 8-bit codes with one scale each."""
     prepare = {
         "fp16_matmul[bf16]": lambda x, w: (x, w),
         "fp8_blockwise_matmul": lambda x, w: (x, quant.quantize_fp8_blockwise(w)),
@@ -373,8 +333,18 @@ def _inputs(name: str, m: int, k: int, n: int, count: int, seed: int = 0, xla: s
             jnp.clip(jnp.round(a.astype(jnp.float32) * s), -127, 127).astype(jnp.int8) for a, s in ((x, 32), (w, 2048))
         ),
     }[xla or name]
-    keys = jax.random.split(jax.random.key(1 if xla else seed), count)
+    m, k, n = shape
+    keys = jax.random.split(jax.random.key(1 if xla else seed), num_sets(2 * (m * k + k * n)))
     return jax.block_until_ready([prepare(*_operands(key, m, k, n)) for key in keys])
+
+
+def time_products(fn: Callable[..., Any], inputs: list, iterations: int, flops: float) -> dict[str, Any]:
+    """:func:`measure` of ``fn`` on each input set in one call, with ``ms_per_product`` and ``tflops`` if it ran."""
+    timing = measure(lambda sets: [fn(*s) for s in sets], (inputs,), iterations)
+    if "error" not in timing:
+        seconds = timing["gpu_ms"] / len(inputs) / 1e3
+        timing.update(ms_per_product=seconds * 1e3, tflops=flops / seconds / 1e12)
+    return timing
 
 
 def efficiency(flops: float, nbytes: float, seconds: float, tflops: float, tb_s: float) -> dict[str, float]:
@@ -396,36 +366,23 @@ def ceilings(iterations: int) -> dict[str, float]:
     return {"bf16_tflops": flops / bf16 / 1e9, "fp8_tflops": flops / fp8 / 1e9, "hbm_tb_s": 2 * big.nbytes / copy / 1e9}
 
 
-def per_product(timing: dict[str, Any], sets: int, flops: float) -> float:
-    """Adds ``ms_per_product`` and ``tflops`` to a :func:`measure` record of ``sets`` products; returns the seconds
-    per product."""
-    seconds = timing["gpu_ms"] / sets / 1e3
-    timing.update(ms_per_product=seconds * 1e3, tflops=flops / seconds / 1e12)
-    return seconds
-
-
 def kernel_timings(name: str, shape: tuple[int, int, int], iterations: int, measured: dict[str, float]) -> dict:
-    """Every Pallas backend and XLA baseline of kernel ``name`` at ``shape``: GPU ms per product and TFLOP/s,
-    the kernels each launches, and the fraction of the roofline reached (datasheet H100 and measured ceilings)."""
-    m, k, n = shape
-    model = model_entry(name, shape)
-    flops = model["flops"]
-    bf16_bytes = model_entry("fp16_matmul[bf16]", shape)["bytes"]["compulsory"]
-    sets = num_sets(2 * (m * k + k * n))
-    result: dict[str, Any] = {"sets_per_call": sets}
-    inputs = _inputs(name, m, k, n, sets)
-    peak = KERNELS[name]["peak"]
+    """Every Pallas backend and XLA baseline of kernel ``name`` at ``shape`` (:func:`time_products`), with the
+    fraction of the roofline reached at the H100's datasheet and at the measured ceilings. A kernel in bf16, and
+    XLA's bf16 dot, are held to the bf16 peak and bytes; the 8-bit ones to the kernel's peak (measured: fp8's)."""
+    model, bf16, peak = model_entry(name, shape), model_entry("fp16_matmul[bf16]", shape), KERNELS[name]["peak"]
+    flops, inputs = model["flops"], _inputs(name, shape)
+    result: dict[str, Any] = {"sets_per_call": len(inputs)}
     for backend in gpu_backends():
-        result[f"kernel[{backend}]"] = measure(_per_set(KERNELS[name]["fn"](backend)), (inputs,), iterations)
+        result[f"kernel[{backend}]"] = time_products(kernel(name, backend), inputs, iterations, flops)
     for kind in XLA_BASELINES[name]:
-        baseline = _inputs(name, m, k, n, sets, xla=kind)
-        result[f"xla_dot[{kind}]"] = measure(_per_set(XLA_DOTS[kind]), (baseline,), iterations)
+        result[f"xla_dot[{kind}]"] = time_products(XLA_DOTS[kind], _inputs(name, shape, xla=kind), iterations, flops)
     for label, timing in result.items():
         if not isinstance(timing, dict) or "error" in timing:
             continue
-        seconds = per_product(timing, sets, flops)
+        seconds = timing["gpu_ms"] / len(inputs) / 1e3
         in_bf16 = peak == "bf16_tflops" or label == "xla_dot[bf16]"
-        nbytes = bf16_bytes if in_bf16 else model["bytes"]["compulsory"]
+        nbytes = (bf16 if in_bf16 else model)["bytes"]["compulsory"]
         datasheet = GPUS["H100"]["bf16_tflops" if in_bf16 else peak]
         timing["roofline_h100_datasheet"] = efficiency(flops, nbytes, seconds, datasheet, GPUS["H100"]["hbm_tb_s"])
         rate = measured["bf16_tflops" if in_bf16 else "fp8_tflops"]
@@ -434,20 +391,15 @@ def kernel_timings(name: str, shape: tuple[int, int, int], iterations: int, meas
 
 
 def block_sweep(name: str, iterations: int) -> dict[str, dict[str, Any]]:
-    """GPU ms per product at the LLM prefill shape for each block setting of :data:`BLOCK_SWEEP` and backend;
-    a setting that fails to compile is recorded with its error."""
-    m, k, n = SHAPES["llm_prefill"]
-    sets = num_sets(2 * (m * k + k * n))
-    inputs = _inputs(name, m, k, n, sets, seed=3)
+    """GPU ms per product and TFLOP/s at the LLM prefill shape for each block setting of :data:`BLOCK_SWEEP` and
+    backend; a setting that fails to compile is recorded with its error."""
+    inputs, flops = _inputs(name, SHAPES["llm_prefill"], seed=3), 2.0 * math.prod(SHAPES["llm_prefill"])
     out: dict[str, dict[str, Any]] = {}
     for backend in gpu_backends():
         for blocks in BLOCK_SWEEP[name]:
             label = f"{backend} " + " ".join(f"{key}={value}" for key, value in blocks.items())
-            timing = measure(_per_set(KERNELS[name]["fn"](backend, **blocks)), (inputs,), iterations)
-            if "error" not in timing:
-                per_product(timing, sets, 2.0 * m * n * k)
-                timing = {key: timing[key] for key in ("ms_per_product", "tflops")}
-            out[label] = timing
+            timing = time_products(kernel(name, backend, **blocks), inputs, iterations, flops)
+            out[label] = timing if "error" in timing else {key: timing[key] for key in ("ms_per_product", "tflops")}
     return out
 
 
@@ -463,7 +415,7 @@ def sac_update_timings(iterations: int) -> dict[str, dict[str, float]]:
         agent = sac.init(jax.random.key(0), jnp.zeros((obs_dim,)), action_dim, config)
         timing = measure(sac.update, (agent, batch), iterations)
         if "error" not in timing:
-            timing = {"gpu_ms": timing["gpu_ms"], "wall_ms": timing["wall_ms"], "kernels": len(timing["kernels"])}
+            timing["kernels"] = len(timing["kernels"])
         out[label] = timing
     for timing in out.values():
         if "gpu_ms" in timing and "gpu_ms" in out["fp32"]:
@@ -484,10 +436,7 @@ def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
         "dispatch. Each call runs sets_per_call products on distinct inputs (> 4x L2); ms_per_product divides.",
         "measured_ceilings": measured,
         "datasheet": GPUS,
-        "kernels": {
-            name: {s: kernel_timings(name, shape, args.iterations, measured) for s, shape in SHAPES.items()}
-            for name in KERNELS
-        },
+        "kernels": per_kernel_and_shape(lambda name, shape: kernel_timings(name, shape, args.iterations, measured)),
     }
     if not args.no_sweep:
         result["block_sweep_llm_prefill"] = {name: block_sweep(name, args.iterations) for name in KERNELS}
@@ -506,10 +455,8 @@ def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
     ]
     header = ["kernel", "shape", "implementation", "ms", "TFLOP/s", "of roof"]
     lines += format_table(header, rows, ["<22", "<12", "<22", "9.4f", "8.1f", "8.2f"])
-    sweeps = result.get("block_sweep_llm_prefill", {})
-    rows = [
-        [name, label, t.get("tflops", t.get("error"))] for name, sweep in sweeps.items() for label, t in sweep.items()
-    ]
+    sweeps = result.get("block_sweep_llm_prefill", {}).items()
+    rows = [[name, label, t.get("tflops", t.get("error"))] for name, sweep in sweeps for label, t in sweep.items()]
     lines += format_table(["block sweep", "blocks", "TFLOP/s"], rows, ["<22", "<48", "8.1f"])
     sac = result.get("sac_update", {}).items()
     rows = [
@@ -522,17 +469,17 @@ def gpu_result(args: Any, argv: Sequence[str] | None) -> tuple[dict, str]:
 
 def plot_gpu(result: dict, path: Path) -> None:
     """Measured TFLOP/s of each kernel and XLA baseline per shape, with the measured roofline bound as a line."""
-    names = list(result["kernels"])
-    with figure(path, 1, len(names), figsize=(5 * len(names), 4.2), squeeze=False) as (fig, axes):
-        for ax, name in zip(axes[0], names):
-            shapes = list(result["kernels"][name])
-            labels = [label for label, t in result["kernels"][name][shapes[0]].items() if isinstance(t, dict)]
+    count = len(result["kernels"])
+    with figure(path, 1, count, figsize=(5 * count, 4.2), squeeze=False) as (fig, axes):
+        for ax, (name, by_shape) in zip(axes[0], result["kernels"].items()):
+            shapes = list(by_shape)
+            labels = [label for label, t in by_shape[shapes[0]].items() if isinstance(t, dict)]
             width = 0.8 / len(labels)
             for i, label in enumerate(labels):
-                values = [result["kernels"][name][s][label].get("tflops", 0.0) for s in shapes]
+                values = [by_shape[s][label].get("tflops", 0.0) for s in shapes]
                 ax.bar(np.arange(len(shapes)) + i * width, values, width, label=label)
             for j, s in enumerate(shapes):
-                timed = [t for t in result["kernels"][name][s].values() if isinstance(t, dict) and "tflops" in t]
+                timed = [t for t in by_shape[s].values() if isinstance(t, dict) and "tflops" in t]
                 if timed:  # the kernels' own roof (the first timing is a kernel's, or an XLA dot in its precision)
                     bound_us = timed[0]["roofline_measured"]["bound_us"]
                     attainable = 2.0 * math.prod(SHAPES[s]) / (bound_us * 1e-6) / 1e12
