@@ -20,14 +20,12 @@ from experiments import run_farm
 from lpjax.methods import PrecisionMethods
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO_ROOT / "experiments" / "configs" / "sac"
 
 MAIN_CONFIGS = ("fp32", "fp16", "fp16_naive")
 BEYOND_CONFIGS = ("fp8", "fp16_sr", "fp16_sr_8bit", "fp8_bf16_ends", "fp16_sr_params")
 """Beyond the paper, compared with ``fp32`` on the main tasks: the W8A8 fp8 GEMM agent (also with its first and
 last layers in bf16), and fp16 with stochastic rounding instead of the Kahan buffers (with hAdam's moments in
-float16, or blockwise 8-bit; or for the parameters only, the target keeping its Kahan buffer, which the rounding
-study found to be the update whose rounding costs return)."""
+float16, or blockwise 8-bit; or for the parameters only, the target keeping its Kahan buffer)."""
 METHODS = tuple(name for name in PrecisionMethods.switches() if getattr(PrecisionMethods.paper(), name))
 """The methods ``fp16`` turns on (:meth:`lpjax.methods.PrecisionMethods.paper`), in declaration order: each has an
 ablation row. A switch the paper's agent leaves off (``stochastic_rounding``) has none."""
@@ -62,10 +60,7 @@ class Scale:
 
     @property
     def tag(self) -> str:
-        tag = (
-            f"w{self.width}_b{self.batch}_steps{self.steps}_seed{self.seed_steps}"
-            f"_eval{self.eval_every}x{self.eval_episodes}"
-        )
+        tag = "w{width}_b{batch}_steps{steps}_seed{seed_steps}_eval{eval_every}x{eval_episodes}".format(**vars(self))
         return tag + (f"_ar{self.action_repeat}" if self.action_repeat else "")
 
     def describe(self) -> dict:
@@ -85,13 +80,11 @@ class RunSpec:
 
     @classmethod
     def parse(cls, name: str) -> RunSpec:
-        try:
-            config, task, seed = name.split("/")
-            if not seed.startswith("seed"):
-                raise ValueError
-            return cls(config, task, int(seed[4:]))
-        except ValueError:
-            raise ValueError(f"run names look like 'fp16/walker-walk/seed0', got {name!r}") from None
+        """The inverse of :attr:`name`; ``ValueError`` for anything else."""
+        config, task, seed = name.split("/")
+        if not seed.startswith("seed"):
+            raise ValueError(f"run names look like 'fp16/walker-walk/seed0', got {name!r}")
+        return cls(config, task, int(seed[4:]))
 
 
 def removed_method(config: str) -> str | None:
@@ -108,7 +101,7 @@ def config_file(config: str) -> pathlib.Path:
     """The file under ``experiments/configs/sac/`` a config starts from (``fp16.py`` for the ablations)."""
     if config not in ALL_CONFIGS:
         raise ValueError(f"unknown config {config!r}; valid: {', '.join(ALL_CONFIGS)}")
-    return CONFIG_DIR / f"{'fp16' if removed_method(config) else config}.py"
+    return REPO_ROOT / "experiments" / "configs" / "sac" / f"{'fp16' if removed_method(config) else config}.py"
 
 
 def overrides(spec: RunSpec, scale: Scale) -> dict[str, Any]:
@@ -118,8 +111,7 @@ def overrides(spec: RunSpec, scale: Scale) -> dict[str, Any]:
     fields.update(eval_every=scale.eval_every, eval_episodes=scale.eval_episodes, log_every=min(1000, scale.eval_every))
     fields.update(checkpoint_every=scale.checkpoint_every, action_repeat=scale.action_repeat)
     fields.update({"agent.hidden_dims": (scale.width, scale.width), "agent.batch_size": scale.batch})
-    method = removed_method(spec.config)
-    if method is not None:
+    if method := removed_method(spec.config):
         fields[f"agent.methods.{method}"] = False
     return fields
 
@@ -128,27 +120,19 @@ def make_config(spec: RunSpec, scale: Scale):
     """The ``ml_collections`` config of one run: the config file's, with :func:`overrides` applied."""
     path = config_file(spec.config)
     config = importlib.import_module(f"experiments.configs.sac.{path.stem}").get_config()
-    method = removed_method(spec.config)
-    if method is not None and not config.agent.methods[method]:
+    if (method := removed_method(spec.config)) and not config.agent.methods[method]:
         raise ValueError(f"{path.name} does not enable {method!r}; cannot ablate it")
-    for key, value in overrides(spec, scale).items():
-        *parents, name = key.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[name] = value
+    config.update_from_flattened_dict(overrides(spec, scale))
     return config
 
 
 def command(spec: RunSpec, scale: Scale, run_dir: pathlib.Path, resume: bool) -> list[str]:
     """``python -m experiments.sac`` training one session of the run in ``run_dir`` (the config of
     :func:`make_config`: ``--config.agent.methods.hadam=False`` etc.), printing its summary last."""
-    flags = [f"--config={config_file(spec.config)}"]
-    for key, value in overrides(spec, scale).items():
-        text = repr(tuple(value)) if isinstance(value, tuple) else str(value)
-        flags.append(f"--config.{key}={text}")
-    flags += [f"--run_dir={run_dir}", "--noprogress"] + (["--resume"] if resume else [])
-    return run_farm.python_module("experiments.sac", *flags)
+    text = lambda value: repr(value) if isinstance(value, tuple) else str(value)
+    overridden = [f"--config.{key}={text(value)}" for key, value in overrides(spec, scale).items()]
+    flags = [f"--config={config_file(spec.config)}", *overridden, f"--run_dir={run_dir}", "--noprogress"]
+    return run_farm.python_module("experiments.sac", *flags, *(["--resume"] if resume else []))
 
 
 def build_plan(
@@ -159,14 +143,10 @@ def build_plan(
     plan = []
     for seed in seeds:
         for task in dict.fromkeys([*tasks, *ablation_tasks, *rounding_tasks]):
-            configs = (
-                (MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ())
-                + (ABLATION_CONFIGS if task in ablation_tasks else ())
-                + (ROUNDING_CONFIGS if task in rounding_tasks else ())
-            )
-            if task not in tasks:  # the references: fp16 for an ablation, fp16 and fp16_sr for the rounding study
-                references = ("fp16",) + (("fp16_sr",) if task in rounding_tasks else ())
-                configs = references + configs
+            rounding = task in rounding_tasks
+            # outside the main tasks, the references: fp16 for an ablation, fp16 and fp16_sr for the rounding study
+            configs = MAIN_CONFIGS + BEYOND_CONFIGS if task in tasks else ("fp16",) + (("fp16_sr",) if rounding else ())
+            configs += (ABLATION_CONFIGS if task in ablation_tasks else ()) + (ROUNDING_CONFIGS if rounding else ())
             plan.extend(RunSpec(config, task, seed) for config in dict.fromkeys(configs))
     return plan
 
@@ -177,9 +157,8 @@ def run_dir_of(runs_dir: pathlib.Path, scale: Scale, spec: RunSpec) -> pathlib.P
 
 def discover_runs(runs_dir: pathlib.Path, scale: Scale) -> list[RunSpec]:
     """Runs of this scale that have a directory (planned or not)."""
-    root = pathlib.Path(runs_dir) / scale.tag
-    found = []
-    for path in sorted(root.glob("*/*/seed*")):
-        if path.is_dir() and path.name[4:].isdigit() and path.parent.parent.name in ALL_CONFIGS:
-            found.append(RunSpec(path.parent.parent.name, path.parent.name, int(path.name[4:])))
-    return found
+    paths = sorted((pathlib.Path(runs_dir) / scale.tag).glob("*/*/seed*"))
+    found = [(p.parent.parent.name, p.parent.name, p.name[4:]) for p in paths if p.is_dir()]
+    return [
+        RunSpec(config, task, int(seed)) for config, task, seed in found if seed.isdigit() and config in ALL_CONFIGS
+    ]

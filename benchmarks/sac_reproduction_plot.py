@@ -12,11 +12,12 @@ from benchmarks.sac_reproduction_plan import ABLATION_CONFIGS, ABLATION_PREFIX, 
 
 COLORS = dict(fp32="tab:blue", fp16="tab:green", fp16_naive="tab:red", fp8="black", fp8_bf16_ends="dimgray")
 COLORS.update(fp16_sr="darkgoldenrod", fp16_sr_8bit="darkviolet", fp16_sr_params="teal", fp16_sr_target="sandybrown")
+ABLATION_COLORS = ["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan"]
+COLORS.update(zip(ABLATION_CONFIGS, ABLATION_COLORS))
 
 
 def plot(result: dict, out_png: pathlib.Path) -> None:
     """Learning curves per task (top) and the ablation bar chart per ablation task (bottom)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     tasks = list(result["curves"])
@@ -24,58 +25,48 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
     ncols = max(1, len(tasks))
     nrows = 2 if ablations else 1
     figure = Figure(figsize=(5 * ncols, 4.2 * nrows), dpi=110)
-    FigureCanvasAgg(figure)
     grid = figure.add_gridspec(nrows, max(ncols, len(ablations) or 1))
-    palette = iter(["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan"])
-    colors = dict(COLORS, **{c: next(palette) for c in ABLATION_CONFIGS})
     for col, task in enumerate(tasks):
         axes = figure.add_subplot(grid[0, col])
         for config, curve in result["curves"][task].items():
-            cell = result["results"][task][config]
-            color = colors[config]
+            cell, color = result["results"][task][config], COLORS[config]
             label = f"{config} ({cell['seeds_final']}/{cell['seeds_planned']} final"
-            if cell["seeds_diverged"]:
-                steps_at = ", ".join(str(v) for v in cell["diverged_at_step"].values())
-                label += f", {len(cell['seeds_diverged'])} diverged at step {steps_at}"
+            steps_at = ", ".join(str(v) for v in cell["diverged_at_step"].values())
+            label += f", {len(cell['seeds_diverged'])} diverged at step {steps_at}" if cell["seeds_diverged"] else ""
             label += ", INCOMPLETE)" if cell["status"] in ("incomplete", "missing") else ")"
             # thinner, no band: the ablation's bar chart and the json's rounding rows are their summaries
             ablated = config in ABLATION_CONFIGS + ROUNDING_CONFIGS
-            drawn = False
-            if curve["finished"] and curve["finished"]["steps"]:
-                steps = np.asarray(curve["finished"]["steps"])
-                mean = np.asarray(curve["finished"]["mean"], float)
-                std = np.asarray(curve["finished"]["std"], float)
+            drawn = bool(curve["finished"] and curve["finished"]["steps"])
+            if drawn:
+                steps, mean, std = (np.asarray(curve["finished"][key], float) for key in ("steps", "mean", "std"))
                 axes.plot(steps, mean, color=color, linewidth=1.0 if ablated else 1.8, label=label)
                 if not ablated:
                     axes.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
-                drawn = True
             for kind, style in (("diverged", "-"), ("partial", ":")):
                 for c in curve[kind].values():
-                    pts = [(s, r) for s, r in zip(c["steps"], c["returns"]) if r is not None]
-                    if not pts:
-                        continue
-                    xs, ys = zip(*pts)
-                    axes.plot(xs, ys, style, color=color, linewidth=1.0, alpha=0.8, label=None if drawn else label)
-                    drawn = True
-                    if kind == "diverged":
-                        axes.plot(xs[-1], ys[-1], "x", color=color, markersize=8)
+                    if pts := [(s, r) for s, r in zip(c["steps"], c["returns"]) if r is not None]:
+                        xs, ys = zip(*pts)
+                        axes.plot(xs, ys, style, color=color, linewidth=1.0, alpha=0.8, label=None if drawn else label)
+                        drawn = True
+                        if kind == "diverged":
+                            axes.plot(xs[-1], ys[-1], "x", color=color, markersize=8)
             if not drawn and cell["status"] != "missing":  # e.g. diverged before its first evaluation
                 axes.plot([], [], "x", color=color, label=label)
-        if not axes.get_legend_handles_labels()[0]:
-            axes.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=axes.transAxes)
         axes.set(title=task, xlabel="agent steps", ylabel="eval return")
         axes.grid(True, alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize="x-small", loc="best")
+        else:
+            axes.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=axes.transAxes)
     for col, task in enumerate(ablations):
         axes = figure.add_subplot(grid[1, :] if len(ablations) == 1 else grid[1, col])
         rows = result["ablation"][task]
         xs = np.arange(len(rows))
         for x, row in zip(xs, rows):
             done = cell_done(row)
-            height = row["mean"] if row["mean"] is not None else 0.0
+            height = row["mean"] or 0.0
             style = dict(alpha=0.9, hatch=None) if done else dict(alpha=0.35, hatch="//")
-            color = colors.get(row["variant"], "tab:gray")
+            color = COLORS.get(row["variant"], "tab:gray")
             axes.bar(x, height, yerr=row["std"] or 0.0, color=color, edgecolor="black", capsize=3, **style)
             text = f"{row['seeds_final']}/{row['seeds_planned']}"
             for key, what in (("seeds_diverged", "div."), ("nonfinite_losses_since", "nan loss")):
@@ -91,8 +82,7 @@ def plot(result: dict, out_png: pathlib.Path) -> None:
             "green line: fp16 with all methods on the bar's seeds"
         )
         axes.grid(True, axis="y", alpha=0.3)
-    figure.suptitle(
-        f"SAC fp32 vs fp16 at {result['scale']['tag']}" + ("" if result["complete"] else "  [INCOMPLETE: see the json]")
-    )
+    incomplete = "" if result["complete"] else "  [INCOMPLETE: see the json]"
+    figure.suptitle(f"SAC fp32 vs fp16 at {result['scale']['tag']}{incomplete}")
     figure.tight_layout()
     figure.savefig(out_png)
