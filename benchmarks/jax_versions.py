@@ -46,8 +46,7 @@ NOTES = [
 
 
 def _timed(fn, reps: int) -> tuple[float, float]:
-    """``(first_call_s, median_ms)``: the first call (compilation included), then the median of ``reps`` calls
-    after two more warm-up calls."""
+    """``(first_call_s, median_ms)``: the first call (compiling), then the median of ``reps`` after 2 warm-ups."""
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
@@ -65,12 +64,9 @@ def worker(reps: int) -> dict:
     obs_dim, action_dim, batch_size = 5, 1, 256
     rng = np.random.default_rng(0)
     batch = jax.tree.map(jnp.asarray, random_transitions(rng, batch_size, obs_dim, action_dim))
-    configs = {
-        precision: sac.SACConfig(policy=precision, hidden_dims=(256, 256), batch_size=batch_size, methods=methods)
-        for precision, methods in (("fp32", PrecisionMethods()), ("fp16", PrecisionMethods.paper()))
-    }
     result = {"jax": jax.__version__, "python": platform.python_version(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
-    for precision, config in configs.items():
+    for precision, methods in (("fp32", PrecisionMethods()), ("fp16", PrecisionMethods.paper())):
+        config = sac.SACConfig(policy=precision, hidden_dims=(256, 256), batch_size=batch_size, methods=methods)
         holder = [sac.init(jax.random.key(0), jnp.zeros(obs_dim), action_dim, config)]
 
         def step():
@@ -96,15 +92,15 @@ def worker(reps: int) -> dict:
     return result
 
 
-def run_worker(python: pathlib.Path, flags: str, reps: int) -> dict | None:
-    """One worker process; ``None`` when XLA rejects the flags (or the worker fails otherwise: see stderr)."""
+def run_worker(python: pathlib.Path, flags: str, reps: int) -> list[dict]:
+    """One worker process's sample, in a list; none when XLA rejects the flags (or the worker fails: see stderr)."""
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     command = [str(python), "-m", "benchmarks.jax_versions", "--worker", f"--reps={reps}"]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  {python} XLA_FLAGS={flags!r}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-        return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return []
+    return [json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def summarize(rounds: dict) -> dict:
@@ -113,19 +109,15 @@ def summarize(rounds: dict) -> dict:
     baseline = rounds.get("/".join(BASELINE), [])
     summary = {}
     for name, samples in rounds.items():
+        summary[name] = row = {"supported": bool(samples)}
         if not samples:
-            summary[name] = {"supported": False}
             continue
-        row = {"supported": True, "jax": samples[0]["jax"], "python": samples[0]["python"]}
-        for workload in WORKLOADS:
-            ms = [s[workload][1] for s in samples]
-            row[f"{workload}_ms"] = float(np.median(ms))
-            row[f"{workload}_first_call_s"] = float(np.median([s[workload][0] for s in samples]))
+        row |= {"jax": samples[0]["jax"], "python": samples[0]["python"]}
+        for w in WORKLOADS:
+            row[f"{w}_ms"] = float(np.median([s[w][1] for s in samples]))
+            row[f"{w}_first_call_s"] = float(np.median([s[w][0] for s in samples]))
             if baseline:
-                row[f"{workload}_vs_baseline"] = float(
-                    np.median([s[workload][1] / b[workload][1] for s, b in zip(samples, baseline)])
-                )
-        summary[name] = row
+                row[f"{w}_vs_baseline"] = float(np.median([s[w][1] / b[w][1] for s, b in zip(samples, baseline)]))
     return summary
 
 
@@ -180,9 +172,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         for name in rounds:
             env, variant = name.split("/")
             print(f"round {round_ + 1}/{args.rounds}: {name}", flush=True)
-            sample = run_worker(pythons[env], VARIANTS[variant], args.reps)
-            if sample is not None:
-                rounds[name].append(sample)
+            rounds[name] += run_worker(pythons[env], VARIANTS[variant], args.reps)
         load.append(os.getloadavg()[0])
     summary = summarize(rounds)
     versions = {

@@ -26,6 +26,7 @@ import argparse
 import math
 import pathlib
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,8 @@ MEDIAN_OF_NORMAL = 0.6744897501960817
 
 
 def theory(tau: float, steps: int) -> dict:
-    """Stochastic rounding's error, in ulps: root mean square for a uniform fractional part of the update
-    (variance 1/6 per update) and its bound (1/4), and the median ``|error|`` of the bound."""
+    """Stochastic rounding's error in ulps (see Theory above): the root mean square for a uniform fractional part of
+    the update (variance 1/6 per update), and the median ``|error|`` of the bound (1/4)."""
     target = 1.0 / (1.0 - (1.0 - tau) ** 2)
     return {
         "stochastic_parameter_rms_ulp_uniform": math.sqrt(steps / 6.0),
@@ -62,98 +63,78 @@ def _in_ulps(got: jax.Array, exact: jax.Array) -> jax.Array:
     return (got.astype(jnp.float64) - exact) / ulp
 
 
-def _errors(got: jax.Array, exact: jax.Array, direction: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The median of ``|got - exact|`` and the median of ``(got - exact) * direction`` (the bias along the updates'
-    persistent direction: negative when updates are lost), in units of the float16 ulp at ``exact``.
-
-    Medians, because an ulp-relative mean is dominated by the few weights nearest zero, whose ulps are tiny."""
-    e = _in_ulps(got, exact)
-    return jnp.median(jnp.abs(e)), jnp.median(e * direction)
-
-
 def simulate(
     size: int, steps: int, log_every: int, lr: float, tau: float, period: int, drift: float, seed: int
 ) -> dict:
-    """Runs all methods on the same updates (see the module docstring); returns the logged curves."""
-    if steps % log_every or log_every % period:
-        raise ValueError(f"steps ({steps}) must be a multiple of log_every ({log_every}), and it of period ({period}).")
+    """Runs all methods on the same updates (see the module docstring); returns the logged curves: per method the
+    median ``|error|`` and the median bias ``error * d`` (negative when updates are lost) of the parameters and the
+    target. Medians, because an ulp-relative mean is dominated by the few weights nearest zero, whose ulps are tiny."""
     with jax.enable_x64(True):
         init_key, direction_key, noise_key = jax.random.split(jax.random.key(seed), 3)
         p0 = (jax.random.truncated_normal(init_key, -2.0, 2.0, (size,)) / 16.0 / 0.87962566).astype(jnp.float16)
         direction = jnp.where(jax.random.bernoulli(direction_key, 0.5, (size,)), 1.0, -1.0)
-        # per method: the transform landing a parameter update (None: optax.apply_updates alone), the target update
-        updates = {"round_to_nearest": None, "kahan": kahan_summation(), "stochastic": stochastic_rounding(seed)}
-        polyak = {"kahan": kahan_polyak(tau), "stochastic": stochastic_rounding_polyak(tau, seed + 1)}
+        nearest = SimpleNamespace(init=lambda t: (), update=lambda p, t, s: (optax.incremental_update(p, t, tau), s))
+        rules = {  # per method: the optax transform landing a parameter update, and the target's Polyak update
+            "round_to_nearest": (optax.identity(), nearest),
+            "kahan": (kahan_summation(), kahan_polyak(tau)),
+            "stochastic": (stochastic_rounding(seed), stochastic_rounding_polyak(tau, seed + 1)),
+        }
 
         def step(carry, keys):
-            """``period`` parameter updates, then one target update."""
-            params, targets, exact, states = (dict(tree) for tree in carry)
+            """``period`` parameter updates, then one target update following the Kahan copy (the most exact)."""
+            (params, targets), (param_states, target_states), exact = carry  # scan passes fresh containers
             for key in keys:
                 noise = jax.random.normal(key, (size,))
                 u = (lr * (drift * direction + noise) / math.sqrt(1.0 + drift**2)).astype(jnp.float16)
-                for method, transform in updates.items():
-                    d = u
-                    if transform is not None:
-                        d, states[method] = transform.update(u, states[method], params[method])
+                for method, (transform, _) in rules.items():
+                    d, param_states[method] = transform.update(u, param_states[method], params[method])
                     params[method] = optax.apply_updates(params[method], d)
-                exact["params"] = exact["params"] + u.astype(jnp.float64)
-            online = params["kahan"]  # the target follows the most exact online weights
+                exact["param"] = exact["param"] + u.astype(jnp.float64)
+            online = params["kahan"]
             exact["target"] = exact["target"] + tau * (online.astype(jnp.float64) - exact["target"])
-            targets["round_to_nearest"] = optax.incremental_update(online, targets["round_to_nearest"], tau)
-            for method, transform in polyak.items():
-                targets[method], states[f"{method}_target"] = transform.update(
-                    online, targets[method], states[f"{method}_target"]
-                )
-            return (params, targets, exact, states), None
-
-        def measure(carry):
-            params, targets, exact, _ = carry
-            out = {}
-            for method in METHODS:
-                p_error, p_bias = _errors(params[method], exact["params"], direction)
-                t_error, t_bias = _errors(targets[method], exact["target"], direction)
-                out[method] = {"param": p_error, "param_bias": p_bias, "target": t_error, "target_bias": t_bias}
-            out["signal"] = {
-                "param_moved": jnp.median(jnp.abs(_in_ulps(p0, exact["params"]))),
-                "target_lag": jnp.median(jnp.abs(_in_ulps(params["kahan"], exact["target"]))),
-            }
-            return out
+            for method, (_, polyak) in rules.items():
+                targets[method], target_states[method] = polyak.update(online, targets[method], target_states[method])
+            return carry, None
 
         @jax.jit
         def segment(carry, keys):
             carry, _ = jax.lax.scan(step, carry, keys)
-            return carry, measure(carry)
+            (params, targets), _, exact = carry
+            out = {method: {} for method in METHODS}
+            for side, weights in (("param", params), ("target", targets)):
+                for method in METHODS:
+                    e = _in_ulps(weights[method], exact[side])
+                    out[method] |= {side: jnp.median(jnp.abs(e)), f"{side}_bias": jnp.median(e * direction)}
+            out["signal"] = {
+                "param_moved": jnp.median(jnp.abs(_in_ulps(p0, exact["param"]))),
+                "target_lag": jnp.median(jnp.abs(_in_ulps(params["kahan"], exact["target"]))),
+            }
+            return carry, out
 
-        copies, exact0 = dict.fromkeys(METHODS, p0), p0.astype(jnp.float64)
-        states = {m: t.init(p0) for m, t in updates.items() if t is not None}
-        states |= {f"{m}_target": t.init(p0) for m, t in polyak.items()}
-        carry = (copies, copies, {"params": exact0, "target": exact0}, states)
+        states = tuple({m: rule[i].init(p0) for m, rule in rules.items()} for i in (0, 1))
+        copies = dict.fromkeys(METHODS, p0)
+        carry = ((copies, copies), states, dict.fromkeys(("param", "target"), p0.astype(jnp.float64)))
         keys = jax.random.split(noise_key, steps).reshape(steps // log_every, log_every // period, period)
         logged = []
         for segment_keys in keys:
             carry, measured = segment(carry, segment_keys)
-            logged.append(jax.tree.map(float, measured))
-    curves = {
-        method: {name: [row[method][name] for row in logged] for name in logged[0][method]}
-        for method in (*METHODS, "signal")
-    }
-    return {"steps": [log_every * (i + 1) for i in range(len(logged))], "curves": curves}
+            logged.append(measured)
+    stacked = jax.tree.map(lambda *values: [float(v) for v in values], *logged)
+    curves = {method: stacked[method] for method in (*METHODS, "signal")}
+    return {"steps": list(range(log_every, steps + 1, log_every)), "curves": curves}
 
 
 def summarize(simulated: dict) -> dict:
     """The final errors per method, and how large each is against its signal."""
     curves = simulated["curves"]
     signal = {name: values[-1] for name, values in curves["signal"].items()}
-    final = {
-        method: {name: values[-1] for name, values in curves[method].items()}
-        | {
-            "param_over_moved": curves[method]["param"][-1] / signal["param_moved"],
-            "target_over_lag": curves[method]["target"][-1] / signal["target_lag"],
-        }
-        for method in METHODS
-    }
     half = len(simulated["steps"]) // 2  # the target's steady state: the mean over the logged second half
-    steady = {method: float(np.mean(curves[method]["target"][half:])) for method in METHODS}
+    final, steady = {}, {}
+    for method in METHODS:
+        final[method] = {name: values[-1] for name, values in curves[method].items()}
+        final[method]["param_over_moved"] = final[method]["param"] / signal["param_moved"]
+        final[method]["target_over_lag"] = final[method]["target"] / signal["target_lag"]
+        steady[method] = float(np.mean(curves[method]["target"][half:]))
     return {"final": final, "signal": signal, "target_steady_state": steady}
 
 
@@ -168,16 +149,13 @@ def real_lags(run_dirs: Sequence[pathlib.Path]) -> dict:
                 f"{run_dir}: no checkpoints directory or no readable checkpoint in it; --runs takes SAC run "
                 "directories."
             )
-        online, target = {}, {}
+        critics = {"critic": {}, "target_critic": {}}  # each matrix by its path below its last "params"
         for keys, leaf in jax.tree_util.tree_leaves_with_path(state):
             path = tuple(str(getattr(k, "key", k)) for k in keys)
-            if getattr(leaf, "ndim", 0) != 2 or min(leaf.shape) < 2 or "params" not in path:
-                continue
-            name = path[len(path) - path[::-1].index("params") :]  # the layer's path below its last "params"
-            if "target_critic" in path:
-                target[name] = leaf
-            elif "critic" in path:
-                online[name] = leaf
+            network = next((n for n in ("target_critic", "critic") if n in path), None)
+            if network and "params" in path and getattr(leaf, "ndim", 0) == 2 and min(leaf.shape) >= 2:
+                critics[network][path[len(path) - path[::-1].index("params") :]] = leaf
+        online, target = critics["critic"], critics["target_critic"]
         lags = {}
         with jax.enable_x64(True):
             for name, t in sorted(target.items()):
@@ -216,6 +194,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     """Median error against float64 over the updates, parameters (left) and target (right), log scale."""
     steps = np.asarray(result["steps"])
     colors = {"round_to_nearest": "tab:red", "kahan": "tab:green", "stochastic": "darkgoldenrod"}
+    bound = dict(linestyle="--", color="gray", label="stochastic: theory's bound")
     sides = (
         ("param", "param_moved", "parameters"),
         ("target", "target_lag", f"Polyak target, tau {result['config']['tau']}"),
@@ -226,11 +205,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
                 axes.plot(steps, result["curves"][method][side], color=colors[method], label=method)
             axes.plot(steps, result["curves"]["signal"][signal], "k:", label=signal.replace("_", " "))
             if side == "param":
-                bound = MEDIAN_OF_NORMAL * np.sqrt(steps / 4.0)
-                axes.plot(steps, bound, "--", color="gray", label="stochastic: theory's bound")
+                axes.plot(steps, MEDIAN_OF_NORMAL * np.sqrt(steps / 4.0), **bound)
             else:
-                level = result["theory"]["stochastic_target_median_ulp_bound"]
-                axes.axhline(level, linestyle="--", color="gray", label="stochastic: theory's bound")
+                axes.axhline(result["theory"]["stochastic_target_median_ulp_bound"], **bound)
             axes.set(yscale="log", xlabel="updates", ylabel="median |error| vs float64 (float16 ulps)")
             axes.set_title(title, fontsize="medium")
             axes.grid(True, alpha=0.3)
@@ -282,8 +259,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "signal: how far the weights moved (param_moved) and the target lags the online weights (target_lag); "
             "*_over_* compare an error with them. real_target_lags: that lag in real SAC runs (--runs).",
         ],
+        "summary": summarize(simulated),
     }
-    result["summary"] = summarize(simulated)
     return finish(args, result, table(result), plot)
 
 
