@@ -51,10 +51,7 @@ def train_run(runtime: str, args: argparse.Namespace, seed: int) -> pathlib.Path
     from experiments import d4pg_loop
 
     run_dir = args.runs_dir / args.env.replace(":", "_") / runtime / f"seed{seed}"
-
-    def train(resume: bool, progress: bool) -> dict:
-        return d4pg_loop.train(run_config(runtime, args, seed), run_dir, resume=resume, progress=progress)
-
+    train = lambda resume, progress: d4pg_loop.train(run_config(runtime, args, seed), run_dir, resume, progress)
     outcome = run_farm.train_to_end(run_farm.Job(f"{runtime}/seed{seed}", run_dir, train=train), args.progress)
     if outcome["action"] == "skipped":
         print(f"{runtime} seed {seed}: finished earlier ({run_dir})")
@@ -77,24 +74,22 @@ def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
 
 def time_to_target(run: dict[str, Any], target: float) -> dict[str, float | None]:
     """First evaluation at or above ``target``: its wall-clock seconds and environment step (None if never)."""
-    for step, wall, value in zip(run["steps"], run["wall_s"], run["returns"]):
-        if value >= target:
-            return {"wall_s": wall, "step": step}
-    return {"wall_s": None, "step": None}
+    reached = ({"wall_s": w, "step": s} for s, w, r in zip(run["steps"], run["wall_s"], run["returns"]) if r >= target)
+    return next(reached, {"wall_s": None, "step": None})
 
 
 def aggregate(runs: dict[int, dict[str, dict]]) -> dict[str, Any]:
     """Per seed: fp32's final return, the target, each runtime's time to it and the speed-up."""
     per_seed = {}
     for seed, by_runtime in runs.items():
-        reference = float(np.mean(by_runtime["fp32"]["returns"][-2:]))
-        target = TARGET_FRACTION * reference
-        reached = {rt: time_to_target(run, target) for rt, run in by_runtime.items()}
-        fp32_t, int8_t = reached["fp32"]["wall_s"], reached["int8"]["wall_s"]
         each = lambda fn: {rt: fn(run, run["actor_learner"]) for rt, run in by_runtime.items()}
-        per_seed[seed] = {"fp32_final_return": reference, "target_return": target, "time_to_target": reached}
+        final = each(lambda run, _: float(np.mean(run["returns"][-2:])))
+        target = TARGET_FRACTION * final["fp32"]
+        reached = each(lambda run, _: time_to_target(run, target))
+        fp32_t, int8_t = reached["fp32"]["wall_s"], reached["int8"]["wall_s"]
+        per_seed[seed] = {"fp32_final_return": final["fp32"], "target_return": target, "time_to_target": reached}
         per_seed[seed].update(
-            final_return=each(lambda run, _: float(np.mean(run["returns"][-2:]))),
+            final_return=final,
             wall_clock_speedup=fp32_t / int8_t if fp32_t and int8_t else None,
             actor_steps_per_s=each(lambda _, al: [a["steps_per_s"] for a in al["actors"]]),
             actor_inference_s_per_step=each(
@@ -141,9 +136,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = cli.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
-    runs: dict[int, dict[str, dict]] = {}
-    for seed in seeds:
-        runs[seed] = {runtime: read_run(train_run(runtime, args, seed)) for runtime in RUNTIMES}
+    runs = {seed: {runtime: read_run(train_run(runtime, args, seed)) for runtime in RUNTIMES} for seed in seeds}
     per_seed = aggregate(runs)
     settings = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items() if k != "no_plot"}
     result = {
@@ -156,18 +149,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     }
     lines = [f"D4PG on {args.env}, {args.actors} {args.backend} actors, {args.steps} steps"]
     for seed, row in per_seed.items():
-        times = row["time_to_target"]
+        times, rate, inference = row["time_to_target"], row["actor_steps_per_s"], row["actor_inference_s_per_step"]
         lines.append(
-            f"seed {seed}: fp32 final {row['fp32_final_return']:.1f}, int8 final "
-            f"{row['final_return']['int8']:.1f}; time to {TARGET_FRACTION:.0%}: fp32 "
-            f"{times['fp32']['wall_s']} s, int8 {times['int8']['wall_s']} s; speed-up "
-            f"{row['wall_clock_speedup']}"
-        )
-        lines.append(
-            f"  actor steps/s fp32 {row['actor_steps_per_s']['fp32']}, int8 "
-            f"{row['actor_steps_per_s']['int8']}; inference s/step fp32 "
-            f"{row['actor_inference_s_per_step']['fp32']}, int8 "
-            f"{row['actor_inference_s_per_step']['int8']}; broadcast bytes {row['broadcast_bytes']}"
+            f"seed {seed}: fp32 final {row['fp32_final_return']:.1f}, int8 final {row['final_return']['int8']:.1f}; "
+            f"time to {TARGET_FRACTION:.0%}: fp32 {times['fp32']['wall_s']} s, int8 {times['int8']['wall_s']} s; "
+            f"speed-up {row['wall_clock_speedup']}\n  actor steps/s fp32 {rate['fp32']}, int8 {rate['int8']}; "
+            f"inference s/step fp32 {inference['fp32']}, int8 {inference['int8']}; "
+            f"broadcast bytes {row['broadcast_bytes']}"
         )
     return finish(args, result, "\n".join(lines), plot)
 

@@ -11,6 +11,7 @@ measurement: it counts bytes, not time, and nothing for a ``conditional``, which
 
 from __future__ import annotations
 
+import math
 import re
 from typing import NamedTuple
 
@@ -23,6 +24,8 @@ _ITEMSIZE = {
 _NO_KERNEL = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "after-all"}
 _NO_TRAFFIC = _NO_KERNEL | {"conditional"}
 _IN_PLACE = {"scatter", "dynamic-update-slice"}
+_CALLS = {"call": "to_apply", "while": "body"}  # an opcode that runs another computation: the attribute naming it
+_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 
 
@@ -37,13 +40,8 @@ class Pass(NamedTuple):
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape such as ``f32[1024,64]{1,0}`` or a tuple of shapes."""
-    total = 0
-    for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
-        count = 1
-        for dim in filter(None, dims.split(",")):
-            count *= int(dim)
-        total += count * _ITEMSIZE.get(dtype, 0)
-    return total
+    found = re.findall(r"(\w+)\[([\d,]*)\]", shape)
+    return sum(math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE.get(dtype, 0) for dtype, dims in found)
 
 
 def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
@@ -54,25 +52,15 @@ def passes(hlo_text: str, computation: str | None = None) -> list[Pass]:
     out = []
     for name, shape, opcode, rest in computations[computation or entry]:
         sizes[name] = shape_bytes(shape)
-        if opcode not in _NO_TRAFFIC:
-            operands = [sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", rest.split("), ")[0])]
-            if _in_place(opcode, rest, computations) and len(operands) > 1:
-                out.append(Pass(name, opcode, sum(operands[1:]), max(operands[1:])))
-            else:
-                out.append(Pass(name, opcode, sum(operands), sizes[name]))
+        if opcode in _NO_TRAFFIC:
+            continue
+        operands = [sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", rest.split("), ")[0])]
+        fused = computations.get(_called(rest, "calls"), []) if opcode == "fusion" else []
+        if (fused[-1][2] if fused else opcode) in _IN_PLACE and len(operands) > 1:  # updates operand 0 in place
+            out.append(Pass(name, opcode, sum(operands[1:]), max(operands[1:])))
+        else:
+            out.append(Pass(name, opcode, sum(operands), sizes[name]))
     return out
-
-
-def _in_place(opcode: str, rest: str, computations: dict[str, list[tuple[str, ...]]]) -> bool:
-    """Whether an instruction updates its first operand in place: a scatter or dynamic-update-slice, or a fusion
-    whose fused computation ends in one."""
-    if opcode == "fusion":
-        fused = computations.get(_called(rest, "calls"), [])
-        return bool(fused) and fused[-1][2] in _IN_PLACE
-    return opcode in _IN_PLACE
-
-
-_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, ...]]], str]:
@@ -80,8 +68,7 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, ...]]], str]
     computations: dict[str, list[tuple[str, ...]]] = {}
     current, entry = None, None
     for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
+        if header := _COMPUTATION.match(line):
             current = header.group(2)
             computations[current] = []
             entry = current if header.group(1) else entry
@@ -109,27 +96,14 @@ def kernel_count(hlo_text: str) -> int:
     """Work instructions (a fusion, a dot, a copy, a conditional, a custom call: not ``parameter``, ``tuple``,
     ``constant``...) of a compiled program's ENTRY computation and, once each, of its loops' bodies; a ``call``
     (XLA:CPU outlines loops into one) counts what it calls. On a GPU each is about one kernel launch, so this is the
-    CPU's stand-in for the kernels one step launches (a loop body counted once, not once per trip)."""
+    CPU's stand-in for the kernels one step launches."""
     computations, entry = _computations(hlo_text)
 
     def count(name: str) -> int:
-        total = 0
-        for _, _, opcode, rest in computations[name]:
-            if opcode == "call":
-                total += count(_called(rest, "to_apply"))
-            elif opcode == "while":
-                total += count(_called(rest, "body"))
-            elif opcode not in _NO_KERNEL:
-                total += 1
-        return total
+        work = computations[name]
+        return sum(count(_called(r, _CALLS[op])) if op in _CALLS else op not in _NO_KERNEL for _, _, op, r in work)
 
     return count(entry)
-
-
-def _outputs(hlo_text: str) -> list[str]:
-    """Names of the instructions the ENTRY computation's ROOT tuple returns, in order."""
-    root = next(line for line in hlo_text[hlo_text.index("\nENTRY") :].splitlines() if "ROOT" in line)
-    return re.findall(r"%([\w.\-]+)", root.split(" tuple(", 1)[1])
 
 
 def by_output(hlo_text: str, output_labels: list[str], tree_bytes: int) -> dict[str, dict]:
@@ -139,18 +113,15 @@ def by_output(hlo_text: str, output_labels: list[str], tree_bytes: int) -> dict[
     not an output are ``"temporary"`` (a tree-sized intermediate), ``"reduction"`` (a scalar or small result,
     such as a finiteness check) or ``"copy"``.
     """
-    outputs = _outputs(hlo_text)
+    root = next(line for line in hlo_text[hlo_text.index("\nENTRY") :].splitlines() if "ROOT" in line)
+    outputs = re.findall(r"%([\w.\-]+)", root.split(" tuple(", 1)[1])  # what the ENTRY's ROOT tuple returns
     if len(outputs) != len(output_labels):
         raise ValueError(f"{len(outputs)} outputs, {len(output_labels)} labels")
     label_of = dict(zip(outputs, output_labels))
     table: dict[str, dict] = {}
     for p in passes(hlo_text):
-        if p.opcode == "copy":
-            label = "copy"
-        elif p.name in label_of:
-            label = label_of[p.name]
-        else:
-            label = "temporary" if p.written * 16 >= tree_bytes else "reduction"
+        unlabelled = "temporary" if p.written * 16 >= tree_bytes else "reduction"
+        label = "copy" if p.opcode == "copy" else label_of.get(p.name, unlabelled)
         row = table.setdefault(label, {"passes": 0, "read_trees": 0.0, "written_trees": 0.0})
         row["passes"] += 1
         row["read_trees"] += p.read / tree_bytes

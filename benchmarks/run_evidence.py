@@ -9,6 +9,7 @@ non-finite (:func:`nonfinite_losses_since`). A run with no loss scaler (fp32, th
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -26,20 +27,12 @@ def logged(run_dir: pathlib.Path, column: str) -> tuple[list[int], list[float | 
     """Steps and values of the rows of ``metrics.csv`` whose ``column`` cell is not empty (``None`` for a non-finite
     value); ``lpjax.run_logging.read_metrics`` would read empty and non-finite cells both as nan."""
     path = run_dir / "metrics.csv"
-    if not path.exists():
-        return [], []
-    text = path.read_text()
-    if not text.endswith("\n"):  # a partial last line left by a crash
-        text = text[: text.rfind("\n") + 1]
-    rows = list(csv.reader(io.StringIO(text)))
-    if not rows or column not in rows[0]:
-        return [], []
-    step_col, value_col = rows[0].index("step"), rows[0].index(column)
+    text = path.read_text() if path.exists() else ""
     steps, values = [], []
-    for row in rows[1:]:
-        if len(row) > value_col and row[value_col] != "":
-            value = float(row[value_col])
-            steps.append(int(float(row[step_col])))
+    for row in csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])):  # without a partial last line (a crash)
+        if row.get(column):  # not empty, nor None (a short row, or no such column)
+            value = float(row[column])
+            steps.append(int(float(row["step"])))
             values.append(value if math.isfinite(value) else None)
     return steps, values
 
@@ -88,27 +81,18 @@ def last_checkpoint(run_dir: pathlib.Path) -> Any | None:
     if not directory.is_dir():  # checked first: a Checkpointer would create it
         return None
     checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
-    try:
+    with checkpointer, contextlib.suppress(CorruptCheckpoint):
         if checkpointer.latest_step() is None:
             return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state, _ = checkpointer.restore()
-    except CorruptCheckpoint:
-        return None
-    finally:
-        checkpointer.close()
-    return state
+        with warnings.catch_warnings(action="ignore"):
+            return checkpointer.restore()[0]
+    return None  # a corrupt checkpoint
 
 
 def last_logged(run_dir: pathlib.Path, columns=LOGGED) -> dict[str, float | None]:
     """The last finite logged value of each column (``None``: never logged, or never finite)."""
-    out = {}
-    for column in columns:
-        _, values = logged(run_dir, column)
-        finite = [v for v in values if v is not None]  # logged() reads non-finite values as None
-        out[column.removeprefix("train/")] = finite[-1] if finite else None
-    return out
+    last = lambda values: next((v for v in reversed(values) if v is not None), None)  # None: non-finite
+    return {column.removeprefix("train/"): last(logged(run_dir, column)[1]) for column in columns}
 
 
 def evidence(run_dir: pathlib.Path) -> dict:
