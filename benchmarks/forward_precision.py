@@ -16,7 +16,6 @@ fp8 GEMM adds. Per policy ``p``:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -33,48 +32,36 @@ from benchmarks import run_evidence
 from benchmarks.common import command_line, figure, finish, format_table, parser
 
 RESULT_NAME = "forward_precision"
-POLICIES = ("fp32", "mixed_bf16", "fp8")
-"""The reference first: float32 everywhere; then bfloat16 activations; then bfloat16 activations and fp8 GEMMs."""
+POLICIES = ("fp32", "mixed_bf16", "fp8")  # the reference first
 
 
-def with_policy(agent, policy: str):
-    """The SAC state ``agent`` with its networks run under ``policy`` (the parameters unchanged)."""
-    return agent.replace(config=dataclasses.replace(agent.config, policy=policy))
-
-
-def _q(agent, obs, action):
-    from lpjax.agents import sac
-
-    return sac.SACCritic(agent.config).apply(agent.critic.params, obs, action).astype(jnp.float32)  # (2, B)
-
-
-def _action_gradients(agent, obs, action):
-    return jax.grad(lambda a: jnp.sum(jnp.min(_q(agent, obs, a), axis=0)))(action)
-
-
-def compare(agent, obs: jax.Array, action: jax.Array, policies: Sequence[str] = POLICIES) -> dict[str, dict]:
-    """The measures of ``agent`` under each of ``policies`` against float32, on states ``obs`` and replayed actions
+def compare(agent, obs: jax.Array, action: jax.Array) -> dict[str, dict]:
+    """The measures of ``agent`` under each of :data:`POLICIES` against float32, on states ``obs`` and replayed actions
     ``action`` (each ``(B, ...)``)."""
     from lpjax.agents import sac
 
-    reference = with_policy(agent, "fp32")
-    q_32 = _q(reference, obs, action)
-    mu_32 = sac.act(reference, obs, jax.random.PRNGKey(0), deterministic=True)
-    grad_32 = _action_gradients(reference, obs, mu_32)
+    def forward(policy: str):
+        """Under ``policy`` (the parameters unchanged): ``Q(s, action)`` of both Q-networks ``(2, B)``, the
+        deterministic actions and ``a -> grad_a min_i Q(s, a)``."""
+        config = dataclasses.replace(agent.config, policy=policy)
+        q = lambda a: sac.SACCritic(config).apply(agent.critic.params, obs, a).astype(jnp.float32)
+        mu = sac.act(agent.replace(config=config), obs, jax.random.PRNGKey(0), deterministic=True)
+        return q(action), mu, jax.grad(lambda a: jnp.sum(jnp.min(q(a), axis=0)))
+
+    q_32, mu_32, grad = forward("fp32")
+    grad_32 = grad(mu_32)
     spread = float(jnp.std(q_32))
     out = {}
-    for policy in policies:
-        agent_p = with_policy(agent, policy)
-        q_error = float(jnp.sqrt(jnp.mean(jnp.square(_q(agent_p, obs, action) - q_32))))
-        mu_p = sac.act(agent_p, obs, jax.random.PRNGKey(0), deterministic=True)
-        grad_p = _action_gradients(agent_p, obs, mu_32)
+    for policy in POLICIES:
+        q_p, mu_p, grad = forward(policy)
+        grad_p = grad(mu_32)
+        q_error = float(jnp.sqrt(jnp.mean(jnp.square(q_p - q_32))))
         norms = jnp.linalg.norm(grad_p, axis=-1) * jnp.linalg.norm(grad_32, axis=-1)
-        cosine = jnp.sum(grad_p * grad_32, axis=-1) / norms
         out[policy] = {
             "q_rms_error": q_error,
             "q_spread": spread,
             "q_error_over_spread": q_error / spread if spread > 0 else None,
-            "action_grad_cosine": float(jnp.mean(cosine)),
+            "action_grad_cosine": float(jnp.mean(jnp.sum(grad_p * grad_32, axis=-1) / norms)),
             "action_l2": float(jnp.mean(jnp.linalg.norm(mu_p - mu_32, axis=-1))),
         }
     return out
@@ -146,7 +133,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
         fig.suptitle("Trained SAC parameters, forward pass in fp32, with bf16 activations, with bf16 + fp8 GEMMs")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def main(argv: Sequence[str] | None = None) -> dict:
     cli = parser(RESULT_NAME, __doc__, out=("--results_dir",))
     cli.add_argument("--runs", type=pathlib.Path, nargs="+", required=True, help="SAC run directories")
     cli.add_argument("--samples", type=int, default=4096, help="replay transitions per run (default 4096)")
@@ -154,17 +141,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = cli.parse_args(argv)
     if args.samples < 2:
         cli.error(f"--samples must be >= 2, got {args.samples}")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
-    runs = [measure_run(run_dir.absolute(), args.samples, args.seed) for run_dir in args.runs]
     result = {
         "benchmark": RESULT_NAME,
         "command": command_line(f"benchmarks.{RESULT_NAME}", argv),
         "jax_version": jax.__version__,
-        "runs": runs,
+        "runs": [measure_run(run_dir.absolute(), args.samples, args.seed) for run_dir in args.runs],
         "notes": [
             "Each run's last checkpoint with its float32 parameters under each policy: fp32 (the reference), "
             "mixed_bf16 (bfloat16 activations, float32 matmuls), fp8 (bfloat16 activations, W8A8 E4M3 GEMMs).",

@@ -30,10 +30,10 @@ MODULE = "experiments.ports.flax_mnist"
 
 _IMPORT = ("from flax import nnx", "from flax import nnx\nimport lpjax")
 _MODEL = "model = CNN(rngs=nnx.Rngs(seed))"
-_OPTIMIZER = "optimizer = nnx.Optimizer(model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param)"
+_POLICY = "model = lpjax.precision.set_policy(CNN(rngs=nnx.Rngs(seed)), {})"
 _LPJAX_EDITS = (
     (
-        _OPTIMIZER,
+        "optimizer = nnx.Optimizer(model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param)",
         "tx = lpjax.optim.compound_loss_scaling(optax.sgd(config.learning_rate, config.momentum))\n"
         "optimizer = nnx.Optimizer(model, optax.chain(tx, lpjax.optim.kahan_summation()), wrt=nnx.Param)",
     ),
@@ -48,27 +48,23 @@ _LPJAX_EDITS = (
 )
 
 
-def _model(policy_args: str) -> tuple[str, str]:
-    return _MODEL, f"model = lpjax.precision.set_policy(CNN(rngs=nnx.Rngs(seed)), {policy_args})"
-
-
 VARIANTS = {
     "fp32": ports.Variant("fp32", description="flax's program as written"),
     "fp16_naive": ports.Variant(
         "fp16_naive",
-        (_IMPORT, _model('"fp16", keep_float32=()')),
+        (_IMPORT, (_MODEL, _POLICY.format('"fp16", keep_float32=()'))),
         "everything in float16, BatchNorm included (its running statistics stay float32, as flax computes them), "
         "flax's SGD and nnx.value_and_grad",
     ),
     "fp16_lpjax": ports.Variant(
         "fp16_lpjax",
-        (_IMPORT, _model('"fp16"'), *_LPJAX_EDITS),
+        (_IMPORT, (_MODEL, _POLICY.format('"fp16"')), *_LPJAX_EDITS),
         "set_policy (BatchNorm in float32), SGD inside compound_loss_scaling, Kahan-summed "
         "updates, gradients of the scaled loss",
     ),
     "fp16_lpjax_norms16": ports.Variant(
         "fp16_lpjax_norms16",
-        (_IMPORT, _model('"fp16", keep_float32=()'), *_LPJAX_EDITS),
+        (_IMPORT, (_MODEL, _POLICY.format('"fp16", keep_float32=()')), *_LPJAX_EDITS),
         "ablation: fp16_lpjax with BatchNorm in float16 too (as in fp16_naive)",
     ),
 }
@@ -83,18 +79,6 @@ NOTES = [
 ]
 
 
-def batch_statistics_accuracy(model, images: np.ndarray, labels: np.ndarray) -> float:
-    """Test accuracy with every BatchNorm normalizing by the test batch's own statistics (dropout off)."""
-    model.eval()
-    norms = [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.BatchNorm)]
-    for norm in norms:
-        norm.use_running_average = False
-    logits = model(jnp.asarray(images), None)  # the running averages move; the model is not used after this
-    for norm in norms:
-        norm.use_running_average = True
-    return float(jnp.mean(jnp.argmax(logits, axis=-1) == jnp.asarray(labels)))
-
-
 def run(variant: str, seed: int, epochs: int) -> dict:
     """Trains ``variant`` for ``epochs`` from ``seed``; returns its record."""
     module = ports.load(MODULE, VARIANTS[variant])
@@ -104,9 +88,12 @@ def run(variant: str, seed: int, epochs: int) -> dict:
     history, model, optimizer = module.train_and_evaluate(config, seed)
     seconds = time.perf_counter() - start
     _, test = module.load_digits()
+    model.eval()  # dropout off, every BatchNorm normalizing by the test batch's own statistics (moving its averages)
+    model.set_attributes(nnx.BatchNorm, use_running_average=False)
+    correct = jnp.argmax(model(jnp.asarray(test["image"]), None), axis=-1) == jnp.asarray(test["label"])
     return {
         "test_accuracy": history["test_accuracy"][-1],
-        "test_accuracy_batch_statistics": batch_statistics_accuracy(model, test["image"], test["label"]),
+        "test_accuracy_batch_statistics": float(jnp.mean(correct)),
         "train_loss": history["train_loss"][-1],
         "skipped_steps": int(lpjax.optim.skipped_steps(optimizer)),
         "final_loss_scale": float(lpjax.optim.loss_scale_or_one(optimizer)),

@@ -24,7 +24,6 @@ from experiments import ports
 
 RESULT_NAME = "port_ppo"
 MODULE = "experiments.ports.purejaxrl_ppo"
-ENVS = ("CartPole-v1", "Acrobot-v1")
 FLOORS = {"CartPole-v1": 0.0, "Acrobot-v1": -500.0}
 """The return of an agent that never learns: CartPole's 0, Acrobot's -500 (it never swings up)."""
 ROOT_SEED = 30  # PureJaxRL's jax.random.PRNGKey(30); seed k trains from fold_in(key(30), k)
@@ -121,7 +120,7 @@ def format_table(result: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     cli = port_parser(RESULT_NAME, __doc__, VARIANTS, quick="4096 steps on CartPole-v1, seeds 0 and 1")
-    cli.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(FLOORS))
+    cli.add_argument("--envs", nargs="+", default=list(FLOORS), choices=list(FLOORS))
     cli.add_argument("--total_timesteps", type=float, default=5e5, help="PureJaxRL's TOTAL_TIMESTEPS")
     args = ports.parse_args(cli, argv)
     if args.quick:

@@ -58,5 +58,5 @@ def test_a_directory_without_checkpoints_is_an_error_and_stays_untouched(tmp_pat
         bench.main(["--runs", str(tmp_path / "typo"), "--results_dir", str(tmp_path)])
     assert not (tmp_path / "typo").exists()
     with pytest.raises(SystemExit):
-        bench.parse_args(["--runs", "x", "--samples", "1"])
+        bench.main(["--runs", "x", "--samples", "1"])
     assert "--samples must be >= 2" in capsys.readouterr().err
