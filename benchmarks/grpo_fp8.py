@@ -12,6 +12,7 @@ below ``TARGET_RATIO`` x fp32 and which corrections recover it.
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import time
 from collections.abc import Sequence
@@ -31,9 +32,9 @@ still learns."""
 DEFAULT_EXPLORE = "addition:2:1.0,addition:6:2.0,sort:9:1.5,sort:9:2.5"
 
 
-def kv_cache_bytes(layers: int, heads: int, head_dim: int, tokens: int, batch: int = 1) -> dict[str, int]:
-    """Bytes of a K and V cache: fp32, bf16, and fp8 codes plus one float32 scale per layer, head and K/V."""
-    elements = 2 * layers * batch * tokens * heads * head_dim
+def kv_cache_bytes(layers: int, heads: int, head_dim: int, tokens: int) -> dict[str, int]:
+    """Bytes of one sequence's K and V cache: fp32, bf16, and fp8 codes plus a float32 scale per layer, head, K/V."""
+    elements = 2 * layers * tokens * heads * head_dim
     return {"fp32": 4 * elements, "bf16": 2 * elements, "fp8": elements + 2 * layers * heads * 4}
 
 
@@ -46,55 +47,36 @@ def weight_bytes(shapes: Sequence[tuple[int, int]]) -> dict[str, int]:
 
 def make_config(name: str, seed: int, args: argparse.Namespace):
     """The config file's config with the setting and the run's size applied."""
-    module = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"])
-    config = module.get_config()
-    config.update(
-        seed=seed,
-        env=f"task:{args.task}",
-        num_digits=args.num_digits,
-        iterations=args.iterations,
-        eval_every=max(args.iterations // 4, 1),
-    )
+    config = __import__(f"experiments.configs.grpo.{name}", fromlist=["get_config"]).get_config()
+    config.update(seed=seed, env=f"task:{args.task}", num_digits=args.num_digits, iterations=args.iterations)
+    config.eval_every = max(args.iterations // 4, 1)
     config.agent.temperature = args.temperature
     return config
 
 
-def train_run(name: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
+def run(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The logged curves of config ``name``'s run at ``seed`` in ``args``'s setting, trained first unless finished."""
     from experiments import grpo_loop
-
-    config = make_config(name, seed, args)
-    setting = f"{args.task}{args.num_digits}_t{args.temperature:g}"  # e.g. sort9_t1.5
-    run_dir = args.runs_dir / setting / name / f"seed{seed}"
-    job = run_farm.Job(
-        f"{name}/seed{seed}",
-        run_dir,
-        unit="iterations",
-        train=lambda resume, progress: grpo_loop.train(config, run_dir, resume=resume, progress=progress),
-    )
-    run_farm.train_to_end(job)
-    return run_dir
-
-
-def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
     from lpjax.run_logging import read_metrics
 
+    setting = f"{args.task}{args.num_digits}_t{args.temperature:g}"  # e.g. sort9_t1.5
+    run_dir = args.runs_dir / setting / name / f"seed{seed}"
+    train = functools.partial(grpo_loop.train, make_config(name, seed, args), run_dir)  # train(resume, progress)
+    run_farm.train_to_end(run_farm.Job(f"{name}/seed{seed}", run_dir, unit="iterations", train=train))
     m = read_metrics(run_dir)
     rows, evals = np.isfinite(m["train/reward"]), np.isfinite(m["eval/accuracy"])
-    out = {"iterations": m["step"][rows].tolist()}
-    for key in ("reward", "mismatch_kl", "correction/rejected_fraction", "correction/weight_mean"):
-        out[key.split("/")[-1]] = m[f"train/{key}"][rows].tolist()
+    keys = ("reward", "mismatch_kl", "correction/rejected_fraction", "correction/weight_mean")
+    out = {"iterations": m["step"][rows].tolist()} | {k.split("/")[-1]: m[f"train/{k}"][rows].tolist() for k in keys}
     return out | {"eval_accuracy": m["eval/accuracy"][evals].tolist()}
 
 
 def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
-    """fp32 and fp8 without a correction, seed 0, at ``setting`` (``task:digits:temperature``): final rewards,
-    their ratio and the mismatch KL."""
+    """fp32 and fp8 without a correction, seed 0, at ``setting`` (``task:digits:temperature``)."""
     task, digits, temperature = setting.split(":")
     chosen = {"task": task, "num_digits": int(digits), "temperature": float(temperature)}
     trial = argparse.Namespace(**vars(args) | chosen)
-    runs = {name: {0: read_run(train_run(name, 0, trial))} for name in ("fp32", "fp8_no_tis")}
-    summary = summarize(runs, list(runs))
-    fp32, fp8 = summary["fp32"], summary["fp8_no_tis"]
+    runs = {name: {0: run(name, 0, trial)} for name in ("fp32", "fp8_no_tis")}
+    fp32, fp8 = summarize(runs, list(runs)).values()
     return chosen | {
         "iterations": args.iterations,
         "fp32_final_reward": fp32["final_reward_mean"],
@@ -141,13 +123,11 @@ def degradation(summary: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def describe(setting: dict) -> str:
+    return f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
+
+
 COLORS = dict(fp32="C0", fp8_no_tis="C3", fp8_tis="C1", fp8_mis="C4", fp8_geo="C5", bf16="C2", fp16="C7")
-
-
-def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
-    values = np.asarray(values, float)
-    window = max(1, min(window, len(values)))
-    return np.convolve(values, np.ones(window) / window, mode="valid")
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
@@ -158,19 +138,18 @@ def plot(result: dict, path: pathlib.Path) -> None:
             curves = [r["reward"] for r in by_seed.values()]
             length = min(len(c) for c in curves)
             iterations = np.asarray(next(iter(by_seed.values()))["iterations"][:length])
-            mean = _smooth(np.mean([c[:length] for c in curves], axis=0))
+            window = min(5, length)  # a moving average
+            mean = np.convolve(np.mean([c[:length] for c in curves], axis=0), np.ones(window) / window, mode="valid")
             axes[0].plot(iterations[len(iterations) - len(mean) :], mean, color=COLORS.get(name), label=name)
             kls = [r["mismatch_kl"][:length] for r in by_seed.values()]
             axes[1].plot(iterations, np.mean(kls, axis=0), color=COLORS.get(name), label=name)
         names = list(summary)
         means, stds = ([summary[n][f"final_reward_{k}"] for n in names] for k in ("mean", "std"))
         axes[2].bar(range(len(names)), means, yerr=stds, color=[COLORS.get(n) for n in names])
-        for i, n in enumerate(names):
-            seeds = summary[n]["final_reward_per_seed"]
+        for i, seeds in enumerate(summary[n]["final_reward_per_seed"] for n in names):
             axes[2].scatter([i] * len(seeds), seeds, color="k", s=8)
         axes[2].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
-        setting = result["setting"]
-        title = f"{setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}"
+        title = describe(result["setting"])
         axes[0].set(xlabel="GRPO iteration", ylabel="mean reward (5-point moving average)", title=title)
         axes[1].set(xlabel="GRPO iteration", ylabel="KL(rollout || train) per token", yscale="log", title="mismatch")
         axes[2].set(ylabel="final reward (last 5 logged), mean +- std over seeds", title="final reward per config")
@@ -178,11 +157,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def table(result: dict) -> str:
-    setting = result["setting"]
-    lines = [
-        f"GRPO {setting['task']} {setting['num_digits']} digits, temperature {setting['temperature']:g}, "
-        f"{result['iterations']} iterations, seeds {result['seeds']}"
-    ]
+    lines = [f"GRPO {describe(result['setting'])}, {result['iterations']} iterations, seeds {result['seeds']}"]
     keys = ("final_reward_mean", "final_reward_std", "ratio_to_fp32", "mismatch_kl_mean", "rejected_fraction_mean")
     rows = [
         [n, *("-" if e[k] is None else e[k] for k in keys), e["final_eval_accuracy_mean"]]
@@ -190,8 +165,7 @@ def table(result: dict) -> str:
     ]
     header = ["config", "final reward", "+-", "ratio", "mismatch KL", "rejected", "accuracy"]
     lines += format_table(header, rows, ["<12", "12.3f", "<5.3f", "6.3f", "12.2e", "9.4f", "9.3f"])
-    if result["degradation"]:
-        d = result["degradation"]
+    if d := result["degradation"]:
         lines.append(
             f"fp8 without correction: {d['fp8_no_correction_ratio']:.3f} x fp32 "
             f"({'degrades' if d['fp8_no_correction_degrades'] else 'does not degrade'} below {d['target_ratio']})"
@@ -200,7 +174,7 @@ def table(result: dict) -> str:
     for t in result.get("settings_tried", []):
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.3f}"  # None: fp32's final reward is 0
         lines.append(
-            f"tried {t['task']} {t['num_digits']} digits, temperature {t['temperature']:g}: fp8 without correction "
+            f"tried {describe(t)}: fp8 without correction "
             f"{ratio} x fp32 (rewards {t['fp8_no_correction_final_reward']:.3f} / {t['fp32_final_reward']:.3f}, "
             f"mismatch KL {t['fp8_mismatch_kl_mean']:.2e}; fp32 accuracy {t['fp32_final_eval_accuracy']:.3f})"
         )
@@ -222,21 +196,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     cli.add_argument("--runs_dir", type=pathlib.Path, default=REPO / "runs" / "grpo_fp8")
     args = cli.parse_args(argv)
     names = args.configs.split(",")
-    unknown = sorted(set(names) - set(CONFIGS))
-    if unknown:
+    if unknown := sorted(set(names) - set(CONFIGS)):
         cli.error(f"unknown configs {unknown}; valid: {', '.join(CONFIGS)}")
     if not 1 <= args.num_digits <= 9 or args.temperature <= 0 or args.iterations < 1:
         cli.error("--num_digits must be in [1, 9], --temperature > 0 and --iterations >= 1")
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
     settings_tried = [explore(setting, args) for setting in args.explore.split(",") if setting]
-    runs = {name: {seed: read_run(train_run(name, seed, args)) for seed in seeds} for name in names}
+    runs = {name: {seed: run(name, seed, args) for seed in seeds} for name in names}
     summary = summarize(runs, names)
-    llm = {
-        "weights_4096x4096_x7_per_layer_x32": weight_bytes([(4096, 4096)] * 7 * 32),
-        "kv_cache_32l_32h_128d_4096tok": kv_cache_bytes(32, 32, 128, 4096),
-    }
-    kv = llm["kv_cache_32l_32h_128d_4096tok"]
+    kv = kv_cache_bytes(32, 32, 128, 4096)
+    llm = {"weights_4096x4096_x7_per_layer_x32": weight_bytes([(4096, 4096)] * 7 * 32)}
+    llm["kv_cache_32l_32h_128d_4096tok"] = kv
     model = make_config("fp32", 0, args).model  # the benchmark's transformer blocks, its KV cache for one sequence
     d, f, layers, heads = model.d_model, model.d_ff, model.num_layers, model.num_heads
     shapes = [(d, d)] * 4 * layers + [(d, f), (f, d)] * layers

@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import os
 import pathlib
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,15 +34,6 @@ from lpjax.agents import sac
 
 DEFAULT_RUN_DIR = REPRODUCTION_RUNS / "fp32" / "cartpole-swingup" / "seed0"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
-RESULT_NAME = "ptq_eval"
-
-
-def with_actor(loop: sac_loop.LoopState, params: Any, policy: str | None = None) -> sac_loop.LoopState:
-    """``loop`` whose agent acts with the actor ``params`` (and, if given, the precision ``policy``)."""
-    agent = loop.agent.replace(actor=loop.agent.actor._replace(params=params))
-    if policy is not None:
-        agent = agent.replace(config=dataclasses.replace(agent.config, policy=policy))
-    return loop._replace(agent=agent)
 
 
 class RecordingEnv:
@@ -62,9 +52,6 @@ class RecordingEnv:
         if not (terminated or truncated):
             self.observations.append(np.asarray(obs))
         return obs, reward, terminated, truncated
-
-    def __getattr__(self, name):
-        return getattr(self.env, name)
 
 
 @jax.jit
@@ -87,53 +74,46 @@ def _kernels(params: Any) -> list[np.ndarray]:
     return [np.asarray(x, np.float64) for x in jax.tree.leaves(params) if np.ndim(x) >= 2]
 
 
-def precisions(bits: Sequence[int]) -> list[tuple[str, Any, str | None]]:
-    """``(row name, quant spec, precision policy override)`` of every row, fp32 first."""
-    rows = [("fp32", "fp32", None), ("fp16", "fp16", None), ("fp16_act", "fp16", "mixed_fp16")]
-    return rows + [(f"int{n}{s}", f"int{n}{s}", None) for n in bits for s in ("", "_per_channel")]
-
-
 def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> dict:
     config, loop, step = load_run(run_dir)
     _, eval_env = sac_loop.make_envs(config)
-    actor_params = loop.agent.actor.params
-    recorder = RecordingEnv(eval_env)
-    rows, reference = [], None
-    for name, spec, policy in precisions(bits):
+    actor_params, recorder = loop.agent.actor.params, RecordingEnv(eval_env)
+    norm = sum(np.sum(np.square(w)) for w in _kernels(actor_params))
+    # (row name, quant spec, precision policy override), fp32 first: the reference
+    precisions = [("fp32", "fp32", None), ("fp16", "fp16", None), ("fp16_act", "fp16", "mixed_fp16")]
+    precisions += [(f"int{n}{s}", f"int{n}{s}", None) for n in bits for s in ("", "_per_channel")]
+    rows = []
+    for name, spec, policy in precisions:
         started = time.perf_counter()
         params = quant.dequantize_params(quant.quantize_params(actor_params, spec))
-        policy_loop = with_actor(loop, params, policy)
-        if reference is None:  # fp32: its evaluation episodes give the fixed set of states
-            evaluation = sac_loop.evaluate(policy_loop, recorder, episodes)
+        agent = loop.agent.replace(actor=loop.agent.actor._replace(params=params))
+        if policy is not None:
+            agent = agent.replace(config=dataclasses.replace(agent.config, policy=policy))
+        evaluation = sac_loop.evaluate(loop._replace(agent=agent), eval_env if rows else recorder, episodes)
+        if not rows:  # fp32: its evaluation episodes give the fixed set of states
             states = jnp.asarray(np.stack(recorder.observations))
-            reference = gaussian(policy_loop.agent, states)
-            reference_actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True), np.float64)
-        else:
-            evaluation = sac_loop.evaluate(policy_loop, eval_env, episodes)
-        mean, log_std = gaussian(policy_loop.agent, states)
-        actions = np.asarray(sac.act(policy_loop.agent, states, loop.key, deterministic=True), np.float64)
-        distance = np.linalg.norm(actions - reference_actions, axis=-1)
-        kl = gaussian_kl(*reference, mean, log_std)
-        errors = [np.sum(np.square(w - v)) for w, v in zip(_kernels(actor_params), _kernels(params))]
-        norm = sum(np.sum(np.square(w)) for w in _kernels(actor_params))
+        mean, log_std = gaussian(agent, states)
+        actions = np.asarray(sac.act(agent, states, loop.key, deterministic=True), np.float64)
+        if not rows:
+            reference = mean, log_std, actions
+        distance = np.linalg.norm(actions - reference[2], axis=-1)
+        kl = gaussian_kl(*reference[:2], mean, log_std)
+        error = sum(np.sum(np.square(w - v)) for w, v in zip(_kernels(actor_params), _kernels(params)))
         parsed = quant.parse_spec(spec)
-        rows.append(
-            {"name": name, "spec": parsed.name}
-            | {key: getattr(parsed, key) for key in ("format", "bits", "per_channel")}
-            | {
-                "activations": "fp16" if policy else "fp32",
-                "return_mean": evaluation["return"],
-                "return_std": evaluation["return_std"],
-                "action_l2_mean": float(np.mean(distance)),
-                "action_l2_max": float(np.max(distance)),
-                "kl_mean": float(np.mean(kl)),
-                "kl_median": float(np.median(kl)),
-                "kl_max": float(np.max(kl)),
-                "weight_rel_error": float(np.sqrt(sum(errors) / norm)),
-                "seconds": time.perf_counter() - started,
-            }
-        )
-        row = rows[-1]
+        row = {"name": name, "spec": parsed.name} | {k: getattr(parsed, k) for k in ("format", "bits", "per_channel")}
+        row |= {
+            "activations": "fp16" if policy else "fp32",
+            "return_mean": evaluation["return"],
+            "return_std": evaluation["return_std"],
+            "action_l2_mean": float(np.mean(distance)),
+            "action_l2_max": float(np.max(distance)),
+            "kl_mean": float(np.mean(kl)),
+            "kl_median": float(np.median(kl)),
+            "kl_max": float(np.max(kl)),
+            "weight_rel_error": float(np.sqrt(error / norm)),
+            "seconds": time.perf_counter() - started,
+        }
+        rows.append(row)
         print(
             f"{name:>18}: return {row['return_mean']:8.1f} ± {row['return_std']:6.1f}   action L2 "
             f"{row['action_l2_mean']:.2e}   KL {row['kl_mean']:.2e}   ({row['seconds']:.0f} s)",
@@ -142,17 +122,16 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> 
     fp32_return = rows[0]["return_mean"]
     for row in rows:
         row["return_ratio"] = row["return_mean"] / fp32_return if fp32_return else None
-    agent_config = loop.agent.config
     return {
-        "benchmark": RESULT_NAME,
+        "benchmark": "ptq_eval",
         "jax_version": jax.__version__,
         "run_dir": str(pathlib.Path(run_dir).resolve()),
         "checkpoint_step": int(step),
         "env": config.env,
         "actor": {
-            "hidden_dims": list(agent_config.hidden_dims),
+            "hidden_dims": list(loop.agent.config.hidden_dims),
             "action_dim": int(loop.agent.action_dim),
-            "policy": agent_config.policy,
+            "policy": loop.agent.config.policy,
             "parameters": int(sum(np.size(x) for x in jax.tree.leaves(actor_params))),
         },
         "episodes": int(episodes),
@@ -213,7 +192,7 @@ def _bits(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    cli = parser(RESULT_NAME, __doc__)
+    cli = parser("ptq_eval", __doc__)
     cli.add_argument("--run_dir", type=pathlib.Path, default=DEFAULT_RUN_DIR, help="SAC run directory")
     cli.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
     cli.add_argument("--bits", type=_bits, default=list(DEFAULT_BITS), help="integer bit widths, comma-separated")
@@ -231,4 +210,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
