@@ -34,9 +34,10 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +46,12 @@ import numpy as np
 
 import lpjax.envs
 from benchmarks import common, timing
-from benchmarks.common import command_line, figure, finish, package_versions, parser, random_transitions
 from experiments import sac_brax_loop, sac_loop
 from experiments.configs.sac import _base as sac_base
 from lpjax.agents.sac import SACConfig
 from lpjax.methods import PrecisionMethods
 from lpjax.run_logging import read_metrics
 
-RESULT_NAME = "sac_throughput"
 TARGET_RATIO = 1.0
 EPISODE_LENGTH, LEARNING_RATE, GAMMA, TAU = 1000, 1e-4, 0.99, 0.005
 PACKAGES = ("jax", "jaxlib", "brax", "playground", "mujoco", "mujoco-mjx", "dm_control")
@@ -96,7 +95,7 @@ class Setting:
 MJX = dict(env="mjx:cartpole-swingup", backend=None)
 ONE_UPDATE = dict(batch_size=256, updates_per_step=1)
 HOST = dict(host_env="dmc:cartpole-swingup", num_envs=1)
-_SETTINGS = (
+SETTINGS = {setting.name: setting for setting in (
     Setting("brax_colab", "sizes of brax's published SAC settings (128 envs, batch 512, 64 updates per vectorized "
             "step, 256x256): update-bound"),
     Setting("one_update", "128 envs, batch 256, 1 update per vectorized step: environment- and loop-bound",
@@ -106,12 +105,13 @@ _SETTINGS = (
             **MJX | HOST | ONE_UPDATE, replay_size=10_000, iterations=200, rounds=8),
     Setting("mjx_cartpole_128", "MJX cartpole-swingup, 128 envs, batch 256, 1 update per vectorized step",
             **MJX | ONE_UPDATE, iterations=20, rounds=8),
-)  # fmt: skip
-SETTINGS = {setting.name: setting for setting in _SETTINGS}
+)}  # fmt: skip
 QUICK = Setting("quick", "a smoke test, not a measurement", **MJX | HOST, batch_size=32, updates_per_step=2)
 QUICK = dataclasses.replace(QUICK, hidden=(32, 32), replay_size=4096, iterations=8, rounds=2)
 OVERRIDABLE = tuple(field.name for field in dataclasses.fields(Setting))[2:]
-_TEXT_FIELDS = ("env", "backend", "host_env")
+_TEXT = (lambda s: s or None), " ('' for none)"
+_WIDTHS = (lambda s: tuple(int(w) for w in s.split(","))), " (widths, e.g. 256,256)"
+_PARSE = dict(env=_TEXT, backend=_TEXT, host_env=_TEXT, hidden=_WIDTHS)
 
 
 def _setting_error(setting: Setting) -> str | None:
@@ -129,17 +129,12 @@ def _setting_error(setting: Setting) -> str | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    cli = parser(RESULT_NAME, __doc__, quick="one tiny setting: a smoke test, not the measurement")
+    cli = common.parser("sac_throughput", __doc__, quick="one tiny setting: a smoke test, not the measurement")
     cli.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {list(SETTINGS)}")
     for name in OVERRIDABLE:
-        kind, note = (lambda s: s or None), " ('' for none)"
-        if name == "hidden":
-            kind, note = (lambda s: tuple(int(w) for w in s.split(","))), " (widths, e.g. 256,256)"
-        elif name not in _TEXT_FIELDS:
-            kind, note = int, ""
-        cli.add_argument(
-            f"--{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS, help="for every setting" + note
-        )
+        kind, note = _PARSE.get(name, (int, ""))
+        flag = "--" + name.replace("_", "-")
+        cli.add_argument(flag, type=kind, default=argparse.SUPPRESS, help="for every setting" + note)
     cli.add_argument("--no-fp16", action="store_true", help="skip the lpjax fp16 variants")
     cli.add_argument("--no-profile", action="store_true", help="skip the isolated one-update comparison")
     cli.add_argument("--seed", type=int, default=0)
@@ -156,24 +151,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
 def brax_jax_compat():
-    """Provides ``jax.device_put_replicated`` (removed in jax 0.10, still called by brax 0.14.2) while brax runs."""
-    if hasattr(jax, "device_put_replicated"):  # jax < 0.10
-        yield
-        return
+    """A context that provides ``jax.device_put_replicated`` (removed in jax 0.10, still called by brax 0.14.2)."""
 
     def device_put_replicated(x, devices):
-        sharding = jax.sharding.NamedSharding(
-            jax.sharding.Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec("devices")
-        )
+        mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
         return jax.tree.map(lambda a: jax.device_put(jnp.stack([jnp.asarray(a)] * len(devices)), sharding), x)
 
-    jax.device_put_replicated = device_put_replicated
-    try:
-        yield
-    finally:
-        del jax.device_put_replicated
+    return mock.patch.object(jax, "device_put_replicated", device_put_replicated, create=True)
 
 
 def null_env(observation_size: int, action_size: int):
@@ -195,16 +181,6 @@ def null_env(observation_size: int, action_size: int):
     return NullEnv()
 
 
-def brax_environment(env: str, backend: str | None):
-    """brax's SAC's ``environment``: the brax env, or the bare Playground env (MJX)."""
-    prefix, _, name = env.partition(":")
-    if prefix == "brax":
-        from brax import envs
-
-        return envs.get_environment(name, backend=backend)
-    return lpjax.envs.load_playground(name)
-
-
 def brax_wrap(env, **kwargs):
     """brax's SAC's ``wrap_env_fn``: Playground's wrapper for a Playground env, brax's own for a brax env."""
     from brax import envs
@@ -223,13 +199,9 @@ def agent_config(setting: Setting, policy: str) -> SACConfig:
 
 
 def lpjax_settings(setting: Setting, policy: str) -> sac_brax_loop.LoopSettings:
-    sizes = dict(
-        num_envs=setting.num_envs, updates_per_step=setting.updates_per_step, replay_capacity=setting.replay_size
-    )
-    agent = agent_config(setting, policy)
-    return sac_brax_loop.LoopSettings(
-        env=setting.env, backend=setting.backend, action_repeat=1, agent=agent, seed_steps=0, **sizes
-    )
+    sizes = dict(num_envs=setting.num_envs, replay_capacity=setting.replay_size, seed_steps=0, action_repeat=1)
+    env = dict(env=setting.env, backend=setting.backend, updates_per_step=setting.updates_per_step)
+    return sac_brax_loop.LoopSettings(**env, **sizes, agent=agent_config(setting, policy))
 
 
 def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.ConfigDict:
@@ -243,27 +215,29 @@ def host_config(setting: Setting, policy: str, seed: int) -> ml_collections.Conf
 
 
 class LpjaxVariant:
-    """The jitted loop in one configuration; a round is one call of its compiled chunk."""
+    """The jitted loop with ``policy``'s agent; a round is one call of its compiled chunk."""
 
-    def __init__(self, name: str, settings, iterations: int, seed: int, timer: timing.CompileTimer):
-        self.name, self.settings, self.iterations, self.agent = name, settings, iterations, settings.agent
-        self.sps, self.critic_loss = [], float("nan")
-        with timer.section(name):
+    def __init__(self, setting: Setting, policy: str, seed: int, timer: timing.CompileTimer):
+        settings = lpjax_settings(setting, policy)
+        self.name, self.agent, self.steps = f"lpjax_{policy}", settings.agent, setting.iterations * setting.num_envs
+        self.sps = []
+        with timer.section(self.name):
             started = time.perf_counter()
             self.loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, seed))
             init_s, started = time.perf_counter() - started, time.perf_counter()
-            self.chunk = sac_brax_loop.chunk_fn(settings, iterations)
-        self.extras = {"chunk_compile_s": time.perf_counter() - started, "init_s": init_s}
-        print(f"{name}: init {init_s:.1f} s, chunk compile {self.extras['chunk_compile_s']:.1f} s", flush=True)
+            self.chunk = sac_brax_loop.chunk_fn(settings, setting.iterations)
+        compile_s = time.perf_counter() - started
+        self.extras = {"last_critic_loss": float("nan"), "chunk_compile_s": compile_s, "init_s": init_s}
+        print(f"{self.name}: init {init_s:.1f} s, chunk compile {compile_s:.1f} s", flush=True)
 
     def run_round(self) -> float:
         started = time.perf_counter()
         self.loop, out = self.chunk(self.loop)
         out = jax.device_get(out)  # blocks until the chunk is done
-        self.sps.append(self.iterations * self.settings.num_envs / (time.perf_counter() - started))
+        self.sps.append(self.steps / (time.perf_counter() - started))
         if not out.actions_finite:
             raise RuntimeError(f"{self.name}: non-finite actions")
-        self.critic_loss = float(out.metrics["critic_loss"])
+        self.extras["last_critic_loss"] = float(out.metrics["critic_loss"])
         return self.sps[-1]
 
 
@@ -271,91 +245,83 @@ class HostVariant:
     """The dm_control host loop; a round resumes its run for ``iterations`` more steps. Every timed round is a
     resume: the first segment runs (untimed) here, since the first resume compiles again."""
 
-    def __init__(self, name: str, config: ml_collections.ConfigDict, run_dir: Path, timer: timing.CompileTimer):
-        self.name, self.config, self.run_dir, self.timer = name, config, run_dir, timer
-        self.agent = SACConfig.from_mapping(config.agent.to_dict())
-        self.steps, self.sps, self.critic_loss, self.round_s = 0, [], float("nan"), []
-        self.extras = {"round_wall_s": self.round_s}  # restore, round, evaluation and checkpoint
-        self._train()
+    def __init__(self, setting: Setting, policy: str, seed: int, timer: timing.CompileTimer, work_dir: Path):
+        self.name, self.run_dir = f"lpjax_host_{policy}", work_dir / f"{setting.name}-host-{policy}"
+        self.config, self.agent, self.timer = host_config(setting, policy, seed), agent_config(setting, policy), timer
+        self.steps, self.sps = 0, []
+        # round_wall_s: each round's restore, training, evaluation and checkpoint
+        self.extras = {"last_critic_loss": float("nan"), "round_wall_s": []}
+        self.run_round(timed=False)
 
-    def _train(self) -> float:
+    def run_round(self, timed: bool = True) -> float:
+        started = time.perf_counter()
         self.steps += self.config.log_every
-        config = ml_collections.ConfigDict(self.config.to_dict())
-        config.total_steps = self.steps
+        config = ml_collections.ConfigDict(self.config.to_dict() | {"total_steps": self.steps})
         with self.timer.section(self.name), contextlib.redirect_stdout(io.StringIO()):
             summary = sac_loop.train(config, self.run_dir, resume=self.steps > config.log_every, progress=False)
         if summary["status"] != "finished":
             raise RuntimeError(f"{self.name}: {summary['status']}")
         metrics = read_metrics(self.run_dir)
         at_end = (metrics["step"] == self.steps) & np.isfinite(metrics["train/env_steps_per_s"])
-        sps, self.critic_loss = (float(metrics[c][at_end][-1]) for c in ("train/env_steps_per_s", "train/critic_loss"))
+        columns = ("train/env_steps_per_s", "train/critic_loss")
+        sps, self.extras["last_critic_loss"] = (float(metrics[c][at_end][-1]) for c in columns)
+        if timed:
+            self.sps.append(sps)
+            self.extras["round_wall_s"].append(time.perf_counter() - started)
         return sps
 
-    def run_round(self) -> float:
-        started = time.perf_counter()
-        self.sps.append(self._train())
-        self.round_s.append(time.perf_counter() - started)
-        return self.sps[-1]
 
-
-def run_setting(
-    setting: Setting, policies: Sequence[str], seed: int, timer: timing.CompileTimer, work_dir: Path
-) -> dict:
+def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: timing.CompileTimer, work_dir: Path):
     """Times brax and the lpjax variants on one setting, interleaved round by round."""
+    from brax import envs
     from brax.training.agents.sac import networks as sac_networks
     from brax.training.agents.sac import train as brax_sac
 
     print(f"\n{setting.name}: {setting.description}", flush=True)
-    ours = [LpjaxVariant(f"lpjax_{p}", lpjax_settings(setting, p), setting.iterations, seed, timer) for p in policies]
-    for policy in policies if setting.host_env is not None else ():
-        run_dir = work_dir / f"{setting.name}-host-{policy}"
-        ours.append(HostVariant(f"lpjax_host_{policy}", host_config(setting, policy, seed), run_dir, timer))
-    epoch_steps = setting.iterations * setting.num_envs
-    brax_epochs: list[dict[str, float]] = []
+    ours = [LpjaxVariant(setting, policy, seed, timer) for policy in policies]
+    ours += [HostVariant(setting, policy, seed, timer, work_dir) for policy in policies if setting.host_env]
+    epoch_steps, epochs = setting.iterations * setting.num_envs, setting.rounds + 1
+    brax = types.SimpleNamespace(name="brax", sps=[], extras={})
 
     def progress(step: int, metrics: dict) -> None:
         if "training/sps" not in metrics:  # the initial evaluation, before any training
             return
-        sps = float(metrics["training/sps"])
-        critic_loss = float(metrics.get("training/critic_loss", float("nan")))
-        brax_epochs.append({"sps": sps, "seconds": epoch_steps / sps, "critic_loss": critic_loss})
-        round_ = len(brax_epochs) - 1
+        brax.sps.append(float(metrics["training/sps"]))
+        brax.extras["last_critic_loss"] = float(metrics.get("training/critic_loss", float("nan")))
+        round_ = len(brax.sps) - 1
         with timer.section(None):
-            line = [f"round {round_}{' (warm-up)' if round_ == 0 else ''}: brax {sps:,.0f}"]
+            line = [f"round {round_}{' (warm-up)' if round_ == 0 else ''}: brax {brax.sps[-1]:,.0f}"]
             line += [f"{v.name} {v.run_round():,.0f}" for v in (ours if round_ % 2 == 0 else ours[::-1])]
         print(", ".join(line) + " env steps/s", flush=True)
 
-    environment = brax_environment(setting.env, setting.backend)
-    epochs = setting.rounds + 1
+    name = setting.env.partition(":")[2]  # MJX: the bare Playground env
+    environment = (
+        envs.get_environment(name, backend=setting.backend) if setting.backend else lpjax.envs.load_playground(name)
+    )
     sizes = dict(num_envs=setting.num_envs, batch_size=setting.batch_size, max_replay_size=setting.replay_size)
     sizes.update(grad_updates_per_step=setting.updates_per_step, num_timesteps=epochs * epoch_steps)
     networks = functools.partial(sac_networks.make_sac_networks, hidden_layer_sizes=setting.hidden)
     null = null_env(environment.observation_size, environment.action_size)
-    with brax_jax_compat(), timer.section(f"brax/{setting.name}"):
+    with brax_jax_compat(), timer.section("brax"):
         kwargs = dict(wrap_env_fn=brax_wrap, seed=seed, num_evals=epochs + 1, network_factory=networks)
         brax_sac.train(environment=environment, **MATCHED, **sizes, **kwargs, progress_fn=progress, eval_env=null)
-    if len(brax_epochs) != epochs:
-        raise RuntimeError(f"brax ran {len(brax_epochs)} epochs, expected {epochs}")
-
-    def row(sps: list[float], compile_s: float, **extras) -> dict:
-        return dict(sps=sps[1:], **timing.summary(sps[1:]), warmup_sps=sps[0], backend_compile_s=compile_s, **extras)
-
-    brax_sps = [e["sps"] for e in brax_epochs]
-    overhead = brax_epochs[0]["seconds"] - statistics.median(e["seconds"] for e in brax_epochs[1:])
-    brax = row(brax_sps, timer.seconds.get(f"brax/{setting.name}", 0.0), first_epoch_overhead_s=overhead)
-    results = {"brax": brax | {"last_critic_loss": brax_epochs[-1]["critic_loss"]}}
-    for v in ours:
-        results[v.name] = row(v.sps, timer.seconds.pop(v.name, 0.0), last_critic_loss=v.critic_loss, **v.extras)
-    ratios = {v.name: [o / b for o, b in zip(v.sps[1:], brax_sps[1:])] for v in ours}
+    if len(brax.sps) != epochs:
+        raise RuntimeError(f"brax ran {len(brax.sps)} epochs, expected {epochs}")
+    seconds = [epoch_steps / sps for sps in brax.sps]
+    brax.extras = {"first_epoch_overhead_s": seconds[0] - statistics.median(seconds[1:])} | brax.extras
+    results = {}
+    for v in [brax, *ours]:
+        row = dict(sps=v.sps[1:], **timing.summary(v.sps[1:]), warmup_sps=v.sps[0])
+        row.update(backend_compile_s=timer.seconds.pop(v.name, 0.0), **v.extras)
+        results[v.name] = row
+    ratios = {v.name: [o / b for o, b in zip(v.sps[1:], brax.sps[1:])] for v in ours}
     ratio = statistics.median(ratios["lpjax_fp32"])
     config = dict(dataclasses.asdict(setting), hidden=list(setting.hidden), env_steps_per_round=epoch_steps)
     config.update(episode_length=EPISODE_LENGTH, learning_rate=LEARNING_RATE, gamma=GAMMA, tau=TAU, seed=seed)
     config["lpjax_agents"] = {v.name: dataclasses.asdict(v.agent) for v in ours}
     summary = {"name": setting.name, "description": setting.description, "config": config, "results": results}
-    ratio_of_medians = results["lpjax_fp32"]["median"] / results["brax"]["median"]
-    summary.update(
-        ratios_per_round=ratios, ratio=ratio, ratio_of_medians=ratio_of_medians, target_met=ratio >= TARGET_RATIO
-    )
+    medians = results["lpjax_fp32"]["median"] / results["brax"]["median"]
+    summary.update(ratios_per_round=ratios, ratio=ratio, ratio_of_medians=medians, target_met=ratio >= TARGET_RATIO)
     if "lpjax_host_fp32" in results:
         jitted, host = results["lpjax_fp32"]["sps"], results["lpjax_host_fp32"]["sps"]
         summary["jitted_over_host"] = statistics.median(j / h for j, h in zip(jitted, host))
@@ -388,9 +354,8 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
     def sgd_step(state, transitions):
         s = dict(state)
         s["key"], alpha_key, critic_key, actor_key = jax.random.split(state["key"], 4)
-        _, s["log_alpha"], s["alpha_opt"] = alpha_update(
-            state["log_alpha"], state["policy"], normalizer, transitions, alpha_key, optimizer_state=state["alpha_opt"]
-        )
+        alpha_args = (state["log_alpha"], state["policy"], normalizer, transitions, alpha_key)
+        _, s["log_alpha"], s["alpha_opt"] = alpha_update(*alpha_args, optimizer_state=state["alpha_opt"])
         alpha = jnp.exp(state["log_alpha"])
         critic_args = (state["q"], state["policy"], normalizer, state["target_q"], alpha, transitions, critic_key)
         loss, s["q"], s["q_opt"] = critic_update(*critic_args, optimizer_state=state["q_opt"])
@@ -402,7 +367,7 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
     return state, sgd_step
 
 
-def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, Any]:
+def profile_updates(setting: Setting, updates: int, rounds: int) -> dict:
     """One SAC update alone, lpjax fp32 against brax, at the setting's sizes: XLA's flops and matmuls of one jitted
     update, and ms per update over interleaved rounds of a ``lax.scan`` of ``updates`` updates on random batches."""
     from brax.training import types as brax_types
@@ -411,12 +376,10 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
 
     env = sac_brax_loop.make_env(setting.env, setting.backend, 1)
     obs, act, batch = env.observation_size, env.action_dim, setting.batch_size
-    data = random_transitions(np.random.default_rng(0), updates * batch, obs, act)
+    data = common.random_transitions(np.random.default_rng(0), updates * batch, obs, act)
     data = {k: jnp.asarray(v.reshape(updates, batch, *v.shape[1:])) for k, v in data.items()}
     truncation = {"state_extras": {"truncation": jnp.zeros((updates, batch))}, "policy_extras": {}}
-    transitions = brax_types.Transition(
-        data["obs"], data["action"], data["reward"], data["discount"], data["next_obs"], extras=truncation
-    )
+    transitions = brax_types.Transition(*data.values(), extras=truncation)  # the fields in random_transitions' order
     ours = sac_brax_loop.init_loop(lpjax_settings(setting, "fp32"), 0).agent
     theirs, sgd_step = brax_sgd_step(obs, act, setting.hidden)
     work, variants = {}, {}
@@ -426,7 +389,6 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
     ):
         one = jax.jit(update).lower(state, jax.tree.map(lambda x: x[0], batches)).compile()
         cost = one.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
         work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
 
         def scan(state, batches, update=update, loss_of=loss_of):
@@ -448,28 +410,7 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict[str, An
     return profile | {"brax_time_over_lpjax_time": statistics.median(ratios)}
 
 
-def run_benchmark(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
-    """Runs the chosen settings and the update profile; each records this run (command, date, versions, machine
-    with its load average at the run's end)."""
-    timer = timing.CompileTimer()
-    policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
-    with tempfile.TemporaryDirectory(prefix="sac_throughput-") as work_dir:
-        settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir)) for setting in args.chosen]
-    profile = None
-    if not args.no_profile:
-        profile = profile_updates(args.chosen[0], updates=4 if args.quick else 32, rounds=2 if args.quick else 12)
-    machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count())
-    machine.update(devices=[str(d) for d in jax.devices()], load_average=list(os.getloadavg()))
-    run = dict(command=command_line("benchmarks.sac_throughput", argv))
-    run["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    run.update(versions=package_versions(PACKAGES), machine=machine, quick=bool(args.quick))
-    for measured in [*settings, profile]:
-        if measured is not None:
-            measured["run"] = run
-    return summarize(settings, profile)
-
-
-def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
+def summarize(settings: list[dict], profile: dict | None) -> dict:
     """The json: the settings' results (each with its run) and the update profile, with medians and targets."""
     medians = {s["name"]: {name: row["median"] for name, row in s["results"].items()} for s in settings}
     result = dict(notes=NOTES, target_ratio=TARGET_RATIO, settings=settings, medians=medians)
@@ -477,12 +418,10 @@ def summarize(settings: list[dict], profile: dict | None) -> dict[str, Any]:
 
 
 def with_earlier_results(result: dict, earlier: dict) -> dict:
-    """``result`` plus the settings (and update profile) of the ``earlier`` json it did not measure, in
-    ``SETTINGS`` order."""
+    """``result`` plus the settings (and profile) of the ``earlier`` json it did not measure, in SETTINGS order."""
     measured = {s["name"] for s in result["settings"]}
     settings = result["settings"] + [s for s in earlier["settings"] if s["name"] not in measured]
-    order = list(SETTINGS)
-    settings.sort(key=lambda s: order.index(s["name"]) if s["name"] in order else len(order))
+    settings.sort(key=lambda s: list(SETTINGS).index(s["name"]) if s["name"] in SETTINGS else len(SETTINGS))
     return summarize(settings, result["update_profile"] or earlier["update_profile"])
 
 
@@ -492,17 +431,14 @@ def format_table(result: dict) -> str:
         cfg, run = setting["config"], setting["run"]
         env = cfg["env"] + (f" ({cfg['backend']})" if cfg["backend"] else "")
         host = f", host loop on {cfg['host_env']}" if cfg["host_env"] else ""
-        lines += [
+        lines.append(
             f"{setting['name']}: {env}{host}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
             f"{cfg['updates_per_step']} updates per vectorized step, hidden {cfg['hidden']}; {cfg['rounds']} rounds "
             f"of {cfg['env_steps_per_round']} env steps [run {run['date']}, jax {run['versions']['jax']}, load "
-            f"{run['machine']['load_average'][0]:.1f}]",
-        ]
+            f"{run['machine']['load_average'][0]:.1f}]"
+        )
         header = ["variant", "median", "min", "max", " (env steps/s)", "XLA compile (s)"]
-        rows = [
-            [name, *(row[k] for k in ("median", "min", "max")), "", row["backend_compile_s"]]
-            for name, row in setting["results"].items()
-        ]
+        rows = [[n, r["median"], r["min"], r["max"], "", r["backend_compile_s"]] for n, r in setting["results"].items()]
         lines += common.format_table(header, rows, ["<16", ">9,.0f", ">9,.0f", ">9,.0f", "<15", ".1f"], indent="  ")
         lines.append(
             f"  lpjax fp32 / brax, median over rounds: {setting['ratio']:.3f} (target >= "
@@ -522,8 +458,8 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-COLORS = dict(brax="tab:gray", lpjax_fp32="tab:blue", lpjax_fp16="tab:orange")
-COLORS.update(lpjax_host_fp32="tab:green", lpjax_host_fp16="tab:olive")
+COLORS = dict(brax="tab:gray", lpjax_fp32="tab:blue", lpjax_fp16="tab:orange", lpjax_host_fp32="tab:green")
+COLORS["lpjax_host_fp16"] = "tab:olive"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -531,18 +467,16 @@ def plot(result: dict, path: Path) -> None:
     columns = min(len(settings), 2)
     rows = -(-len(settings) // columns)
     size = (5.6 * columns + 0.4, 4.4 * rows + 0.4)
-    with figure(path, rows, columns, figsize=size, squeeze=False) as (fig, grid):
+    with common.figure(path, rows, columns, figsize=size, squeeze=False) as (fig, grid):
         for axes in grid.flat[len(settings) :]:
             axes.axis("off")
         for axes, setting in zip(grid.flat, settings):
-            names = list(setting["results"])
-            for i, name in enumerate(names):
-                row = setting["results"][name]
+            for i, (name, row) in enumerate(setting["results"].items()):
                 axes.bar(i, row["median"], color=COLORS.get(name, "tab:purple"), alpha=0.8)
                 axes.plot([i] * len(row["sps"]), row["sps"], "k.", markersize=4)
                 axes.text(i, max(row["sps"]), f"{row['median']:,.0f}", ha="center", va="bottom", fontsize=8)
-            labels = [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n") for n in names]
-            axes.set_xticks(range(len(names)), labels, fontsize=8)
+            labels = [n.replace("lpjax_", "lpjax\n").replace("host_", "host\n") for n in setting["results"]]
+            axes.set_xticks(range(len(labels)), labels, fontsize=8)
             axes.set_ylabel("env steps / s (bar: median; dots: rounds)", fontsize=8)
             cfg, run = setting["config"], setting["run"]
             title = f"{setting['name']}: {cfg['env']}, {cfg['num_envs']} envs, batch {cfg['batch_size']}, "
@@ -556,12 +490,27 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    """Runs the chosen settings and the update profile, each with a record of this run (command, date, versions,
+    machine with its load average at the run's end), and keeps the earlier json's settings it did not measure."""
     args = parse_args(argv)
-    result = run_benchmark(args, argv)
+    timer = timing.CompileTimer()
+    policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
+    with tempfile.TemporaryDirectory(prefix="sac_throughput-") as work_dir:
+        settings = [run_setting(setting, policies, args.seed, timer, Path(work_dir)) for setting in args.chosen]
+    sizes = dict(updates=4, rounds=2) if args.quick else dict(updates=32, rounds=12)
+    profile = None if args.no_profile else profile_updates(args.chosen[0], **sizes)
+    machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count())
+    machine.update(devices=[str(d) for d in jax.devices()], load_average=list(os.getloadavg()))
+    run = dict(command=common.command_line("benchmarks.sac_throughput", argv))
+    run["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    run.update(versions=common.package_versions(PACKAGES), machine=machine, quick=bool(args.quick))
+    for measured in filter(None, [*settings, profile]):
+        measured["run"] = run
+    result = summarize(settings, profile)
     previous = args.out_dir / f"{args.name}.json"
     if not args.quick and previous.is_file():
         result = with_earlier_results(result, json.loads(previous.read_text()))
-    return finish(args, result, format_table(result), plot)
+    return common.finish(args, result, format_table(result), plot)
 
 
 if __name__ == "__main__":
