@@ -12,7 +12,6 @@ why.
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,9 +40,20 @@ QUICK_AGENT = {"hidden_dims": (32, 32), "batch_size": 32}
 QUICK_CHUNK_ITERATIONS = 4
 
 
-def loop_config(precision: str, quick: bool = False, devices: int = 1) -> Any:
-    """The experiment config of ``precision`` (:data:`CONFIGS`) on :data:`ENV` with :data:`LOOP` and :data:`AGENT`
-    (the quick variants with ``quick``), on a ``devices`` x 1 mesh."""
+def settings(quick: bool) -> dict[str, Any]:
+    """The environment, loop and agent settings (the json records them; :mod:`benchmarks.gpu_suite` too)."""
+    return {"env": ENV, "loop": QUICK_LOOP if quick else LOOP, "agent": QUICK_AGENT if quick else AGENT}
+
+
+def chunk_iterations(quick: bool) -> int:
+    return QUICK_CHUNK_ITERATIONS if quick else CHUNK_ITERATIONS
+
+
+def loop_settings(precision: str, quick: bool = False, devices: int = 1) -> Any:
+    """The loop's :class:`experiments.sac_brax_loop.LoopSettings` (validated) of the experiment config of
+    ``precision`` (:data:`CONFIGS`) with :func:`settings`, on a ``devices`` x 1 mesh."""
+    from experiments import sac_brax_loop
+
     if precision not in CONFIGS:
         raise ValueError(f"precision must be one of {tuple(CONFIGS)}, got {precision!r}.")
     config = importlib.import_module(f"experiments.configs.sac.{CONFIGS[precision]}").get_config()
@@ -54,39 +64,21 @@ def loop_config(precision: str, quick: bool = False, devices: int = 1) -> Any:
     config.total_steps = config.brax_num_envs * 10**7
     config.log_every = config.brax_num_envs * chunk_iterations(quick)
     config.mesh.data = devices
-    return config
-
-
-def chunk_iterations(quick: bool) -> int:
-    return QUICK_CHUNK_ITERATIONS if quick else CHUNK_ITERATIONS
-
-
-def settings(quick: bool) -> dict[str, Any]:
-    """The environment, loop and agent settings (the json records them; :mod:`benchmarks.gpu_suite` too)."""
-    return {"env": ENV, "loop": QUICK_LOOP if quick else LOOP, "agent": QUICK_AGENT if quick else AGENT}
-
-
-def loop_settings(precision: str, quick: bool = False, devices: int = 1) -> Any:
-    """The loop's :class:`experiments.sac_brax_loop.LoopSettings` for :func:`loop_config` (validated)."""
-    from experiments import sac_brax_loop
-
-    config = loop_config(precision, quick, devices)
     return sac_brax_loop.settings_of(config, sac_brax_loop.validate(config))
 
 
 class Learner:
-    """One precision's loop: compiled functions, state, training time and evaluation curve."""
+    """One precision's loop (seed 0): compiled functions, state, training time and evaluation curve."""
 
-    def __init__(self, precision: str, quick: bool, episodes: int, seed: int = 0):
-        from experiments import sac_brax_loop as loop_module
+    def __init__(self, precision: str, quick: bool, episodes: int):
+        from experiments import sac_brax_loop
 
-        self.loop_module, self.precision, self.episodes, self.seed = loop_module, precision, episodes, seed
+        self.loop_module, self.precision, self.episodes = sac_brax_loop, precision, episodes
         started = time.perf_counter()
         self.settings = loop_settings(precision, quick)
-        self.iterations = chunk_iterations(quick)
-        self.chunk = loop_module.chunk_fn(self.settings, self.iterations)
-        loop_module.evaluate_fn(self.settings, episodes)
-        self.loop = jax.block_until_ready(loop_module.init_loop(self.settings, seed))
+        self.chunk = sac_brax_loop.chunk_fn(self.settings, chunk_iterations(quick))
+        sac_brax_loop.evaluate_fn(self.settings, episodes)
+        self.loop = jax.block_until_ready(sac_brax_loop.init_loop(self.settings, 0))
         self.compile_s = time.perf_counter() - started
         self.train_s, self.eval_s, self.updates, self.curve = 0.0, 0.0, 0, []
         self.error: str | None = None
@@ -103,26 +95,27 @@ class Learner:
 
     def evaluate(self) -> None:
         started = time.perf_counter()
-        scores = self.loop_module.evaluate(self.loop, self.settings, self.episodes, self.seed)
+        scores = self.loop_module.evaluate(self.loop, self.settings, self.episodes, 0)
         self.eval_s += time.perf_counter() - started
-        self.curve.append(
-            {"train_s": self.train_s, "env_steps": int(self.loop.env_steps), "updates": self.updates, **scores}
-        )
+        point = {"train_s": self.train_s, "env_steps": int(self.loop.env_steps), "updates": self.updates}
+        self.curve.append(point | scores)
 
     def summary(self) -> dict[str, Any]:
-        reached = next((p for p in self.curve if p["return"] >= TARGET_RETURN), None)
-        last = self.curve[-1] if self.curve else None
+        """The run's record; :func:`race` evaluated it at 0 s, so ``curve`` has a point."""
+        reached = next((p["train_s"] for p in self.curve if p["return"] >= TARGET_RETURN), None)
+        last = self.curve[-1]
+        per_s = lambda key: last[key] / self.train_s if self.train_s else None
         return {
             "config": f"experiments/configs/sac/{CONFIGS[self.precision]}.py",
             "compile_s": self.compile_s,
             "train_s": self.train_s,
             "eval_s": self.eval_s,
-            "env_steps_per_s": last["env_steps"] / self.train_s if last and self.train_s else None,
-            "updates_per_s": last["updates"] / self.train_s if last and self.train_s else None,
-            "final_return": last["return"] if last else None,
-            "best_return": max((p["return"] for p in self.curve), default=None),
-            "time_to_target_s": reached["train_s"] if reached else None,
-            "time_to_target_with_compile_s": reached["train_s"] + self.compile_s if reached else None,
+            "env_steps_per_s": per_s("env_steps"),
+            "updates_per_s": per_s("updates"),
+            "final_return": last["return"],
+            "best_return": max(p["return"] for p in self.curve),
+            "time_to_target_s": reached,
+            "time_to_target_with_compile_s": None if reached is None else reached + self.compile_s,
             "curve": self.curve,
             **({"error": self.error} if self.error else {}),
         }
@@ -137,12 +130,7 @@ def affordable_budget(budget_s: float, left_s: float, learners: int, eval_s: flo
 
 
 def race(
-    precisions: Sequence[str],
-    budget_s: float,
-    eval_every_s: float,
-    episodes: int,
-    quick: bool,
-    deadline: float = math.inf,
+    precisions: Sequence[str], budget_s: float, eval_every_s: float, episodes: int, quick: bool, deadline: float
 ) -> tuple[dict, float]:
     """Trains every precision for the same wall-clock budget, alternating chunks (module docstring): ``budget_s``,
     or less if that would end after ``deadline`` (a ``time.perf_counter()`` value). Returns the runs and the
@@ -163,14 +151,12 @@ def race(
         learner = min(active, key=lambda item: item.train_s)
         try:
             learner.advance()
-            if learner.train_s >= next_eval[learner.precision] or learner.train_s >= budget_s:
+            if learner.train_s >= min(next_eval[learner.precision], budget_s):
                 learner.evaluate()
                 next_eval[learner.precision] += eval_every_s
         except Exception as error:  # a diverged or failing learner stops; the other goes on
             learner.error = _error(error)
-            active.remove(learner)
-            continue
-        if learner.train_s >= budget_s:
+        if learner.error or learner.train_s >= budget_s:
             active.remove(learner)
     return {**{learner.precision: learner.summary() for learner in learners}, **failed}, budget_s
 
@@ -183,20 +169,15 @@ def goal(runs: dict) -> dict:
     """The issue's goal: fp16 reaches the target in less training wall-clock than fp32."""
     fp32, fp16 = (runs.get(p, {}).get("time_to_target_s") for p in ("fp32", "fp16"))
     met = None if fp16 is None and fp32 is None else (fp16 is not None and (fp32 is None or fp16 < fp32))
-    return {
-        "goal": f"fp16 SAC reaches {TARGET_RETURN:.0f} on {ENV} in less wall-clock than fp32",
-        "fp32_s": fp32,
-        "fp16_s": fp16,
-        "met": met,
-    }
+    text = f"fp16 SAC reaches {TARGET_RETURN:.0f} on {ENV} in less wall-clock than fp32"
+    return {"goal": text, "fp32_s": fp32, "fp16_s": fp16, "met": met}
 
 
 def plot(result: dict, path: Path) -> None:
     """Evaluation return against training wall-clock, one line per precision, the target dashed."""
     with figure(path, figsize=(6.5, 4.2)) as (_, ax):
         for precision, run in result["runs"].items():
-            curve = run.get("curve") or []
-            if curve:
+            if curve := run.get("curve"):
                 ax.plot([p["train_s"] for p in curve], [p["return"] for p in curve], marker="o", ms=3, label=precision)
         ax.axhline(TARGET_RETURN, color="k", ls="--", lw=1)
         ax.set(xlabel="training wall-clock (s), compilation and evaluation excluded", ylabel="evaluation return")
@@ -215,15 +196,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = cli.parse_args(argv)
     args.name = "gpu_train_quick" if args.quick and args.name == "gpu_train" else args.name
     precisions = [p for p in args.precisions.split(",") if p]
-    for precision in precisions:
-        if precision not in CONFIGS:
-            cli.error(f"--precisions: {precision!r} is not one of {tuple(CONFIGS)}")
+    for unknown in [p for p in precisions if p not in CONFIGS]:
+        cli.error(f"--precisions: {unknown!r} is not one of {tuple(CONFIGS)}")
     started = time.perf_counter()
-    result: dict[str, Any] = {
-        "command": command_line("benchmarks.gpu_train", argv),
-        "environment": run_environment(),
-        "quick": args.quick,
-    }
+    result = dict(command=command_line("benchmarks.gpu_train", argv), environment=run_environment(), quick=args.quick)
     result["settings"] = settings(args.quick) | {"chunk_iterations": chunk_iterations(args.quick)}
     result["settings"] |= {k: getattr(args, k) for k in ("budget_s", "eval_every_s", "eval_episodes")}
     result["settings"]["target_return"] = TARGET_RETURN
@@ -238,12 +214,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result["goal"] = goal(result["runs"])
     result["seconds"] = time.perf_counter() - started
     keys = ("compile_s", "final_return", "best_return", "time_to_target_s", "env_steps_per_s", "updates_per_s")
-    rows = [
-        [p, *("-" if r[k] is None else r[k] for k in keys), r.get("error", "").split("\n")[0]]
-        if "curve" in r
-        else [p, r["error"].splitlines()[0]]
-        for p, r in result["runs"].items()
-    ]
+    rows = []
+    for p, r in result["runs"].items():  # a learner that failed to compile has only its error
+        cells = ("-" if r[k] is None else r[k] for k in keys) if "curve" in r else ()
+        rows.append([p, *cells, r.get("error", "").split("\n")[0]])
     header = ["", "compile s", "final", "best", f"s to {TARGET_RETURN:.0f}", "env steps/s", "updates/s", "stopped"]
     lines = [f"{result['device']}: SAC on {ENV}, {result['settings']['budget_s']:.0f} s of training each"]
     lines += format_table(header, rows, ["<6", "9.1f", "7.1f", "7.1f", "8.1f", "11.0f", "9.0f", ""])

@@ -15,7 +15,6 @@ import collections
 import importlib
 import os
 import pathlib
-import time
 from collections.abc import Sequence
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -39,11 +38,13 @@ def load_config(name: str, env: str, width: int):
     return config
 
 
-def summarize(report) -> dict:
+def summarize(report, warm) -> dict:
+    """``report``'s seconds and rows, its flagged rows by severity (the harmless ones apart), ``warm``'s seconds."""
     flagged = report.flagged()
     counts = collections.Counter(row.severity for row in flagged if row.harmless is None)
     stats = dict(seconds=report.seconds, equations=report.equations, rows=len(report.rows), errors=counts["error"])
-    return stats | dict(warnings=counts["warning"], harmless=sum(row.harmless is not None for row in flagged))
+    harmless = sum(row.harmless is not None for row in flagged)
+    return stats | dict(warnings=counts["warning"], harmless=harmless, warm_seconds=warm.seconds)
 
 
 FINDING_FIELDS = ("source", "scope", "primitive", "severity", "overflow_frac", "underflow_frac", "flushed_frac")
@@ -70,13 +71,8 @@ def overhead(config, batch_size: int, rounds: int, seconds: float) -> tuple[str,
     state = sac.init(jax.random.key(0), jnp.zeros(env.observation_shape), env.action_dim, agent)
     keys = jax.random.split(jax.random.key(1), 3)
     obs = jax.random.normal(keys[0], (batch_size, *env.observation_shape))
-    batch = {
-        "obs": obs,
-        "action": jax.random.uniform(keys[1], (batch_size, env.action_dim), minval=-1, maxval=1),
-        "reward": jax.random.uniform(keys[2], (batch_size,)),
-        "discount": jnp.ones(batch_size),
-        "next_obs": obs[::-1],
-    }
+    batch = dict(obs=obs, action=jax.random.uniform(keys[1], (batch_size, env.action_dim), minval=-1, maxval=1))
+    batch.update(reward=jax.random.uniform(keys[2], (batch_size,)), discount=jnp.ones(batch_size), next_obs=obs[::-1])
     lowered = sac.update.lower(state, batch).as_text()
     held = [state]
 
@@ -84,34 +80,28 @@ def overhead(config, batch_size: int, rounds: int, seconds: float) -> tuple[str,
         held[0], metrics = sac.update(held[0], batch)
         return metrics
 
-    jax.block_until_ready(step())  # compiles
-    start = time.perf_counter()
-    jax.block_until_ready(step())
-    calls = max(1, round(seconds / (time.perf_counter() - start)))
-    timed = interleaved({"update": step}, rounds, calls=calls, warmup=0)["update"]
+    one_call = interleaved({"update": step}, 1)["update"]["median_s"]  # after a call that compiles
+    timed = interleaved({"update": step}, rounds, calls=max(1, round(seconds / one_call)), warmup=0)["update"]
     return lowered, [1 / t for t in timed["rounds_s"]]
 
 
-def run(
-    configs: Sequence[str], env: str, width: int, batch: int, checkpoint: str | None, rounds: int, seconds: float
-) -> dict:
+def run(args, checkpoint: str | None) -> dict:
+    """The reports of each of ``args.configs`` per scenario, and the update's lowering and rate around them."""
     from experiments import inspect as cli
 
     scenarios = [("fresh", None)] + ([("checkpoint", checkpoint)] if checkpoint else [])
-    overhead_config = load_config(configs[0], env, width)
-    lowered_before, rate_before = overhead(overhead_config, batch, rounds, seconds)
+    configs = args.configs.split(",")
+    overhead_config = load_config(configs[0], args.env, args.width)
+    lowered_before, rate_before = overhead(overhead_config, args.batch, args.rounds, args.seconds)
     results, histograms = {}, {}
     for name in configs:
         for scenario, source in scenarios:
-            config = cli.inspected_config(load_config(name, env, width), source)
-            reports = cli.sac_reports(config, source, "auto", batch, seed=0)
-            warm = cli.sac_reports(config, source, "auto", batch, seed=0)
+            config = cli.inspected_config(load_config(name, args.env, args.width), source)
+            reports, warm = (cli.sac_reports(config, source, "auto", args.batch, seed=0) for _ in ("cold", "warm"))
             results[f"{name}/{scenario}"] = {
                 "env": config.env,
                 "hidden_dims": list(config.agent.hidden_dims),
-                "phases": {
-                    phase: {**summarize(reports[phase]), "warm_seconds": warm[phase].seconds} for phase in reports
-                },
+                "phases": {phase: summarize(reports[phase], warm[phase]) for phase in reports},
                 "paper_findings": {
                     finding: [{f: getattr(row, f) for f in FINDING_FIELDS} for row in rows]
                     for finding, rows in cli.paper_findings(reports).items()
@@ -119,19 +109,17 @@ def run(
             }
             if scenario == "fresh":
                 histograms[name] = gradient_histograms(reports["critic"])
-    lowered_after, rate_after = overhead(overhead_config, batch, rounds, seconds)
+    lowered_after, rate_after = overhead(overhead_config, args.batch, args.rounds, args.seconds)
     off = dict(lowering_identical=lowered_before == lowered_after, update_steps_per_s_before=rate_before)
     off["update_steps_per_s_after"] = rate_after
     return dict(results=results, gradient_exponents=histograms, zero_cost_when_off=off)
 
 
 def table(result: dict) -> str:
-    rows = []
+    rows, columns = [], ("seconds", "warm_seconds", "equations", "errors", "warnings", "harmless")
     for key, entry in result["results"].items():
-        for phase, stats in entry["phases"].items():
-            rows.append([key, phase, *map(stats.get, ("seconds", "warm_seconds", "equations", "errors"))])
-            rows[-1] += [stats["warnings"], stats["harmless"]]
-        found = [name for name, rows in entry["paper_findings"].items() if rows]
+        rows += [[key, phase, *(stats[c] for c in columns)] for phase, stats in entry["phases"].items()]
+        found = [name for name, hits in entry["paper_findings"].items() if hits]
         rows.append(f"{'':28} paper's problems found: {', '.join(found) or 'none'}")
     header = ["config/scenario", "phase", "cold s", "warm s", "eqns", "err", "warn", "harmless"]
     lines = format_table(header, rows, ["<28", "<7", ">7.1f", ">7.1f", ">5d", ">4d", ">5d", ">8d"])
@@ -186,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
     result = dict(command=command_line("benchmarks.inspector", argv), env=args.env, width=args.width, batch=args.batch)
     result.update(checkpoint=checkpoint, jax=jax.__version__)
-    result |= run(args.configs.split(","), args.env, args.width, args.batch, checkpoint, args.rounds, args.seconds)
+    result |= run(args, checkpoint)
     return finish(args, result, table(result), plot)
 
 

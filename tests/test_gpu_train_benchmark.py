@@ -23,7 +23,7 @@ def test_loop_settings_are_the_experiment_config_with_the_loop_fields(precision)
     quick = gpu_train.loop_settings(precision, quick=True)
     assert quick.num_envs == gpu_train.QUICK_LOOP["brax_num_envs"] and quick.agent.hidden_dims == (32, 32)
     with pytest.raises(ValueError, match="precision must be one of"):
-        gpu_train.loop_config("fp64")
+        gpu_train.loop_settings("fp64")
 
 
 def test_goal_is_fp16_reaching_the_target_first():
