@@ -79,6 +79,16 @@ NOTES = [
 ]
 
 
+def batch_statistics_accuracy(model, images: np.ndarray, labels: np.ndarray) -> float:
+    """Test accuracy with every BatchNorm normalizing by the test batch's own statistics (dropout off); the model is
+    left in eval mode with its running averages moved by the test batch."""
+    model.eval()
+    model.set_attributes(nnx.BatchNorm, use_running_average=False)
+    logits = model(jnp.asarray(images), None)
+    model.set_attributes(nnx.BatchNorm, use_running_average=True)
+    return float(jnp.mean(jnp.argmax(logits, axis=-1) == jnp.asarray(labels)))
+
+
 def run(variant: str, seed: int, epochs: int) -> dict:
     """Trains ``variant`` for ``epochs`` from ``seed``; returns its record."""
     module = ports.load(MODULE, VARIANTS[variant])
@@ -88,12 +98,9 @@ def run(variant: str, seed: int, epochs: int) -> dict:
     history, model, optimizer = module.train_and_evaluate(config, seed)
     seconds = time.perf_counter() - start
     _, test = module.load_digits()
-    model.eval()  # dropout off, every BatchNorm normalizing by the test batch's own statistics (moving its averages)
-    model.set_attributes(nnx.BatchNorm, use_running_average=False)
-    correct = jnp.argmax(model(jnp.asarray(test["image"]), None), axis=-1) == jnp.asarray(test["label"])
     return {
         "test_accuracy": history["test_accuracy"][-1],
-        "test_accuracy_batch_statistics": float(jnp.mean(correct)),
+        "test_accuracy_batch_statistics": batch_statistics_accuracy(model, test["image"], test["label"]),
         "train_loss": history["train_loss"][-1],
         "skipped_steps": int(lpjax.optim.skipped_steps(optimizer)),
         "final_loss_scale": float(lpjax.optim.loss_scale_or_one(optimizer)),
