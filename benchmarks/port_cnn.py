@@ -30,7 +30,6 @@ MODULE = "experiments.ports.flax_mnist"
 
 _IMPORT = ("from flax import nnx", "from flax import nnx\nimport lpjax")
 _MODEL = "model = CNN(rngs=nnx.Rngs(seed))"
-_POLICY = "model = lpjax.precision.set_policy(CNN(rngs=nnx.Rngs(seed)), {})"
 _LPJAX_EDITS = (
     (
         "optimizer = nnx.Optimizer(model, optax.sgd(config.learning_rate, config.momentum), wrt=nnx.Param)",
@@ -48,23 +47,28 @@ _LPJAX_EDITS = (
 )
 
 
+def _model(policy_args: str) -> tuple[str, str]:
+    """The edit that puts flax's CNN under ``set_policy(..., policy_args)``."""
+    return _MODEL, f"model = lpjax.precision.set_policy(CNN(rngs=nnx.Rngs(seed)), {policy_args})"
+
+
 VARIANTS = {
     "fp32": ports.Variant("fp32", description="flax's program as written"),
     "fp16_naive": ports.Variant(
         "fp16_naive",
-        (_IMPORT, (_MODEL, _POLICY.format('"fp16", keep_float32=()'))),
+        (_IMPORT, _model('"fp16", keep_float32=()')),
         "everything in float16, BatchNorm included (its running statistics stay float32, as flax computes them), "
         "flax's SGD and nnx.value_and_grad",
     ),
     "fp16_lpjax": ports.Variant(
         "fp16_lpjax",
-        (_IMPORT, (_MODEL, _POLICY.format('"fp16"')), *_LPJAX_EDITS),
+        (_IMPORT, _model('"fp16"'), *_LPJAX_EDITS),
         "set_policy (BatchNorm in float32), SGD inside compound_loss_scaling, Kahan-summed "
         "updates, gradients of the scaled loss",
     ),
     "fp16_lpjax_norms16": ports.Variant(
         "fp16_lpjax_norms16",
-        (_IMPORT, (_MODEL, _POLICY.format('"fp16", keep_float32=()')), *_LPJAX_EDITS),
+        (_IMPORT, _model('"fp16", keep_float32=()'), *_LPJAX_EDITS),
         "ablation: fp16_lpjax with BatchNorm in float16 too (as in fp16_naive)",
     ),
 }
