@@ -41,7 +41,11 @@ is raised where the run is, the checkpointer waits for a save in progress, every
 interruption propagates with one line, ``interrupted at step N; the last checkpoint is step M; continue with
 --resume ...``. Further signals during that cleanup are ignored. The checkpointer's save call and the appending
 of a metrics row are never cut in half: a signal during a save is delivered when it returns, and a row being
-written when a signal arrives is removed again.
+written when a signal arrives is removed again. A signal is never lost nor reported as another error when the
+``Interrupted`` lands in code that does not let it through: a library that drops it makes the run raise it again
+at the next step it reports (:meth:`RunContext.progress`), before it evaluates or saves anything more, and one that
+turns it into another error (``jax.jit`` raises a ``ValueError`` when it arrives in a pytree's metadata comparison)
+has that error reported as the interruption.
 
 **A full disk** raises :class:`lpjax.disk.DiskFull`, one line (what could not be written, where, the space left,
 the last checkpoint and how to continue); the complete checkpoints and the metrics rows written before stay
@@ -306,7 +310,9 @@ class RunContext:
         tqdm.tqdm.write(f"warning: {message}", file=sys.stderr)
 
     def progress(self, position: int) -> None:
-        """Moves the progress bar to ``position`` (learners that advance in long calls report as they go)."""
+        """Moves the progress bar to ``position`` (learners that advance in long calls report as they go); raises
+        :class:`Interrupted` for a stop signal whose first ``Interrupted`` was swallowed on its way up."""
+        _raise_if_stopped()
         self.bar.update(position - self.bar.n)
 
 
@@ -383,6 +389,7 @@ class _SignalState:
     fired: int | None = None  # the signal that raised Interrupted; later ones are ignored
     deferred: int = 0  # depth of deferred_signals blocks
     pending: int | None = None  # a signal that arrived in such a block
+    active: bool = False  # inside stop_on_signals on the main thread: fired belongs to the run going on
 
 
 _signals = _SignalState()
@@ -397,6 +404,17 @@ def _stop(signum: int, frame: Any) -> None:
         return
     _signals.fired = signum
     raise Interrupted(signum)
+
+
+def _raise_if_stopped() -> None:
+    """Raises :class:`Interrupted` again if a stop signal fired outside a deferred block while the run goes on."""
+    if _stopped_by() is not None and not _signals.deferred:
+        raise Interrupted(_signals.fired)
+
+
+def _stopped_by() -> int | None:
+    """The stop signal that fired during the run going on, if any."""
+    return _signals.fired if _signals.active else None
 
 
 def _main_thread() -> bool:
@@ -429,12 +447,13 @@ def stop_on_signals() -> Iterator[None]:
         return
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     _signals.fired = _signals.pending = None
-    _signals.deferred = 0
+    _signals.deferred, _signals.active = 0, True
     for signum in STOP_SIGNALS:
         signal.signal(signum, _stop)
     try:
         yield
     finally:
+        _signals.active = False
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
@@ -653,7 +672,8 @@ def _run_locked(
             context.write(f"stopping: {status}")
         extras = learner.summary()
     except BaseException as error:  # re-raised below, after the cleanup
-        failure = error
+        signum = _stopped_by()
+        failure = error if signum is None else Interrupted(signum)  # whatever the signal's raise became
     if bar is not None:
         bar.close()
     errors = _close_all(learner, checkpointer, logger)

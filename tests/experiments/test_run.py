@@ -4,13 +4,16 @@ damaged files refused before anything is written, SIGINT/SIGTERM, a full disk, a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import signal
 import socket
+import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -366,6 +369,71 @@ def test_sigint_and_sigterm_stop_with_one_line_and_resume_continues_exactly(tmp_
     assert _steps(stopped) == _steps(reference) == [5, 10, 10, 15, 20, 20, 25, 30, 30]
     with Checkpointer(stopped / "checkpoints") as checkpointer:
         assert checkpointer.all_steps() == [20, 30]
+
+
+class _InterruptedMetadata:
+    """Pytree metadata whose equality check receives Ctrl-C: jit compares it in C++ while it looks up its cache."""
+
+    armed = False
+
+    def __eq__(self, other):
+        if _InterruptedMetadata.armed:
+            _InterruptedMetadata.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here
+        return isinstance(other, _InterruptedMetadata)
+
+    def __hash__(self):
+        return 0
+
+
+@jax.tree_util.register_pytree_node_class
+class _Node:
+    def __init__(self, x, metadata):
+        self.x, self.metadata = x, metadata
+
+    def tree_flatten(self):
+        return (self.x,), self.metadata
+
+    @classmethod
+    def tree_unflatten(cls, metadata, children):
+        return cls(children[0], metadata)
+
+
+_increment = jax.jit(lambda node: node.x + 1)
+
+
+class SignalledInsideALibrary(ScriptedLearner):
+    """Receives SIGINT at ``at`` inside code that does not let the ``KeyboardInterrupt`` through: code that drops
+    it, or jit, which turns it into a ``ValueError`` when it arrives in a pytree's metadata comparison."""
+
+    def __init__(self, increments, at, library):
+        super().__init__(increments)
+        self.at, self.library = at, library
+
+    def advance(self, limit, context):
+        super().advance(limit, context)
+        _increment(_Node(jnp.zeros(()), _InterruptedMetadata()))  # compiled: the next call looks up the cache
+        if self.pos != self.at:
+            return
+        if self.library == "drops it":
+            with contextlib.suppress(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler raises here
+            self.pos += 1  # the learner goes on and reports its next step
+        else:
+            _InterruptedMetadata.armed = True
+            _increment(_Node(jnp.zeros(()), _InterruptedMetadata()))
+
+
+@pytest.mark.parametrize("library, position", [("drops it", 16), ("jit turns it into a ValueError", 15)])
+def test_a_signal_caught_by_a_library_still_stops_the_run_before_anything_more_is_saved(tmp_path, library, position):
+    with pytest.raises(Interrupted) as raised:
+        run({}, tmp_path, _spec(total=30), lambda: SignalledInsideALibrary([5] * 6, 15, library), progress=False)
+    assert str(raised.value) == (
+        f"interrupted at step {position}; the last checkpoint is step 10; continue with --resume --run_dir={tmp_path}"
+    )
+    assert raised.value.exit_code == 128 + signal.SIGINT
 
 
 def test_a_signal_during_a_checkpoint_save_lets_the_save_finish(tmp_path, monkeypatch):
