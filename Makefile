@@ -122,8 +122,8 @@ test-gpu: gpu-lpjax
 # --no-compile --no-cache-dir --target /tmp/site gpu-wheels/*.whl && export PYTHONPATH=/tmp/site), copy lpjax with
 # its kernels there (what `pip install .` installs), and run from $(GPU_SITE) with PYTHONPATH=$(GPU_SITE):<checkout>
 # (no .venv needed; from the checkout `python -m` would import its lpjax/, which lacks lpjax.kernels). Paths in
-# BENCH_ARGS must be absolute. Without the wheels the suite still runs; its jitted_loop part records the missing
-# import.
+# BENCH_ARGS must be absolute. Without the wheels the suite still runs; the parts that need them (table10 reads the
+# experiment configs through ml_collections, jitted_loop needs MJX) record the missing import.
 GPU_WHEELS      := gpu-wheels
 GPU_SITE        ?= /tmp/site
 GPU_WHEEL_FILES := $(wildcard $(GPU_WHEELS)/*.whl)

@@ -58,7 +58,6 @@ JAX_FP32 = "jax_fp32"
 TORCH_INT8 = "torch_int8_quantize_dynamic"
 TARGET_SPEEDUP_VS_JAX_FP32 = 2.0
 TARGET_RATIO_VS_TORCH_INT8 = 1.0
-SLOW_CALL_FRACTION = 20  # the slow XLA int8 variants are timed on calls // 20 calls per round
 FP32_VARIANTS = (JAX_FP32, "ort_fp32", "torch_fp32")
 OWN_WEIGHTS_VARIANTS = ("ort_quantize_dynamic", TORCH_INT8)  # quantized by their library, not by lpjax
 SIZED_PACKAGES = ("jax", "jaxlib", "onnxruntime", "onnx", "torch")
@@ -106,27 +105,25 @@ def _batched(call: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], np.nda
     return run
 
 
-_widened_matmul = lambda q, codes: jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
+_dot = lambda q, codes: jnp.dot(q, codes, preferred_element_type=jnp.int32)
+_widened = lambda q, codes: jnp.matmul(q.astype(jnp.int32), codes.astype(jnp.int32))
+_reduce = lambda q, codes: jnp.sum(q.astype(jnp.int32)[:, :, None] * codes.astype(jnp.int32)[None], axis=1)
 XLA_INT8 = {  # name: (description, weight storage dtype, int32 accumulation of (q (B, K) int8, codes (K, N)))
     "xla_int8_dot_general": (
         "jnp.dot(int8, int8, preferred_element_type=int32) (kernels.int8_matmul impl='reference')",
         jnp.int8,
-        lambda q, codes: jnp.dot(q, codes, preferred_element_type=jnp.int32),
+        _dot,
     ),
     "xla_int8_widened_matmul": (
         "jnp.matmul(int32(q), int32(codes)): int8 weights widened in the graph",
         jnp.int8,
-        _widened_matmul,
+        _widened,
     ),
-    "xla_int32_weights_matmul": (
-        "jnp.matmul(int32(q), codes32): weights stored widened to int32",
-        jnp.int32,
-        _widened_matmul,
-    ),
+    "xla_int32_weights_matmul": ("jnp.matmul(int32(q), codes32): weights stored widened to int32", jnp.int32, _widened),
     "xla_int8_multiply_reduce": (
         "sum_k int32(q)[:, :, None] * int32(codes)[None]: a multiply-reduce fusion",
         jnp.int8,
-        lambda q, codes: jnp.sum(q.astype(jnp.int32)[:, :, None] * codes.astype(jnp.int32)[None], axis=1),
+        _reduce,
     ),
 }
 
@@ -146,14 +143,12 @@ def xla_int8_runtime(ours: Int8MLP, name: str, output_activation: str) -> Runtim
         return jnp.tanh(h) if output_activation == "tanh" else h
 
     nbytes = int(sum(x.nbytes for x in jax.tree.leaves(weights)))
-    description = f"XLA int8, per-token activations: {description}, jitted"
-    return description, nbytes, _batched(lambda x: forward(weights, x))
+    return f"XLA int8, per-token activations: {description}, jitted", nbytes, _batched(lambda x: forward(weights, x))
 
 
 def ort_runtimes(params: dict, output_activation: str) -> dict[str, Runtime]:
-    """The fp32 policy as an ONNX graph (``MatMul``, ``Add``, ``Relu`` per layer, ``Tanh`` last) and its
-    ``quantize_dynamic(per_channel=True, QInt8)``, in one-thread sessions (default graph optimizations) weighed by
-    their initializers."""
+    """The fp32 policy as an ONNX graph and its ``quantize_dynamic``, in one-thread sessions (default graph
+    optimizations) weighed by their initializers."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -187,15 +182,12 @@ def ort_runtimes(params: dict, output_activation: str) -> dict[str, Runtime]:
 
     def runtime(description: str, model) -> Runtime:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        output = session.get_outputs()[0].name
         nbytes = int(sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer))
-        return description, nbytes, _batched(lambda x: session.run([output], {"obs": x})[0])
+        return description, nbytes, _batched(lambda x: session.run(None, {"obs": x})[0])
 
+    plain = "ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)"
     dynamic = "onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) of that graph"
-    return {
-        "ort_fp32": runtime("ONNX Runtime fp32 graph (MatMul, Add, Relu, Tanh)", fp32),
-        "ort_quantize_dynamic": runtime(dynamic, int8),
-    }
+    return {"ort_fp32": runtime(plain, fp32), "ort_quantize_dynamic": runtime(dynamic, int8)}
 
 
 def torch_available() -> bool:
@@ -333,8 +325,7 @@ def installed_mb() -> dict[str, float]:
 
 
 def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_obs: int, seed: int) -> dict:
-    """One environment's run: per-call latencies of every variant in interleaved rounds (the XLA int8 ones on fewer
-    calls, each call on the next observation of a pool), accuracy, configuration, versions and machine."""
+    """One environment's run: per-call latencies of every variant, accuracy, configuration, versions and machine."""
     mlp = MLP((sizes.hidden,) * sizes.layers, sizes.act_dim)  # initialized by Flax
     params = jax.jit(mlp.init)(jax.random.PRNGKey(seed), jnp.zeros((1, sizes.obs_dim), jnp.float32))
     param_count = int(sum(x.size for x in jax.tree.leaves(params)))
@@ -343,16 +334,12 @@ def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_o
     ours = Int8MLP.from_params(params, "tanh", threads=1)
     runtimes = make_runtimes(params, ours, "tanh")
     pool = np.random.default_rng(seed + 1).normal(size=(256, sizes.obs_dim)).astype(np.float32)
-    slow_calls = max(1, calls // SLOW_CALL_FRACTION)
+    slow_calls = max(1, calls // 20)  # the slow XLA int8 variants
     print(f"timing: {rounds} rounds x {calls} calls per variant (XLA int8: {slow_calls})")
-    cycles = {name: itertools.cycle(pool) for name in runtimes}
-    timing = interleaved(
-        {name: (lambda fn=fn, obs=cycles[name]: fn(next(obs))) for name, (_, _, fn) in runtimes.items()},
-        rounds,
-        calls={name: slow_calls if name in XLA_INT8 else calls for name in runtimes},
-        warmup=warmup,
-        per_call=True,
-    )
+    cycles = {name: itertools.cycle(pool) for name in runtimes}  # each call on the next observation
+    variants = {name: (lambda fn=fn, obs=cycles[name]: fn(next(obs))) for name, (_, _, fn) in runtimes.items()}
+    counts = {name: slow_calls if name in XLA_INT8 else calls for name in runtimes}
+    timing = interleaved(variants, rounds, calls=counts, warmup=warmup, per_call=True)
     print("accuracy ...")
     observations = np.random.default_rng(seed + 2).normal(size=(accuracy_obs, sizes.obs_dim)).astype(np.float32)
     flags, info = (common.cpu_info("flags") or "").split(), common.machine_info()
@@ -361,29 +348,20 @@ def run_benchmark(sizes: Sizes, rounds: int, calls: int, warmup: int, accuracy_o
     machine |= {f"loadavg_1_5_15_{when}": timing["machine"][f"load_{when}"] for when in ("before", "after")}
     versions = common.package_versions(("jax", "numpy", "onnxruntime", "onnx", "torch"))
     xla_flags = os.environ.get("XLA_FLAGS", "")
+    config = dict(sizes=sizes._asdict(), param_count=param_count, rounds=rounds, calls_per_round=calls)
+    config.update(slow_calls_per_round=slow_calls, warmup_calls=warmup, seed=seed, batch=1, output_activation="tanh")
+    config.update(xla_flags=xla_flags, xla_single_threaded=SINGLE_THREAD_XLA_FLAGS in xla_flags, ort_intra_op_threads=1)
+    config.update(u8s8_saturates=u8s8_saturates(), ours_gemm=ours.gemm)
+    config["timing"] = (
+        "one perf_counter per call: NumPy obs (obs_dim,) in, NumPy action out (host<->device copies included); "
+        "rounds interleaved with the variant order rotated; gc disabled"
+    )
     return {
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": {"python": info["python"]} | {k: v for k, v in versions.items() if v},
         "installed_mb": installed_mb(),
         "machine": machine,
-        "config": {
-            "sizes": sizes._asdict(),
-            "param_count": param_count,
-            "rounds": rounds,
-            "calls_per_round": calls,
-            "slow_calls_per_round": slow_calls,
-            "warmup_calls": warmup,
-            "seed": seed,
-            "batch": 1,
-            "output_activation": "tanh",
-            "xla_flags": xla_flags,
-            "xla_single_threaded": SINGLE_THREAD_XLA_FLAGS in xla_flags,
-            "ort_intra_op_threads": 1,
-            "u8s8_saturates": u8s8_saturates(),
-            "ours_gemm": ours.gemm,
-            "timing": "one perf_counter per call: NumPy obs (obs_dim,) in, NumPy action out (host<->device copies "
-            "included); rounds interleaved with the variant order rotated; gc disabled",
-        },
+        "config": config,
         "results": [
             {"variant": name, "description": description, "weight_bytes": nbytes, **latencies(timing[name]["calls_s"])}
             for name, (description, nbytes, _) in runtimes.items()
@@ -406,15 +384,14 @@ def summarize(environments: dict[str, dict]) -> dict:
             row[f"ratio_to_{TORCH_INT8}"] = None if torch_ms is None else ms / torch_ms
             rows.append(row | {"torch_environment": torch_env})
         speedup = m[JAX_FP32] / m[OURS]
-        target = f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)"
+        text = f">= {TARGET_SPEEDUP_VS_JAX_FP32}x (jax_fp32 median / {OURS} median, same run)"
         met = speedup >= TARGET_SPEEDUP_VS_JAX_FP32
-        targets[env] = {"speedup_vs_jax_fp32": {"target": target, "median": speedup, "met": met}}
+        targets[env] = {"speedup_vs_jax_fp32": dict(target=text, median=speedup, met=met)}
         if torch_ms is not None:
             ratio = m[OURS] / torch_ms
-            target = f"< {TARGET_RATIO_VS_TORCH_INT8} ({OURS} median / {TORCH_INT8} median of {torch_env})"
+            text = f"< {TARGET_RATIO_VS_TORCH_INT8} ({OURS} median / {TORCH_INT8} median of {torch_env})"
             met = ratio < TARGET_RATIO_VS_TORCH_INT8
-            targets[env]["ratio_vs_torch_int8"] = {"target": target, "median": ratio, "met": met}
-            targets[env]["ratio_vs_torch_int8"]["torch_environment"] = torch_env
+            targets[env]["ratio_vs_torch_int8"] = dict(target=text, median=ratio, met=met, torch_environment=torch_env)
     return {"rows": rows, "targets": targets}
 
 

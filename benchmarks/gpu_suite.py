@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import dataclasses
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -125,21 +125,17 @@ def run_worker(
 ) -> None:
     """Runs ``parts`` in this process, recording into the ``progress`` json (the supervisor reads it); with
     ``release``, JAX's caches are cleared after each part (a worker's device memory goes to the next part)."""
-
     enable_compilation_cache(cache)
     state = _read_json(progress) or {"parts": {}, "done": []}
+    save = lambda: _write_json(progress, state)
     devices = jax.devices()
-    state["device"] = {
-        "backend": jax.default_backend(),
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
-        "platform_version": getattr(devices[0].client, "platform_version", None),
-    }
+    state["device"] = dict(backend=jax.default_backend(), device_kind=devices[0].device_kind, device_count=len(devices))
+    state["device"]["platform_version"] = getattr(devices[0].client, "platform_version", None)
     for name in parts:
-        part = Part(name, BUDGET_S[name] * budget_scale, quick, state["parts"], lambda: _write_json(progress, state))
+        part = Part(name, BUDGET_S[name] * budget_scale, quick, state["parts"], save)
         state["parts"][name] = part.result
         state.update(current=name, current_started=time.time())
-        _write_json(progress, state)
+        save()
         try:
             PARTS[name](part)
         except Exception as error:  # the part's own failure, outside its items
@@ -147,7 +143,7 @@ def run_worker(
         part.result["seconds"] = part.elapsed()
         state["done"].append(name)
         state["current"] = None
-        _write_json(progress, state)
+        save()
         if release:
             jax.clear_caches()
             gc.collect()
@@ -165,8 +161,7 @@ QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensi
 
 
 def part_limit_s(name: str, args: argparse.Namespace) -> float:
-    """How long the supervisor lets part ``name`` run before killing it: ``--part_limit name=seconds`` if given,
-    else ``budget * 1.25 + 15 s``."""
+    """Seconds the supervisor lets part ``name`` run before killing it: ``--part_limit``'s, else budget x 1.25 + 15."""
     if name in args.part_limit:
         return args.part_limit[name]
     return BUDGET_S[name] * args.budget_scale * 1.25 + 15
@@ -177,32 +172,30 @@ def supervise(
 ) -> dict:
     """Runs the parts in worker processes (module docstring: the supervised worker); returns the progress state.
     ``on_update(state)`` is called after every part (the caller writes the json)."""
-    started = time.monotonic()
-    remaining = list(parts)
-    state: dict = {"parts": {}, "done": []}
+    started, remaining, state = time.monotonic(), list(parts), {"parts": {}, "done": []}
     _write_json(progress, state)
+    command = [sys.executable, "-m", "benchmarks.gpu_suite", "--worker", str(progress), "--budget_scale"]
+    command += [str(args.budget_scale), "--compilation_cache", args.compilation_cache]
+    command += ["--quick"] if args.quick else []
+    quick_flags = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA_FLAGS}".strip()
+    env = dict(os.environ, XLA_FLAGS=quick_flags) if args.quick else None
     while remaining:
         if time.monotonic() - started > args.deadline_s - 5:
             for name in remaining:
                 state["parts"][name] = {"skipped": f"suite deadline of {args.deadline_s:.0f} s reached"}
             break
-        command = [sys.executable, "-m", "benchmarks.gpu_suite", "--worker", str(progress)]
-        command += ["--parts", ",".join(remaining), "--budget_scale", str(args.budget_scale)]
-        command += ["--compilation_cache", args.compilation_cache] + (["--quick"] if args.quick else [])
-        env = dict(os.environ)
-        if args.quick:
-            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {QUICK_XLA_FLAGS}".strip()
+        worker = [*command, "--parts", ",".join(remaining)]
         proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+            worker, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
         )
-        tail: collections.deque = collections.deque(maxlen=30)
+        tail: collections.deque = collections.deque(maxlen=15)
         reader = threading.Thread(target=_echo, args=(proc.stdout, tail), daemon=True)
         reader.start()
-        killed, reported = None, len(state.get("done", []))
+        killed, reported = None, len(state["done"])
         while proc.poll() is None and not killed:
             time.sleep(0.5)
             state = _read_json(progress) or state
-            if len(state.get("done", [])) > reported:  # a part finished: the json has it, whatever happens next
+            if len(state["done"]) > reported:  # a part finished: the json has it, whatever happens next
                 reported = len(state["done"])
                 on_update(state)
             current = state.get("current")
@@ -214,16 +207,15 @@ def supervise(
             _kill(proc)
         reader.join(timeout=5)
         state = _read_json(progress) or state
-        remaining = [name for name in remaining if name not in state.get("done", [])]
-        current, output = state.get("current"), list(tail)[-15:]
-        if current in remaining:  # killed or crashed inside a part: keep what it finished, mark it, go on
+        current, output = state.get("current"), list(tail)
+        if current:  # killed or crashed inside a part: keep what it finished, mark it, go on
             error = killed or f"worker exited with status {proc.returncode}"
             seconds = time.time() - state["current_started"]
             state["parts"].setdefault(current, {}).update(error=error, worker_output_tail=output, seconds=seconds)
             state["done"].append(current)
             state["current"] = None
-            remaining.remove(current)
-        elif remaining and (killed or proc.returncode):  # died between parts, or before the first one
+        remaining = [name for name in remaining if name not in state["done"]]
+        if remaining and not current and (killed or proc.returncode):  # died between parts, or before the first
             error = killed or f"worker exited with status {proc.returncode} before this part"
             state["parts"].update({name: {"error": error, "worker_output_tail": output} for name in remaining})
             remaining = []
@@ -234,14 +226,12 @@ def supervise(
 
 def _kill(proc: subprocess.Popen) -> None:
     """SIGTERM to the worker's process group, SIGKILL 5 s later."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
+    for sig, timeout in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+            return
 
 
 def compiled_record(compiled: Any, compile_s: float) -> dict[str, Any]:
@@ -268,7 +258,6 @@ def part_ceilings(part: Part) -> None:
 
 def tf32_check(size: int = 1024) -> dict[str, Any]:
     """Relative error of a float32 matmul at JAX's default precision against ``"highest"``: ~1e-3 means TF32."""
-
     kx, kw = jax.random.split(jax.random.key(3))
     x, w = jax.random.normal(kx, (size, size)), jax.random.normal(kw, (size, size))
     default = jax.jit(jnp.dot)(x, w)
@@ -285,20 +274,6 @@ PAPER_SPEEDUP = {(1024, 1024): 0.96, (1024, 4096): 1.06, (4096, 1024): 2.83, (40
 GOAL_SPEEDUP = {(1024, 1024): 1.0, (1024, 4096): 1.1, (4096, 1024): 3.0, (4096, 4096): 4.5}
 """Issue 29's goals for fp16 (paper methods) over fp32-highest."""
 
-CONFIG_PRECISIONS: dict[str, dict[str, Any]] = {
-    "fp32": {"policy": "fp32", "methods": {}},
-    "bf16": {"policy": "bf16", "methods": {"kahan_gradients": True, "kahan_momentum": True}},
-    "fp16": {"policy": "fp16", "methods": "paper"},
-    "fp16_sr": {
-        "policy": "fp16",
-        "methods": {"paper": True, "kahan_gradients": False, "kahan_momentum": False, "stochastic_rounding": True},
-    },
-    "fp8": {"policy": "fp8", "methods": {"kahan_momentum": False}},
-}
-"""The precision fields of ``experiments/configs/sac/<name>.py`` (``methods``: switches over the defaults, or
-``"paper"``/``paper=True`` for the paper's six first), written out so that the suite needs no ml_collections;
-``tests/test_gpu_suite_benchmark.py`` checks that they are the configs'."""
-
 SAC_PRECISIONS: dict[str, tuple[str, str | None]] = {
     "fp32 highest": ("fp32", "highest"),
     "fp16 (paper methods)": ("fp16", None),
@@ -311,23 +286,16 @@ SAC_PRECISIONS: dict[str, tuple[str, str | None]] = {
 
 
 def sac_config(name: str, width: int, batch: int) -> Any:
-    """:class:`lpjax.agents.sac.SACConfig` of config ``name`` (:data:`CONFIG_PRECISIONS`) at this size, with
+    """:class:`lpjax.agents.sac.SACConfig` of ``experiments/configs/sac/<name>.py`` at this size, with
     ``matmul_impl="auto"``."""
     from lpjax.agents import sac
-    from lpjax.methods import PrecisionMethods
 
-    fields = CONFIG_PRECISIONS[name]
-    switches = dict(fields["methods"]) if fields["methods"] != "paper" else {"paper": True}
-    methods = PrecisionMethods.paper() if switches.pop("paper", False) else PrecisionMethods()
-    methods = dataclasses.replace(methods, **switches)
-    return sac.SACConfig(
-        policy=fields["policy"], methods=methods, hidden_dims=(width, width), batch_size=batch, matmul_impl="auto"
-    )
+    agent = importlib.import_module(f"experiments.configs.sac.{name}").get_config().agent.to_dict()
+    return sac.SACConfig.from_mapping(agent | dict(hidden_dims=(width, width), batch_size=batch, matmul_impl="auto"))
 
 
 def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str, Any]:
     """Compile and steady-state timing of one SAC update of row ``label`` at (``width``, ``batch``)."""
-
     from lpjax.agents import sac
     from lpjax.nn.matmul_choice import resolve_matmul_impl
 
@@ -340,15 +308,10 @@ def sac_update_item(label: str, width: int, batch: int, quick: bool) -> dict[str
         agent, timing = steady_state(lambda s: sac.update(s, data)[0], agent, quick=quick, target_s=0.4, max_steps=500)
         agent, metrics = sac.update(agent, data)
     metrics = jax.device_get(metrics)
-    return {
-        **record,
-        **timing,
-        "config": f"experiments/configs/sac/{name}.py",
-        "matmul_precision": precision or "default",
-        "matmul_impl": resolve_matmul_impl("auto", config.precision.matmul_dtype, (batch, width, width)),
-        "critic_loss_finite": bool(np.isfinite(metrics["critic_loss"])),
-        "critic_skipped_steps": float(metrics["critic_skipped_steps"]),
-    }
+    out = record | timing | dict(config=f"experiments/configs/sac/{name}.py", matmul_precision=precision or "default")
+    out["matmul_impl"] = resolve_matmul_impl("auto", config.precision.matmul_dtype, (batch, width, width))
+    out["critic_loss_finite"] = bool(np.isfinite(metrics["critic_loss"]))
+    return out | dict(critic_skipped_steps=float(metrics["critic_skipped_steps"]))
 
 
 QUICK_SAC_PRECISIONS = ("fp32 highest", "fp16 (paper methods)", "fp8")
@@ -374,7 +337,6 @@ OPTIMIZER_VARIANTS = (("optax.adam", "float32"), ("optax.adam", "float16"), ("lp
 def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> dict[str, Any]:
     """One optimizer step (``tx.update`` + ``apply_updates``, params and state donated) in steady state, its
     bytes-moved bound at ``hbm_tb_s`` and the traffic of its compiled HLO."""
-
     from benchmarks import optimizer_overhead
 
     make = {v.name: v.make for v in optimizer_overhead.VARIANTS}[variant]
@@ -392,29 +354,18 @@ def optimizer_item(variant: str, dtype: str, quick: bool, hbm_tb_s: float) -> di
     state, timing = steady_state(lambda s: step(*s, grads), state, quick=quick, target_s=0.3, max_steps=200)
     bound_ms = bound_bytes / (hbm_tb_s * 1e12) * 1e3
     finite = all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(state[0]))
-    return {
-        **record,
-        **timing,
-        "params": sum(leaf.size for leaf in jax.tree.leaves(params)),
-        "param_bytes": sizes["params"],
-        "state_bytes": sizes["state"],
-        "bound_bytes": bound_bytes,
-        "bound_ms": bound_ms,
-        "hlo_traffic_bytes": traffic["read_bytes"] + traffic["written_bytes"],
-        "hlo_passes": traffic["passes"],
-        "gpu_over_bound": timing["gpu_ms_per_step"] / bound_ms if "gpu_ms_per_step" in timing else None,
-        "wall_over_bound": timing["wall_ms_per_step"] / bound_ms,
-        "params_finite": finite,
-    }
+    out = record | timing | dict(params=sum(leaf.size for leaf in jax.tree.leaves(params)))
+    out.update(param_bytes=sizes["params"], state_bytes=sizes["state"], bound_bytes=bound_bytes, bound_ms=bound_ms)
+    out.update(hlo_traffic_bytes=traffic["read_bytes"] + traffic["written_bytes"], hlo_passes=traffic["passes"])
+    out["gpu_over_bound"] = timing["gpu_ms_per_step"] / bound_ms if "gpu_ms_per_step" in timing else None
+    return out | dict(wall_over_bound=timing["wall_ms_per_step"] / bound_ms, params_finite=finite)
 
 
 def part_optimizer(part: Part) -> None:
     from benchmarks.kernels import GPUS
 
-    measured = part.suite.get("ceilings", {}).get("measured", {})  # else the H100's datasheet figure
-    if isinstance(measured, dict) and "hbm_tb_s" in measured:
-        tb_s, source = measured["hbm_tb_s"], "measured (ceilings)"
-    else:
+    tb_s, source = _get(part.suite, "ceilings", "measured", "hbm_tb_s"), "measured (ceilings)"
+    if tb_s is None:  # the H100's datasheet figure
         tb_s, source = GPUS["H100"]["hbm_tb_s"], "H100 datasheet (ceilings not measured)"
     part.result.update(hbm_tb_s=tb_s, hbm_source=source)
     part.result["bound"] = "every input (params, state, grads) read once and every output (params, state) written once"
@@ -476,18 +427,12 @@ def rollout_item(label: str, quick: bool, shared: dict) -> dict[str, Any]:
         return jax.random.fold_in(key, 1), rollout.sample(model, params, prompts, key, settings, scales)
 
     _, timing = steady_state(step, (jax.random.key(2), None), quick=quick, min_steps=1, max_steps=1, warmup=0)
-    count = sum(leaf.size for leaf in jax.tree.leaves(params))
-    return {
-        **record,
-        **timing,
-        **_decode_traffic(compiled),
-        "policy": policy,
-        "kv_cache_dtype": kv,
-        "parameters": count,
-        "parameter_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(params)),
-        "tokens_per_s": batch * new / (timing["wall_ms_per_step"] / 1e3),
-        "gpu_tokens_per_s": batch * new / (timing["gpu_ms_per_step"] / 1e3) if "gpu_ms_per_step" in timing else None,
-    }
+    leaves = jax.tree.leaves(params)
+    out = record | timing | _decode_traffic(compiled) | dict(policy=policy, kv_cache_dtype=kv)
+    out.update(parameters=sum(leaf.size for leaf in leaves), parameter_bytes=sum(leaf.nbytes for leaf in leaves))
+    out["tokens_per_s"] = batch * new / (timing["wall_ms_per_step"] / 1e3)
+    out["gpu_tokens_per_s"] = batch * new / (timing["gpu_ms_per_step"] / 1e3) if "gpu_ms_per_step" in timing else None
+    return out
 
 
 def part_fp8_rollout(part: Part) -> None:
@@ -504,7 +449,6 @@ LOOP_PRECISIONS = ("fp32", "fp16", "bf16")
 
 def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any]:
     """env steps/s and updates/s of the jitted loop's chunk in steady state, on ``devices`` devices."""
-
     from benchmarks import gpu_train
     from experiments import sac_brax_loop
 
@@ -515,20 +459,12 @@ def jitted_loop_item(precision: str, devices: int, quick: bool) -> dict[str, Any
     loop = jax.block_until_ready(sac_brax_loop.init_loop(settings, 0))
     record = compiled_record(chunk, time.perf_counter() - started)
     loop, timing = steady_state(lambda s: chunk(s)[0], loop, quick=quick, target_s=1.5, min_steps=2, max_steps=20)
-    env_steps, updates = settings.num_envs * iterations, settings.updates_per_step * iterations
-    per_s = 1e3 / timing["wall_ms_per_step"]
-    return {
-        **record,
-        **timing,
-        "devices": devices,
-        "num_envs": settings.num_envs,
-        "updates_per_iteration": settings.updates_per_step,
-        "iterations_per_chunk": iterations,
-        "env_steps_per_s": env_steps * per_s,
-        "updates_per_s": updates * per_s,
-        "kernels_per_iteration": timing["kernels_per_step"] / iterations if "kernels_per_step" in timing else None,
-        "actions_finite": bool(jax.device_get(chunk(loop)[1].actions_finite)),
-    }
+    envs, updates, per_s = settings.num_envs, settings.updates_per_step, 1e3 / timing["wall_ms_per_step"]
+    out = record | timing | dict(devices=devices, num_envs=envs, updates_per_iteration=updates)
+    out.update(iterations_per_chunk=iterations, env_steps_per_s=envs * iterations * per_s)
+    out["updates_per_s"] = updates * iterations * per_s
+    out["kernels_per_iteration"] = timing["kernels_per_step"] / iterations if "kernels_per_step" in timing else None
+    return out | dict(actions_finite=bool(jax.device_get(chunk(loop)[1].actions_finite)))
 
 
 LOOP_MODULES = ("ml_collections", "mujoco", "mujoco_playground", "brax", "tqdm")
@@ -536,8 +472,6 @@ LOOP_MODULES = ("ml_collections", "mujoco", "mujoco_playground", "brax", "tqdm")
 
 
 def part_jitted_loop(part: Part) -> None:
-    import importlib.util
-
     from benchmarks import gpu_train
 
     missing = [name for name in LOOP_MODULES if importlib.util.find_spec(name) is None]
@@ -564,7 +498,6 @@ QUICK_SHAPES = {"sac": (32, 64, 64), "llm_prefill": (64, 128, 128), "llm_decode"
 def matmul_item(dtype: str, shape_name: str, quick: bool) -> dict[str, Any]:
     """GPU ms per product of ``policy_dense`` with ``matmul_impl="xla"`` and ``"pallas"`` at one shape (operand sets
     beyond the L2 cache, as :mod:`benchmarks.kernels`), and what ``"auto"`` picks here."""
-
     from benchmarks.kernels import SHAPES, measure, num_sets
     from lpjax.nn import policy_dense
     from lpjax.nn.matmul_choice import resolve_matmul_impl
@@ -717,7 +650,7 @@ def table(result: dict) -> str:
 
 def _bars(ax, entries: dict, key: str, title: str, fallback: str | None = None) -> None:
     names = list(entries)
-    values = [(_get(entries, n, key) or (_get(entries, n, fallback) if fallback else None) or 0.0) for n in names]
+    values = [_get(entries, n, key) or _get(entries, n, fallback) or 0.0 for n in names]
     ax.bar(range(len(names)), values)
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=7)
     ax.set_title(title, fontsize=9)
@@ -756,21 +689,19 @@ def plot(result: dict, path: Path) -> None:
 
 def parse_parts(text: str) -> list[str]:
     """``--parts``: names of :data:`ORDER` or letters of :data:`LETTERS`, comma-separated, run in suite order."""
-    chosen = set()
-    for token in filter(None, (t.strip() for t in text.split(","))):
-        name = LETTERS.get(token, token)
-        if name not in PARTS:
-            raise ValueError(f"unknown part {token!r}; valid: {', '.join(ORDER)} or letters {', '.join(LETTERS)}")
-        chosen.add(name)
-    if not chosen:
+    names = [LETTERS.get(token, token) for token in map(str.strip, text.split(",")) if token]
+    unknown = [name for name in names if name not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown part {unknown[0]!r}; valid: {', '.join(ORDER)} or letters {', '.join(LETTERS)}")
+    if not names:
         raise ValueError("--parts selects no part")
-    return [name for name in ORDER if name in chosen]
+    return [name for name in ORDER if name in names]
 
 
 def parse_limits(text: str) -> dict[str, float]:
     """``--part_limit``: ``name=seconds`` pairs (names or letters), comma-separated."""
     limits = {}
-    for token in filter(None, (t.strip() for t in text.split(","))):
+    for token in filter(None, map(str.strip, text.split(","))):
         name, _, seconds = token.partition("=")
         try:
             limits[parse_parts(name)[0]] = float(seconds)
@@ -782,12 +713,8 @@ def parse_limits(text: str) -> dict[str, float]:
 def estimate(parts: Sequence[str], budget_scale: float) -> dict[str, Any]:
     """The time the suite may take: worker start, the parts' budgets, the deadline (module docstring)."""
     budgets = {name: BUDGET_S[name] * budget_scale for name in parts}
-    return {
-        "worker_start_s": WORKER_START_S,
-        "budgets_s": budgets,
-        "total_budget_s": WORKER_START_S + sum(budgets.values()),
-        "derivation": BUDGET_DERIVATION,
-    }
+    total = WORKER_START_S + sum(budgets.values())
+    return dict(worker_start_s=WORKER_START_S, budgets_s=budgets, total_budget_s=total, derivation=BUDGET_DERIVATION)
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
@@ -811,14 +738,12 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     if args.worker:
         run_worker(args.worker, parts, args.quick, args.budget_scale, "" if args.quick else args.compilation_cache)
         return None
-    result: dict[str, Any] = {
-        "command": command_line("benchmarks.gpu_suite", argv),
-        "environment": run_environment(),
-        "quick": args.quick,
-        "estimate": estimate(parts, args.budget_scale),
-        "timing": "steady state: wall ms per step over asynchronously dispatched steps; on a GPU GPU ms and kernels "
-        "per step from CUPTI (benchmarks/steady_state.py); compile time apart",
-    }
+    result = dict(command=command_line("benchmarks.gpu_suite", argv), environment=run_environment(), quick=args.quick)
+    result["estimate"] = estimate(parts, args.budget_scale)
+    result["timing"] = (
+        "steady state: wall ms per step over asynchronously dispatched steps; on a GPU GPU ms and kernels per step "
+        "from CUPTI (benchmarks/steady_state.py); compile time apart"
+    )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import REPO, command_line, figure, finish, format_table, machine_info, parser, random_transitions
-from benchmarks.timing import CompileTimer, interleaved
+from benchmarks.timing import CompileTimer, interleaved, machine_load
 
 RESULT_NAME = "learner_scaling"
 MODULE = "benchmarks.learner_scaling"
@@ -63,10 +63,9 @@ SAC_SIZES = dict(obs_dim=24, action_dim=6, hidden_dims=(1024, 1024), batch_size=
 D4PG_ENV_SIZES = {"dmc:cartpole-balance": (5, 1)}
 """``(obs_dim, action_dim)`` of the D4PG config's environment."""
 GRPO_BYTES_MODEL = dict(d_model=512, num_layers=8, d_ff=2048, num_heads=8)
-_GRPO_STEP = ("d_model", "num_layers", "d_ff", "num_heads")
 STEP_SIZES = {
-    "full": dict(sac=dict(hidden_dims=(256, 256), batch_size=256), grpo=dict(zip(_GRPO_STEP, (256, 4, 1024, 8)))),
-    "quick": dict(sac=dict(hidden_dims=(32, 32), batch_size=32), grpo=dict(zip(_GRPO_STEP, (32, 1, 64, 4)))),
+    "full": dict(sac=dict(hidden_dims=(256, 256), batch_size=256), grpo=dict(zip(GRPO_BYTES_MODEL, (256, 4, 1024, 8)))),
+    "quick": dict(sac=dict(hidden_dims=(32, 32), batch_size=32), grpo=dict(zip(GRPO_BYTES_MODEL, (32, 1, 64, 4)))),
 }
 """Networks of the step timings: SAC's hidden layers and batch, GRPO's transformer (batch: the config's)."""
 STEP_OBS_DIM, STEP_ACTION_DIM = 24, 6
@@ -290,7 +289,7 @@ def step_worker(args: argparse.Namespace) -> dict:
     if jax.device_count() != devices:
         raise RuntimeError(f"expected {devices} devices, got {jax.device_count()}: XLA_FLAGS was not applied")
     timed = functools.partial(time_steps, warmup=args.warmup, reps=args.reps, counter=CompileTimer())
-    load_before = os.getloadavg()[0]
+    load_before = machine_load()[0]
     config = sac.SACConfig.from_mapping(sac_fp32.get_config().agent.to_dict() | sizes["sac"])
     state = jax.jit(lambda k: sac.init(k, jnp.zeros(STEP_OBS_DIM), STEP_ACTION_DIM, config))(jax.random.key(0))
     batch = random_transitions(np.random.default_rng(0), config.batch_size, STEP_OBS_DIM, STEP_ACTION_DIM)
@@ -301,7 +300,7 @@ def step_worker(args: argparse.Namespace) -> dict:
         params = jax.jit(model.init)(jax.random.key(0), jnp.zeros_like(batch["tokens"][:1]))
         step = functools.partial(train_step, model, config, mesh=mesh)
         result["grpo_train_step"] = timed(step, init_state(params, config), list(batch.values()), mesh)
-    return result | dict(load_average_1min=[load_before, os.getloadavg()[0]])
+    return result | dict(load_average_1min=[load_before, machine_load()[0]])
 
 
 def summarize_steps(steps: list[dict], quick: bool) -> dict:

@@ -192,7 +192,6 @@ def brax_wrap(env, **kwargs):
 
 
 def agent_config(setting: Setting, policy: str) -> SACConfig:
-    """The SAC config of ``setting``: fp32 without methods, or fp16 with all the paper's methods."""
     methods = PrecisionMethods.paper() if policy == "fp16" else PrecisionMethods()
     rates = dict(actor_lr=LEARNING_RATE, critic_lr=LEARNING_RATE, gamma=GAMMA, tau=TAU)
     return SACConfig(policy=policy, hidden_dims=setting.hidden, batch_size=setting.batch_size, **rates, methods=methods)
@@ -331,7 +330,7 @@ def run_setting(setting: Setting, policies: Sequence[str], seed: int, timer: tim
 def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ...]):
     """``(state, sgd_step)``: brax's SAC update assembled from brax's modules as ``sac.train`` assembles it
     (temperature, critic and actor gradient steps, then the target update), without pmap;
-    ``sgd_step(state, transitions) -> (state, critic_loss)``."""
+    ``sgd_step(state, transitions) -> (state, {"critic_loss": loss})``."""
     import optax
     from brax.training import gradients
     from brax.training.acme import running_statistics, specs
@@ -362,7 +361,7 @@ def brax_sgd_step(observation_size: int, action_size: int, hidden: tuple[int, ..
         actor_args = (state["policy"], normalizer, state["q"], alpha, transitions, actor_key)
         _, s["policy"], s["policy_opt"] = actor_update(*actor_args, optimizer_state=state["policy_opt"])
         s["target_q"] = jax.tree.map(lambda x, y: x * (1 - TAU) + y * TAU, state["target_q"], s["q"])
-        return s, loss
+        return s, {"critic_loss": loss}
 
     return state, sgd_step
 
@@ -383,17 +382,14 @@ def profile_updates(setting: Setting, updates: int, rounds: int) -> dict:
     ours = sac_brax_loop.init_loop(lpjax_settings(setting, "fp32"), 0).agent
     theirs, sgd_step = brax_sgd_step(obs, act, setting.hidden)
     work, variants = {}, {}
-    for name, update, state, batches, loss_of in (
-        ("lpjax_fp32", sac.update, ours, data, lambda metrics: metrics["critic_loss"]),
-        ("brax", sgd_step, theirs, transitions, lambda losses: losses),
-    ):
+    sides = {"lpjax_fp32": (sac.update, ours, data), "brax": (sgd_step, theirs, transitions)}
+    for name, (update, state, batches) in sides.items():
         one = jax.jit(update).lower(state, jax.tree.map(lambda x: x[0], batches)).compile()
-        cost = one.cost_analysis()
-        work[name] = {"flops": float(cost["flops"]), "matmuls": one.as_text().count(" dot(")}
+        work[name] = {"flops": float(one.cost_analysis()["flops"]), "matmuls": one.as_text().count(" dot(")}
 
-        def scan(state, batches, update=update, loss_of=loss_of):
-            state, out = jax.lax.scan(update, state, batches)
-            return state, loss_of(out)[-1]
+        def scan(state, batches, update=update):
+            state, metrics = jax.lax.scan(update, state, batches)
+            return state, metrics["critic_loss"][-1]
 
         variants[name] = [jax.jit(scan, donate_argnums=0).lower(state, batches).compile(), state, batches]
 
@@ -490,8 +486,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """Runs the chosen settings and the update profile, each with a record of this run (command, date, versions,
-    machine with its load average at the run's end), and keeps the earlier json's settings it did not measure."""
     args = parse_args(argv)
     timer = timing.CompileTimer()
     policies = ("fp32",) if args.no_fp16 else ("fp32", "fp16")
@@ -500,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     sizes = dict(updates=4, rounds=2) if args.quick else dict(updates=32, rounds=12)
     profile = None if args.no_profile else profile_updates(args.chosen[0], **sizes)
     machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count())
-    machine.update(devices=[str(d) for d in jax.devices()], load_average=list(os.getloadavg()))
+    machine.update(devices=[str(d) for d in jax.devices()], load_average=timing.machine_load())
     run = dict(command=common.command_line("benchmarks.sac_throughput", argv))
     run["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     run.update(versions=common.package_versions(PACKAGES), machine=machine, quick=bool(args.quick))

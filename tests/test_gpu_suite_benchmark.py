@@ -41,13 +41,14 @@ def _timed(entry):
     assert "gpu_ms_per_step" not in entry
 
 
-@pytest.mark.parametrize("name", list(gpu_suite.CONFIG_PRECISIONS))
-def test_config_precisions_are_the_experiment_configs(name):
-    """The suite's written-out precisions (it needs no ml_collections) are experiments/configs/sac/<name>.py's."""
-    pytest.importorskip("ml_collections")
+@pytest.mark.parametrize("name", sorted({name for name, _ in gpu_suite.SAC_PRECISIONS.values()}))
+def test_sac_rows_are_the_experiment_configs_at_the_table_sizes(name):
     config = importlib.import_module(f"experiments.configs.sac.{name}").get_config()
     expected = sac.SACConfig.from_mapping(config.agent.to_dict())
-    assert dataclasses.replace(gpu_suite.sac_config(name, 1024, 1024), matmul_impl=expected.matmul_impl) == expected
+    got = gpu_suite.sac_config(name, 4096, 1024)
+    assert (got.hidden_dims, got.batch_size, got.matmul_impl) == ((4096, 4096), 1024, "auto")
+    sizes = dict(hidden_dims=expected.hidden_dims, batch_size=expected.batch_size, matmul_impl=expected.matmul_impl)
+    assert dataclasses.replace(got, **sizes) == expected
 
 
 def test_parts_and_limits_parse_names_and_letters_in_suite_order():
