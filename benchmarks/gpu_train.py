@@ -196,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = cli.parse_args(argv)
     args.name = "gpu_train_quick" if args.quick and args.name == "gpu_train" else args.name
     precisions = [p for p in args.precisions.split(",") if p]
-    for unknown in [p for p in precisions if p not in CONFIGS]:
-        cli.error(f"--precisions: {unknown!r} is not one of {tuple(CONFIGS)}")
+    if unknown := [p for p in precisions if p not in CONFIGS]:
+        cli.error(f"--precisions: {unknown[0]!r} is not one of {tuple(CONFIGS)}")
     started = time.perf_counter()
     result = dict(command=command_line("benchmarks.gpu_train", argv), environment=run_environment(), quick=args.quick)
     result["settings"] = settings(args.quick) | {"chunk_iterations": chunk_iterations(args.quick)}

@@ -76,7 +76,8 @@ def explore(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     chosen = {"task": task, "num_digits": int(digits), "temperature": float(temperature)}
     trial = argparse.Namespace(**vars(args) | chosen)
     runs = {name: {0: run(name, 0, trial)} for name in ("fp32", "fp8_no_tis")}
-    fp32, fp8 = summarize(runs, list(runs)).values()
+    summary = summarize(runs, list(runs))
+    fp32, fp8 = summary["fp32"], summary["fp8_no_tis"]
     return chosen | {
         "iterations": args.iterations,
         "fp32_final_reward": fp32["final_reward_mean"],

@@ -97,7 +97,8 @@ def run(args, checkpoint: str | None) -> dict:
     for name in configs:
         for scenario, source in scenarios:
             config = cli.inspected_config(load_config(name, args.env, args.width), source)
-            reports, warm = (cli.sac_reports(config, source, "auto", args.batch, seed=0) for _ in ("cold", "warm"))
+            reports = cli.sac_reports(config, source, "auto", args.batch, seed=0)
+            warm = cli.sac_reports(config, source, "auto", args.batch, seed=0)
             results[f"{name}/{scenario}"] = {
                 "env": config.env,
                 "hidden_dims": list(config.agent.hidden_dims),

@@ -34,6 +34,7 @@ from lpjax.agents import sac
 
 DEFAULT_RUN_DIR = REPRODUCTION_RUNS / "fp32" / "cartpole-swingup" / "seed0"
 DEFAULT_BITS = (8, 6, 5, 4, 3, 2)
+RESULT_NAME = "ptq_eval"
 
 
 class RecordingEnv:
@@ -95,9 +96,9 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> 
         mean, log_std = gaussian(agent, states)
         actions = np.asarray(sac.act(agent, states, loop.key, deterministic=True), np.float64)
         if not rows:
-            reference = mean, log_std, actions
-        distance = np.linalg.norm(actions - reference[2], axis=-1)
-        kl = gaussian_kl(*reference[:2], mean, log_std)
+            reference_gaussian, reference_actions = (mean, log_std), actions
+        distance = np.linalg.norm(actions - reference_actions, axis=-1)
+        kl = gaussian_kl(*reference_gaussian, mean, log_std)
         error = sum(np.sum(np.square(w - v)) for w, v in zip(_kernels(actor_params), _kernels(params)))
         parsed = quant.parse_spec(spec)
         row = {"name": name, "spec": parsed.name} | {k: getattr(parsed, k) for k in ("format", "bits", "per_channel")}
@@ -123,7 +124,7 @@ def run_benchmark(run_dir: pathlib.Path, episodes: int, bits: Sequence[int]) -> 
     for row in rows:
         row["return_ratio"] = row["return_mean"] / fp32_return if fp32_return else None
     return {
-        "benchmark": "ptq_eval",
+        "benchmark": RESULT_NAME,
         "jax_version": jax.__version__,
         "run_dir": str(pathlib.Path(run_dir).resolve()),
         "checkpoint_step": int(step),
@@ -192,7 +193,7 @@ def _bits(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    cli = parser("ptq_eval", __doc__)
+    cli = parser(RESULT_NAME, __doc__)
     cli.add_argument("--run_dir", type=pathlib.Path, default=DEFAULT_RUN_DIR, help="SAC run directory")
     cli.add_argument("--episodes", type=int, default=10, help="evaluation episodes per precision (default 10)")
     cli.add_argument("--bits", type=_bits, default=list(DEFAULT_BITS), help="integer bit widths, comma-separated")

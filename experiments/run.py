@@ -408,8 +408,9 @@ def _stop(signum: int, frame: Any) -> None:
 
 def _raise_if_stopped() -> None:
     """Raises :class:`Interrupted` again if a stop signal fired outside a deferred block while the run goes on."""
-    if _stopped_by() is not None and not _signals.deferred:
-        raise Interrupted(_signals.fired)
+    signum = _stopped_by()
+    if signum is not None and not _signals.deferred:
+        raise Interrupted(signum)
 
 
 def _stopped_by() -> int | None:
